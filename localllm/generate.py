@@ -1,0 +1,121 @@
+"""Generation as a generator of token ids, plus text streaming with stop strings.
+
+prefill() runs the whole prompt in one forward pass; decode_one() runs one token. Both write the
+KV cache passed in. `generate` yields ids until an end-of-turn id, the token limit or the context end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from .cache import KVCache
+from .errors import LocalLLMError
+from .model import Transformer
+from .sampling import Sampler
+from .tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    marks: list[float] = field(default_factory=list)
+
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    def generate_tps(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def prefill(model: Transformer, cache: KVCache, ids: list[int], start: int = 0) -> torch.Tensor:
+    """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,)."""
+    device = model.token_embd.weight.device
+    tokens = torch.tensor([ids], dtype=torch.long, device=device)
+    return model(tokens, cache, start)[0, -1]
+
+
+@torch.inference_mode()
+def decode_one(model: Transformer, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
+    """token: 0-d id tensor at position cache.length -> logits (V,)."""
+    return model(token.view(1, 1), cache, cache.length)[0, -1]
+
+
+def check_fits(prompt_len: int, cache: KVCache) -> None:
+    if prompt_len == 0:
+        raise LocalLLMError("the prompt is empty (no tokens to start from)")
+    if prompt_len >= cache.capacity:
+        raise LocalLLMError(
+            f"prompt is {prompt_len} tokens but the context holds {cache.capacity}: shorten it or raise --ctx"
+        )
+
+
+def generate(
+    model: Transformer,
+    cache: KVCache,
+    prompt: list[int],
+    sampler: Sampler,
+    max_tokens: int,
+    stop_ids: Iterable[int] = (),
+    stats: Stats | None = None,
+) -> Iterator[int]:
+    """Yield generated ids after `prompt` (prefilled from position 0). Stop ids are not yielded."""
+    check_fits(len(prompt), cache)
+    stats = stats if stats is not None else Stats()
+    device = model.token_embd.weight.device
+    stop = set(stop_ids)
+    history = torch.tensor(prompt, dtype=torch.long, device=device)
+    t0 = time.perf_counter()
+    logits = prefill(model, cache, prompt)
+    budget = min(max_tokens, cache.capacity - len(prompt))
+    for i in range(budget):
+        token = sampler(logits, history)
+        tid = int(token)  # the one host sync per token: we must know the id to stream it
+        if i == 0:
+            stats.prompt_tokens, stats.prompt_seconds = len(prompt), time.perf_counter() - t0
+            t0 = time.perf_counter()
+        if tid in stop:
+            break
+        yield tid
+        stats.generated_tokens += 1
+        history = torch.cat((history, token.view(1)))
+        if i + 1 < budget:
+            logits = decode_one(model, cache, token)
+        stats.generate_seconds = time.perf_counter() - t0
+
+
+def stream_text(tok: Tokenizer, ids: Iterable[int], stop: tuple[str, ...] = ()) -> Iterator[str]:
+    """Turn ids into text pieces, ending before the first stop string (which is not emitted).
+
+    Text that might be the start of a stop string is held back until it is known not to be one.
+    """
+    dec = StreamDecoder(tok)
+    pending = ""
+    hold = max((len(s) for s in stop), default=0)
+    for tid in ids:
+        pending += dec.push(tid)
+        cut = min((i for i in (pending.find(s) for s in stop) if i >= 0), default=-1)
+        if cut >= 0:
+            if cut:
+                yield pending[:cut]
+            return
+        safe = len(pending) - (hold - 1) if hold else len(pending)
+        if safe > 0:
+            yield pending[:safe]
+            pending = pending[safe:]
+    pending += dec.flush()
+    if pending:
+        cut = min((i for i in (pending.find(s) for s in stop) if i >= 0), default=-1)
+        yield pending[:cut] if cut >= 0 else pending

@@ -1,0 +1,95 @@
+"""Load a model (GGUF file or Hugging Face safetensors folder) with its tokenizer, ready to run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig, config_from_gguf, config_from_hf
+from .errors import LocalLLMError
+from .gguf_file import GGUFFile, open_gguf
+from .model import Transformer, llama3_rope_factors
+from .registry import resolve_model
+from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from .weights import gguf_state_dict, hf_state_dict
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    tokenizer: Tokenizer
+    config: ModelConfig
+    path: Path
+    tensor_types: Counter  # checkpoint tensor type name -> count
+    file_bytes: int
+
+
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype) -> Transformer:
+    """Build on the meta device, then assign the checkpoint tensors (one materialisation only)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state.setdefault("rope_freqs", llama3_rope_factors(cfg))
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise LocalLLMError(f"checkpoint is missing tensor {missing[0]!r} ({len(missing)} missing)")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise LocalLLMError(f"checkpoint has unexpected tensor {extra[0]!r} for architecture {cfg.arch}")
+    for name, ref in expected.items():
+        if tuple(state[name].shape) != tuple(ref.shape):
+            raise LocalLLMError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(ref.shape)}")
+        keep_fp32 = name == "rope_freqs"
+        state[name] = state[name].to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()
+
+
+def read_gguf_model(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+    cfg = config_from_gguf(f.metadata, set(f.tensors))
+    types = Counter(t.tensor_type.name for t in f.tensors.values())
+    return cfg, gguf_state_dict(f, cfg), types
+
+
+def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise LocalLLMError(f"not a model folder: {folder} has no config.json")
+    try:
+        cfg = config_from_hf(json.loads(cfg_path.read_text()))
+    except (json.JSONDecodeError, KeyError) as e:
+        raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
+    state = hf_state_dict(folder)
+    types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
+    return cfg, state, types, load_hf_tokenizer(folder)
+
+
+def file_size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    return path.stat().st_size
+
+
+def load_model(spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model."""
+    path = resolve_model(spec)
+    if path.is_dir():
+        cfg, state, types, tok = read_hf_folder(path)
+    else:
+        f = open_gguf(path)
+        cfg, state, types = read_gguf_model(f)
+        tok = load_gguf_tokenizer(f.metadata)
+    model = build_model(cfg, state, device, dtype)
+    return LoadedModel(model, tok, cfg, path, types, file_size(path))
+
+
+def load_tokenizer(spec: str | None) -> Tokenizer:
+    """Only the tokenizer (works on vocab-only GGUF files)."""
+    path = resolve_model(spec)
+    if path.is_dir():
+        return load_hf_tokenizer(path)
+    return load_gguf_tokenizer(open_gguf(path).metadata)

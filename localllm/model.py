@@ -1,0 +1,159 @@
+"""One transformer module for every architecture in config.ARCHITECTURES.
+
+Shapes: B batch, T new tokens, S cache capacity, H query heads, Hkv key/value heads, D head dim,
+C model dim, V vocab. Parameter names are the GGUF tensor names (`token_embd`, `blk.N.attn_q`, ...)
+so a GGUF file loads without renaming; `weights.py` maps Hugging Face names onto them.
+
+RoPE is the "neox" / rotate-half form used by Hugging Face; llama.cpp's llama-arch GGUF files store
+q/k rows permuted for its interleaved form, and the loader undoes that permutation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.linear import linear
+
+from .cache import KVCache
+from .config import ModelConfig
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T (+ bias), through kernels.linear so each device takes its fastest path."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and scale after casting to the weights' dtype, as transformers'
+        # LlamaRMSNorm does; x may be the fp32 residual stream.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(self.weight.dtype)
+
+
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, T, D); cos/sin: (T, D/2). Rotate the pairs (i, i + D/2).
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)
+
+
+def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
+    """Per-frequency divisors for Llama 3.x rope scaling; must match transformers' _compute_llama3_parameters."""
+    rs = cfg.rope_scaling
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if rs is None:
+        return torch.ones(d // 2)
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = rs.original_context / rs.low_freq_factor
+    high_wavelen = rs.original_context / rs.high_freq_factor
+    smooth = (rs.original_context / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    medium = 1.0 / ((1 - smooth) / rs.factor + smooth)
+    factors = torch.where(wavelen > low_wavelen, torch.full_like(wavelen, rs.factor), medium)
+    factors = torch.where(wavelen < high_wavelen, torch.ones_like(wavelen), factors)
+    return factors.float()
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_q = Linear(cfg.dim, cfg.q_dim, bias=cfg.qkv_bias)
+        self.attn_k = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
+        self.attn_v = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
+        self.attn_output = Linear(cfg.q_dim, cfg.dim, bias=False)
+        if cfg.qk_norm:
+            self.attn_q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.attn_k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def forward(self, x, layer: int, cache: KVCache, start: int, cos, sin, mask):
+        # x: (B, T, C) -> (B, T, C); writes this step's k/v into cache rows [start, start + T).
+        cfg, (B, T, _) = self.cfg, x.shape
+        q = self.attn_q(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = self.attn_k(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.attn_v(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        if cfg.qk_norm:
+            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
+        q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
+        keys, values = cache.update(layer, start, k, v)
+        # keys/values: (B, Hkv, start + T, D); mask None means plain causal from position 0.
+        y = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
+        )
+        return self.attn_output(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x, layer, cache, start, cos, sin, mask):
+        x = x + self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
+        h = self.ffn_norm(x)
+        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.token_embd = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blk = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        if not cfg.tied_output:
+            self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
+        # (D/2,) divisors of the rope frequencies: ones, llama3 factors, or a GGUF rope_freqs tensor.
+        self.register_buffer("rope_freqs", llama3_rope_factors(cfg), persistent=True)
+
+    def output_weight(self) -> torch.Tensor:
+        return self.token_embd.weight if self.cfg.tied_output else self.output.weight
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: (T,) -> cos, sin: (T, D/2) in fp32, computed like transformers (fp32 outer product).
+        d = self.cfg.head_dim
+        exponent = torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d
+        inv_freq = 1.0 / (self.cfg.rope_theta**exponent) / self.rope_freqs.float()
+        angles = positions.float()[:, None] * inv_freq[None, :]
+        return angles.cos(), angles.sin()
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        """tokens: (B, T) at positions [start, start + T) -> logits (B, T, V) in fp32."""
+        T = tokens.shape[1]
+        positions = torch.arange(start, start + T, device=tokens.device)
+        cos, sin = self.rope_tables(positions)
+        mask = None
+        if start > 0 and T > 1:
+            # Query i (position start + i) sees keys 0 .. start + i.
+            keys = torch.arange(start + T, device=tokens.device)
+            mask = keys[None, :] <= positions[:, None]
+        # The residual stream stays fp32 whatever the weights' dtype (fp16 would overflow on some models).
+        x = self.token_embd(tokens).float()
+        for i, blk in enumerate(self.blk):
+            x = blk(x, i, cache, start, cos, sin, mask)
+        x = self.output_norm(x)
+        cache.length = start + T
+        return linear(x, self.output_weight()).float()

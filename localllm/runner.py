@@ -1,0 +1,57 @@
+"""Library entry points the CLI calls (and tests call directly): open a model, complete a prompt."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from .cache import make_cache
+from .device import pick_device, pick_dtype
+from .generate import Stats, generate, stream_text
+from .load import LoadedModel, load_model
+from .sampling import Sampler
+from .settings import DEFAULT_GENERATION, DEFAULT_SAMPLING, GenerationSettings, SamplingSettings
+
+
+def open_model(spec: str | None, device: str = "auto", dtype: str | None = None) -> LoadedModel:
+    dev = pick_device(device)
+    return load_model(spec, dev, pick_dtype(dev, dtype))
+
+
+def context_size(lm: LoadedModel, requested: int) -> int:
+    return max(1, min(requested, lm.config.context_length))
+
+
+def encode_prompt(lm: LoadedModel, prompt: str) -> list[int]:
+    """Tokens for a raw completion prompt: BOS as the model's metadata says, special tokens parsed."""
+    return lm.tokenizer.encode(prompt, add_bos=lm.tokenizer.add_bos, parse_special=True)
+
+
+def complete(
+    lm: LoadedModel,
+    prompt: str,
+    gen: GenerationSettings = DEFAULT_GENERATION,
+    sampling: SamplingSettings = DEFAULT_SAMPLING,
+    stats: Stats | None = None,
+) -> Iterator[str]:
+    """Stream the continuation of `prompt` as text pieces."""
+    ids = encode_prompt(lm, prompt)
+    device = lm.model.token_embd.weight.device
+    cache = make_cache(lm.config, context_size(lm, gen.ctx), dtype=lm.model.token_embd.weight.dtype, device=device)
+    sampler = Sampler(sampling, device)
+    tokens = generate(lm.model, cache, ids, sampler, gen.max_tokens, lm.tokenizer.stop_ids, stats)
+    return stream_text(lm.tokenizer, tokens, gen.stop)
+
+
+def timed_open(spec: str | None, device: str, dtype: str | None) -> tuple[LoadedModel, float]:
+    t0 = time.perf_counter()
+    lm = open_model(spec, device, dtype)
+    return lm, time.perf_counter() - t0
+
+
+def describe_stats(stats: Stats, load_seconds: float) -> str:
+    return (
+        f"load {load_seconds:.2f} s | prompt {stats.prompt_tokens} tokens, {stats.prompt_tps():.1f} tokens/s"
+        f" | generated {stats.generated_tokens} tokens, {stats.generate_tps():.1f} tokens/s"
+    )
+

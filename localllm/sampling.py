@@ -1,0 +1,114 @@
+"""Samplers as composable pure functions of (logits, history); no GPU->CPU sync until the caller reads the id.
+
+logits: (V,) fp32 for one position. Each transform returns new logits with removed tokens at -inf.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .settings import SamplingSettings
+
+Transform = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits (V,), history (N,)) -> logits
+
+
+def repeat_penalty(penalty: float, last_n: int) -> Transform:
+    """llama.cpp's rule: each token seen in the last N has its logit divided (if >0) or multiplied by penalty."""
+
+    def apply(logits, history):
+        recent = history[-last_n:] if last_n > 0 else history[:0]
+        if recent.numel() == 0:
+            return logits
+        seen = logits[recent]
+        logits = logits.clone()
+        logits[recent] = torch.where(seen > 0, seen / penalty, seen * penalty)
+        return logits
+
+    return apply
+
+
+def temperature(t: float) -> Transform:
+    return lambda logits, history: logits / t
+
+
+def top_k(k: int) -> Transform:
+    def apply(logits, history):
+        kth = torch.topk(logits, min(k, logits.numel())).values[-1]
+        return logits.masked_fill(logits < kth, float("-inf"))
+
+    return apply
+
+
+def top_p(p: float) -> Transform:
+    """Keep the smallest set of most likely tokens whose probability sums to at least p."""
+
+    def apply(logits, history):
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # A token is dropped when the tokens before it already reach p (the first one is always kept).
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        return logits.masked_fill(drop, float("-inf"))
+
+    return apply
+
+
+def min_p(p: float) -> Transform:
+    """Drop tokens whose probability is below p times the top token's."""
+
+    def apply(logits, history):
+        probs = logits.softmax(-1)
+        return logits.masked_fill(probs < p * probs.max(), float("-inf"))
+
+    return apply
+
+
+def make_transforms(s: SamplingSettings) -> list[Transform]:
+    """The chain in llama.cpp's default order: penalties, top-k, top-p, min-p, then temperature."""
+    chain: list[Transform] = []
+    if s.repeat_penalty != 1.0:
+        chain.append(repeat_penalty(s.repeat_penalty, s.repeat_last_n))
+    if s.temperature <= 0:
+        return chain
+    if s.top_k > 0:
+        chain.append(top_k(s.top_k))
+    if s.top_p < 1.0:
+        chain.append(top_p(s.top_p))
+    if s.min_p > 0:
+        chain.append(min_p(s.min_p))
+    chain.append(temperature(s.temperature))
+    return chain
+
+
+class Sampler:
+    """Applies the transforms, then picks argmax (temperature 0) or samples with a seeded generator."""
+
+    def __init__(self, settings: SamplingSettings, device: str | torch.device = "cpu"):
+        self.settings = settings
+        self.transforms = make_transforms(settings)
+        self.generator = torch.Generator(device=device)
+        if settings.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(settings.seed)
+
+    def probs(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """The distribution this sampler draws from (one-hot when greedy)."""
+        for t in self.transforms:
+            logits = t(logits, history)
+        if self.settings.temperature <= 0:
+            return torch.nn.functional.one_hot(logits.argmax(), logits.numel()).float()
+        return logits.softmax(-1)
+
+    def __call__(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """-> a 0-d int64 tensor on the logits' device."""
+        for t in self.transforms:
+            logits = t(logits, history)
+        if self.settings.temperature <= 0:
+            return logits.argmax()
+        probs = logits.softmax(-1)
+        # Exponential-race sampling (argmax of p / E, E ~ Exp(1)) draws from probs without a host sync.
+        race = torch.empty_like(probs).exponential_(generator=self.generator)
+        return (probs / race).argmax()

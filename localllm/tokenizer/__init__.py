@@ -1,0 +1,81 @@
+"""Tokenizers: GGUF vocabularies (SentencePiece-BPE "llama", byte-level BPE "gpt2") and HF model folders.
+
+    tok = load_gguf_tokenizer(open_gguf(path).metadata)
+    ids = tok.encode("Hello", add_bos=tok.add_bos)
+    text = tok.decode(ids)
+
+Defaults and special-token handling follow llama.cpp's llama_vocab::impl::load (src/llama-vocab.cpp).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import LocalLLMError
+from .base import StreamDecoder, Tokenizer
+from .bpe import BpeTokenizer
+from .hf import load_hf_tokenizer
+from .pretok import PRE_TOKENIZERS
+from .spm import SpmTokenizer
+
+__all__ = ["StreamDecoder", "Tokenizer", "load_gguf_tokenizer", "load_hf_tokenizer"]
+
+KEY = "tokenizer.ggml."
+
+
+def load_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
+    """The tokenizer described by a GGUF file's tokenizer.ggml.* metadata."""
+    model = metadata.get(KEY + "model")
+    if model is None:
+        raise LocalLLMError("the GGUF has no tokenizer (tokenizer.ggml.model is missing)")
+    tokens = metadata.get(KEY + "tokens")
+    if not tokens:
+        raise LocalLLMError("the GGUF has no vocabulary (tokenizer.ggml.tokens is missing)")
+    # llama.cpp renames empty token texts so that every text maps back to one id
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    types = metadata.get(KEY + "token_type")
+    common = dict(
+        chat_template=metadata.get("tokenizer.chat_template"),
+        extra_stop_ids=(metadata.get(KEY + "eot_token_id"), metadata.get(KEY + "eom_token_id")),
+        rstrip_ids=_phi3_rstrip_ids(metadata, tokens, types),
+    )
+    if model == "llama":
+        return SpmTokenizer(
+            tokens, types, metadata.get(KEY + "scores"),
+            add_space_prefix=bool(metadata.get(KEY + "add_space_prefix", True)),
+            unk_id=metadata.get(KEY + "unknown_token_id", 0),
+            bos_id=metadata.get(KEY + "bos_token_id", 1),
+            eos_id=metadata.get(KEY + "eos_token_id", 2),
+            add_bos=bool(metadata.get(KEY + "add_bos_token", True)),
+            **common,
+        )
+    if model == "gpt2":
+        pre = metadata.get(KEY + "pre") or "default"
+        pretok = PRE_TOKENIZERS.get(pre)
+        if pretok is None:
+            raise LocalLLMError(f"unknown pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
+                                f"known: {', '.join(sorted(PRE_TOKENIZERS))}")
+        merges = metadata.get(KEY + "merges")
+        if merges is None:
+            raise LocalLLMError("the GGUF has a BPE vocabulary without merges (tokenizer.ggml.merges)")
+        bos_id = None if pre in ("chatglm-bpe", "glm4") else metadata.get(KEY + "bos_token_id")
+        default_add_bos = bool(pretok.add_bos)
+        return BpeTokenizer(
+            tokens, types, merges, pre_name=pre, pretok=pretok,
+            bos_id=bos_id,
+            eos_id=metadata.get(KEY + "eos_token_id"),
+            add_bos=bool(metadata.get(KEY + "add_bos_token", default_add_bos)),
+            **common,
+        )
+    raise LocalLLMError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
+                        "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE)")
+
+
+def _phi3_rstrip_ids(metadata: dict[str, Any], tokens: list[str], types) -> list[int]:
+    """llama.cpp: for Phi-3 models every special token eats the blanks after it, except
+    <unk>, <s> and <|endoftext|>."""
+    name = str(metadata.get("general.name", "")).lower()
+    if "phi-3" not in name and "phi3" not in name or not types:
+        return []
+    keep = {"<unk>", "<s>", "<|endoftext|>"}
+    return [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (2, 3, 4) and t not in keep]

@@ -1,0 +1,237 @@
+"""The Tokenizer every model loader returns, plus incremental (streaming) decoding.
+
+What is shared by all vocabularies lives here, following llama.cpp's src/llama-vocab.cpp:
+- special tokens written in the text are cut out first (`tokenizer_st_partition`): control and
+  unknown tokens only with parse_special, user-defined tokens always, longest token text first;
+- the pieces in between go to the vocabulary's own algorithm (`_encode_text`, SPM or BPE);
+- a token's output bytes follow `token_to_piece`: control/unknown tokens print nothing unless asked,
+  user-defined tokens print their text as stored, byte tokens (<0xNN>) print that byte.
+Subclasses supply `_encode_text` and `_normal_piece` (the bytes of a normal token).
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Sequence
+
+from ..errors import LocalLLMError
+
+# GGUF tokenizer.ggml.token_type values (llama.cpp enum llama_token_type).
+TOKEN_UNDEFINED = 0
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+
+# Token texts that end a turn when they exist as control tokens (see llama.cpp's special_eog_ids).
+STOP_TOKEN_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>", "<end_of_turn>")
+
+_ASCII_SPACE = " \t\n\v\f\r"  # C isspace(), used by llama.cpp for lstrip/rstrip of special tokens
+
+
+class Tokenizer:
+    """Text <-> token ids for one vocabulary. Build it with load_gguf_tokenizer / load_hf_tokenizer."""
+
+    kind: str = ""  # "spm" or "bpe"
+    pre: str | None = None  # pre-tokenizer name (bpe)
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        token_types: Sequence[int] | None,
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        add_bos: bool,
+        chat_template: str | None = None,
+        extra_stop_ids: Iterable[int | None] = (),
+        strip_leading_space: bool = False,
+        rstrip_ids: Iterable[int] = (),
+    ) -> None:
+        self._tokens = list(tokens)
+        self.vocab_size = len(self._tokens)
+        types = list(token_types) if token_types is not None else []
+        self._types = types[: self.vocab_size] + [TOKEN_NORMAL] * (self.vocab_size - len(types))
+        self._to_id: dict[str, int] = {}
+        for i, text in enumerate(self._tokens):
+            self._to_id.setdefault(text, i)  # first id wins on a duplicate text
+        self.bos_id = self._checked_id(bos_id)
+        self.eos_id = self._checked_id(eos_id)
+        self.add_bos = bool(add_bos) and self.bos_id is not None
+        self.chat_template = chat_template or None
+        self.stop_ids = self._stop_ids(extra_stop_ids)
+        # Whether the first output space is dropped: SentencePiece's "add dummy prefix" undone on decode.
+        self._strip_leading_space = strip_leading_space
+        self._specials = self._special_list(set(rstrip_ids))
+        self._piece_cache: dict[int, bytes] = {}
+
+    # ---- construction helpers -------------------------------------------------------------------
+
+    def _checked_id(self, token_id: int | None) -> int | None:
+        if token_id is None or not 0 <= int(token_id) < self.vocab_size:
+            return None
+        return int(token_id)
+
+    def _stop_ids(self, extra: Iterable[int | None]) -> frozenset[int]:
+        stops = {i for i in (self.eos_id, *(self._checked_id(e) for e in extra)) if i is not None}
+        for name in STOP_TOKEN_NAMES:
+            tid = self._to_id.get(name)
+            if tid is not None and self._types[tid] == TOKEN_CONTROL:
+                stops.add(tid)
+        return frozenset(stops)
+
+    def _special_list(self, rstrip_ids: set[int]) -> list[tuple[str, int, bool, bool]]:
+        """(text, id, is_control_or_unknown, rstrip) of the tokens matched whole in text, longest first
+        (llama.cpp cache_special_tokens: control, user-defined and unknown tokens)."""
+        found = []
+        for tid, ttype in enumerate(self._types):
+            if ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and self._tokens[tid]:
+                found.append((self._tokens[tid], tid, ttype != TOKEN_USER_DEFINED, tid in rstrip_ids))
+        found.sort(key=lambda s: -len(s[0].encode("utf-8")))  # stable: equal lengths keep id order
+        return found
+
+    # ---- encoding -------------------------------------------------------------------------------
+
+    def encode(self, text: str, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        """Token ids of text; BOS first if add_bos (and the vocabulary has one).
+
+        parse_special: control tokens written in the text (e.g. "<|im_start|>") become their ids;
+        otherwise they are tokenized as plain text. User-defined tokens are always matched whole,
+        as llama.cpp and HF tokenizers both do."""
+        ids = [self.bos_id] if add_bos and self.bos_id is not None else []
+        after_special = True  # llama.cpp SPM: a text piece at the start or after a special token
+        for frag in split_special(text, self._specials, parse_special):
+            if isinstance(frag, int):
+                ids.append(frag)
+                after_special = True
+            else:
+                ids.extend(self._encode_text(frag, after_special))
+                after_special = False
+        return ids
+
+    def _encode_text(self, text: str, after_special: bool) -> list[int]:
+        raise NotImplementedError
+
+    # ---- decoding -------------------------------------------------------------------------------
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary string as stored (e.g. "Ġhello", "▁hello", "<0x0A>", "<|im_end|>")."""
+        return self._tokens[self._index(token_id)]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes this token adds to the output; b"" for control/unknown/unused tokens."""
+        piece = self._piece_cache.get(token_id)
+        if piece is None:
+            piece = self._piece_cache[token_id] = self._piece(self._index(token_id), skip_special=True)
+        return piece
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        if skip_special:
+            data = b"".join(self.token_bytes(i) for i in ids)
+        else:
+            data = b"".join(self._piece(self._index(i), skip_special=False) for i in ids)
+        if self._strip_leading_space and data.startswith(b" "):
+            data = data[1:]
+        return data.decode("utf-8", errors="replace")
+
+    def _index(self, token_id: int) -> int:
+        if not 0 <= token_id < self.vocab_size:
+            raise LocalLLMError(f"token id {token_id} is outside the vocabulary ({self.vocab_size} tokens)")
+        return int(token_id)
+
+    def _piece(self, tid: int, skip_special: bool) -> bytes:
+        # llama.cpp token_to_piece: attr-driven, the same for SPM and BPE except for normal tokens.
+        ttype = self._types[tid]
+        text = self._tokens[tid]
+        if ttype in (TOKEN_CONTROL, TOKEN_UNKNOWN):
+            return b"" if skip_special else text.encode("utf-8")
+        if ttype == TOKEN_USER_DEFINED:
+            return text.encode("utf-8")
+        if ttype == TOKEN_BYTE:
+            return byte_token_value(text)
+        if ttype in (TOKEN_UNUSED, TOKEN_UNDEFINED):
+            return b""
+        return self._normal_piece(tid)
+
+    def _normal_piece(self, tid: int) -> bytes:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        pre = f", pre={self.pre!r}" if self.pre else ""
+        return f"<Tokenizer {self.kind}{pre}, {self.vocab_size} tokens>"
+
+
+def byte_token_value(text: str) -> bytes:
+    """b"\\x0a" for "<0x0A>" (SentencePiece byte-fallback token); its text otherwise."""
+    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        try:
+            return bytes([int(text[3:5], 16)])
+        except ValueError:
+            pass
+    return text.encode("utf-8")
+
+
+def split_special(text: str, specials: list[tuple[str, int, bool, bool]], parse_special: bool) -> list:
+    """Text cut into str pieces and int ids of special tokens found in it (llama.cpp
+    tokenizer_st_partition: one token at a time, longest first, each occurrence left to right;
+    rstrip drops the blanks after a match)."""
+    if not text:
+        return []
+    frags: list = [text]
+    for special, tid, control, rstrip in specials:
+        if control and not parse_special:
+            continue
+        if special not in text:
+            continue
+        out: list = []
+        for frag in frags:
+            if isinstance(frag, int) or special not in frag:
+                out.append(frag)
+            else:
+                out.extend(_cut(frag, special, tid, rstrip))
+        frags = out
+    return frags
+
+
+def _cut(frag: str, special: str, tid: int, rstrip: bool) -> list:
+    out: list = []
+    start = 0
+    while True:
+        pos = frag.find(special, start)
+        if pos < 0:
+            break
+        if pos > start:
+            out.append(frag[start:pos])
+        out.append(tid)
+        start = pos + len(special)
+        if rstrip:
+            while start < len(frag) and frag[start] in _ASCII_SPACE:
+                start += 1
+    if start < len(frag):
+        out.append(frag[start:])
+    return out
+
+
+class StreamDecoder:
+    """Turns generated token ids into text as they come, never splitting a UTF-8 character.
+
+    push() returns the text completed by this token (incomplete trailing bytes are held back);
+    the pieces plus flush() concatenate to exactly tok.decode(ids)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._at_start = tok._strip_leading_space
+
+    def push(self, token_id: int) -> str:
+        data = self._tok.token_bytes(token_id)
+        if self._at_start and data:
+            self._at_start = False
+            if data.startswith(b" "):
+                data = data[1:]
+        return self._utf8.decode(data)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,104 @@
+"""Byte-level BPE tokenizer for GGUF `tokenizer.ggml.model == "gpt2"`, run by the `tokenizers` library.
+
+Must give the same ids as llama.cpp's `llm_tokenizer_bpe_session::tokenize` (src/llama-vocab.cpp),
+which in turn matches the model's own HF tokenizer.json:
+- the text is split by the pre-tokenizer regexes named by `tokenizer.ggml.pre` (pretok.py);
+- each piece's UTF-8 bytes are written in GPT-2's byte alphabet (byte 0x20 -> "Ġ", ...), which is
+  also how the GGUF stores the vocabulary and the "a b" merges;
+- merges are applied by rank (lowest first, ties leftmost); with ignore_merges (Llama 3) a piece that
+  is itself a token is taken whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Regex
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from .base import Tokenizer
+from .pretok import PreTokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table: printable Latin-1 bytes stand for themselves, the
+    other 68 bytes (controls, space, 0x7F-0xA0, 0xAD) take U+0100 onwards in byte order."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(0x100 + extra)
+            extra += 1
+    return table
+
+
+BYTE_ENCODER = bytes_to_unicode()
+BYTE_DECODER = {c: b for b, c in BYTE_ENCODER.items()}
+
+
+def byte_level_decode(text: str) -> bytes:
+    """Raw bytes of a byte-level token text; a character outside the alphabet stands for itself."""
+    out = bytearray()
+    for ch in text:
+        b = BYTE_DECODER.get(ch)
+        if b is None:
+            out += ch.encode("utf-8")
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+def split_merge(merge: str) -> tuple[str, str] | None:
+    # llama.cpp: the separator is the first blank after position 0
+    pos = merge.find(" ", 1)
+    if pos < 0:
+        return None
+    return merge[:pos], merge[pos + 1 :]
+
+
+def build_bpe_model(tokens: Sequence[str], merges: Sequence[str], pretok: PreTokenizer) -> HFTokenizer:
+    """A `tokenizers.Tokenizer` that splits with pretok's regexes, byte-encodes, and applies merges."""
+    vocab: dict[str, int] = {}
+    for i, text in enumerate(tokens):
+        vocab.setdefault(text, i)
+    pairs = []
+    for merge in merges:
+        pair = split_merge(merge)
+        # the library rejects merges whose parts or result are not tokens; llama.cpp would merge and
+        # then fall back to bytes, which never happens with a consistent vocabulary
+        if pair and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab:
+            pairs.append(pair)
+    model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pretok.ignore_merges,
+                       fuse_unk=False, byte_fallback=False)
+    hf = HFTokenizer(model)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pretok.regexes]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+class BpeTokenizer(Tokenizer):
+    kind = "bpe"
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        token_types: Sequence[int] | None,
+        merges: Sequence[str],
+        *,
+        pre_name: str,
+        pretok: PreTokenizer,
+        **kwargs,
+    ) -> None:
+        super().__init__(tokens, token_types, **kwargs)
+        self.pre = pre_name
+        self._hf = build_bpe_model(self._tokens, merges, pretok)
+
+    def _encode_text(self, text: str, after_special: bool) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def _normal_piece(self, tid: int) -> bytes:
+        return byte_level_decode(self._tokens[tid])

@@ -1,0 +1,128 @@
+"""Checkpoint tensors -> our parameter names (which are the GGUF names) as torch tensors.
+
+GGUF names are ours already; Hugging Face names go through one explicit table. Quantized GGUF tensors
+are decoded with the `gguf` package's values (quantize/formats.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from quantize.formats import SUPPORTED_TYPES, dequantize
+
+from .config import ModelConfig
+from .errors import LocalLLMError
+from .gguf_file import GGUFFile
+
+# Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
+HF_NAMES: dict[str, str] = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.{i}.input_layernorm.weight": "blk.{i}.attn_norm.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight",
+    "model.layers.{i}.self_attn.q_proj.bias": "blk.{i}.attn_q.bias",
+    "model.layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
+    "model.layers.{i}.self_attn.k_proj.bias": "blk.{i}.attn_k.bias",
+    "model.layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
+    "model.layers.{i}.self_attn.v_proj.bias": "blk.{i}.attn_v.bias",
+    "model.layers.{i}.self_attn.o_proj.weight": "blk.{i}.attn_output.weight",
+    "model.layers.{i}.self_attn.q_norm.weight": "blk.{i}.attn_q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "blk.{i}.attn_k_norm.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
+    "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
+    "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+}
+_HF_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(\d+)") + "$"), v) for k, v in HF_NAMES.items()]
+
+# GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope.
+PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
+
+# Our module's names for attention tensors live under `.attn.` (see model.Block).
+_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+
+
+def to_module_name(gguf_name: str) -> str:
+    """blk.3.attn_q.weight -> blk.3.attn.attn_q.weight; rope_freqs.weight -> rope_freqs."""
+    if gguf_name == "rope_freqs.weight":
+        return "rope_freqs"
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and parts[2] in _ATTN:
+        parts.insert(2, "attn")
+    return ".".join(parts)
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo convert_hf_to_gguf's LlamaModel.permute on the rows (output dim) of a q or k weight."""
+    rows = w.shape[0]
+    # The converter did reshape(H, 2, D/2, ...).swapaxes(1, 2); the inverse reads it as (H, D/2, 2, ...).
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def gguf_tensor(t: gguf.ReaderTensor) -> torch.Tensor:
+    if t.tensor_type not in SUPPORTED_TYPES:
+        raise LocalLLMError(f"tensor {t.name!r} has unsupported type {t.tensor_type.name}")
+    if t.tensor_type == gguf.GGMLQuantizationType.F32:
+        # Reader data is a read-only memmap; torch needs a writable array, but we copy on cast anyway.
+        return torch.from_numpy(np.array(t.data, dtype=np.float32))
+    return torch.from_numpy(dequantize(t.data, t.tensor_type))
+
+
+def gguf_state_dict(f: GGUFFile, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in f.tensors.items():
+        w = gguf_tensor(t)
+        if cfg.arch in PERMUTED_QK_ARCHS and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads
+            w = unpermute_qk(w, heads)
+        out[to_module_name(name)] = w
+    return out
+
+
+def hf_name(name: str) -> str | None:
+    for pattern, target in _HF_PATTERNS:
+        m = pattern.match(name)
+        if m:
+            return target.replace("{i}", m.group(1)) if m.groups() else target
+    return None
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / s for s in shards]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise LocalLLMError(f"no .safetensors files in {folder}")
+    for p in files:
+        if not p.exists():
+            raise LocalLLMError(f"missing safetensors shard {p.name} named in the index of {folder}")
+    return files
+
+
+def hf_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError, safe_open
+
+    out = {}
+    for path in safetensors_files(folder):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    ours = hf_name(name)
+                    if ours is None:
+                        if name.endswith("rotary_emb.inv_freq"):
+                            continue
+                        raise LocalLLMError(f"unknown tensor {name!r} in {path.name}")
+                    out[to_module_name(ours)] = f.get_tensor(name)
+        except SafetensorError as e:
+            raise LocalLLMError(f"cannot read {path}: {e}") from None
+    return out
