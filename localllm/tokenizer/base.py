@@ -111,6 +111,28 @@ class Tokenizer:
                 after_special = False
         return ids
 
+    def encode_protected(self, text: str, protected: list[tuple[int, int]]) -> list[int]:
+        """Like encode(text, parse_special=True), except that special tokens are not parsed inside
+        the character spans `protected` (chat messages: a user typing "<|im_end|>" must not end the
+        turn). Plain text on both sides of a span boundary is tokenized as one piece, so the ids equal
+        encode(text, parse_special=True) whenever the spans hold no special token text."""
+        frags: list = []
+        pos = 0
+        for start, end in sorted(protected) + [(len(text), len(text))]:
+            frags += split_special(text[pos:start], self._specials, True)
+            frags += [text[start:end]] if end > start else []
+            pos = max(pos, end)
+        ids: list[int] = []
+        after_special = True
+        for frag in _merge_text(frags):
+            if isinstance(frag, int):
+                ids.append(frag)
+                after_special = True
+            else:
+                ids.extend(self._encode_text(frag, after_special))
+                after_special = False
+        return ids
+
     def _encode_text(self, text: str, after_special: bool) -> list[int]:
         raise NotImplementedError
 
@@ -193,6 +215,17 @@ def split_special(text: str, specials: list[tuple[str, int, bool, bool]], parse_
                 out.extend(_cut(frag, special, tid, rstrip))
         frags = out
     return frags
+
+
+def _merge_text(frags: list) -> list:
+    """Join neighbouring str fragments (ids stay as they are)."""
+    out: list = []
+    for f in frags:
+        if isinstance(f, str) and out and isinstance(out[-1], str):
+            out[-1] += f
+        elif f != "":
+            out.append(f)
+    return out
 
 
 def _cut(frag: str, special: str, tid: int, rstrip: bool) -> list:

@@ -137,6 +137,11 @@ class HFJsonTokenizer(Tokenizer):
         ids = self._hf.encode(text, add_special_tokens=False).ids if text else []
         return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
 
+    def _encode_text(self, text: str, after_special: bool) -> list[int]:
+        # one plain-text piece for the base class's special-token splitting (e.g. encode_protected)
+        self._hf.encode_special_tokens = True
+        return self._hf.encode(text, add_special_tokens=False).ids
+
     def _normal_piece(self, tid: int) -> bytes:
         text = self._tokens[tid]
         if self._byte_level:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from .base import TOKEN_BYTE, Tokenizer, byte_token_value
+from .base import Tokenizer
 
 SPACE = "\u2581"  # "▁", SentencePiece's escaped space
 
@@ -42,19 +42,12 @@ class SpmTokenizer(Tokenizer):
 
     def _byte_table(self) -> list[int | None]:
         """byte value -> token id (llama.cpp byte_to_token: "<0xNN>", else the 1-char token)."""
-        table: list[int | None] = [None] * 256
-        for tid, ttype in enumerate(self._types):
-            text = self._tokens[tid]
-            if ttype == TOKEN_BYTE or (len(text) == 6 and text.startswith("<0x")):
-                value = byte_token_value(text)
-                if len(value) == 1 and table[value[0]] is None and text == f"<0x{value[0]:02X}>":
-                    table[value[0]] = tid
-        for b in range(128):
-            if table[b] is None:
-                table[b] = self._to_id.get(chr(b), self._unk_id)
-        for b in range(128, 256):
-            if table[b] is None:
-                table[b] = self._unk_id
+        table: list[int | None] = []
+        for b in range(256):
+            tid = self._to_id.get(f"<0x{b:02X}>")
+            if tid is None:  # no byte token: the 1-character token (ASCII only), else <unk>
+                tid = self._to_id.get(chr(b), self._unk_id) if b < 0x80 else self._unk_id
+            table.append(tid)
         return table
 
     def _encode_text(self, text: str, after_special: bool) -> list[int]:

@@ -1,0 +1,129 @@
+"""A chat conversation over one KV cache that is kept between turns.
+
+Each turn renders the whole conversation with the chat template, tokenizes it, and prefills only the
+tokens after the longest common prefix with what the cache already holds (the new message and the
+template's glue). When the context would overflow, the oldest turns are dropped (the system message
+stays) and the conversation is prefilled again, with a notice: never silent truncation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .cache import KVCache, make_cache
+from .chat_template import Message, render, user_spans
+from .errors import LocalLLMError
+from .generate import Stats, generate, stream_text
+from .load import LoadedModel
+from .sampling import Sampler
+from .settings import GenerationSettings, SamplingSettings
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class ChatSession:
+    lm: LoadedModel
+    template: str
+    gen: GenerationSettings
+    sampling: SamplingSettings
+    system: str | None = None
+    messages: list[Message] = field(default_factory=list)  # without the system message
+    notify: Callable[[str], None] = lambda text: None
+    cache: KVCache | None = None
+    cached: list[int] = field(default_factory=list)  # the ids whose k/v fill cache rows [0, len)
+    last: Stats = field(default_factory=Stats)
+
+    def __post_init__(self):
+        if self.cache is None:
+            w = self.lm.model.token_embd.weight
+            ctx = max(2, min(self.gen.ctx, self.lm.config.context_length))
+            self.cache = make_cache(self.lm.config, ctx, dtype=w.dtype, device=w.device)
+        self.sampler = Sampler(self.sampling, self.lm.model.token_embd.weight.device)
+
+    def conversation(self) -> list[Message]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        """Render and tokenize: template special tokens are parsed, message text is not; no extra BOS
+        (the template writes it where the model wants one)."""
+        tok = self.lm.tokenizer
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        text = render(self.template, messages, True, bos, eos)
+        return tok.encode_protected(text, user_spans(text, messages))
+
+    def fit(self) -> list[int]:
+        """Prompt ids for the current conversation, dropping the oldest turns until a reply fits."""
+        reserve = min(self.gen.max_tokens, self.cache.capacity // 2)
+        while True:
+            ids = self.prompt_ids(self.conversation())
+            if len(ids) + reserve <= self.cache.capacity:
+                return ids
+            if len(self.messages) <= 1:
+                raise LocalLLMError(
+                    f"the message needs {len(ids)} tokens but the context holds {self.cache.capacity}"
+                    f" with {reserve} kept for the reply: shorten it or raise --ctx"
+                )
+            drop = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
+            del self.messages[:drop]
+            self.notify(f"context full: dropped the oldest turn ({len(self.messages)} messages kept)")
+
+    def reply(self, text: str) -> Iterator[str]:
+        """Add a user message and stream the assistant's reply; the reply is recorded even if cut short."""
+        self.messages.append({"role": "user", "content": text})
+        ids = self.fit()
+        reuse = min(common_prefix(self.cached, ids), len(ids) - 1)
+        self.cache.length = reuse
+        self.last = Stats()
+        produced: list[int] = []
+        tokens = generate(
+            self.lm.model, self.cache, ids, self.sampler, self.gen.max_tokens, self.lm.tokenizer.stop_ids, self.last, reuse
+        )
+        try:
+            for piece in stream_text(self.lm.tokenizer, _collect(tokens, produced), self.gen.stop):
+                yield piece
+        finally:
+            tokens.close()
+            self.cached = (ids + produced)[: self.cache.length]
+            self.messages.append({"role": "assistant", "content": self.lm.tokenizer.decode(produced)})
+            if len(ids) + len(produced) >= self.cache.capacity:
+                self.notify("context full: the reply was cut; older turns will be dropped next turn")
+
+    def clear(self) -> None:
+        self.messages.clear()
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.conversation(), ensure_ascii=False, indent=1))
+
+    def load(self, path: str | Path) -> None:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise LocalLLMError(f"cannot load conversation from {path}: {e}") from None
+        if not isinstance(data, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in data):
+            raise LocalLLMError(f"{path} is not a list of {{role, content}} messages")
+        if data and data[0]["role"] == "system":
+            self.system = data[0]["content"]
+            data = data[1:]
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in data]
+
+    def tokens_in_context(self) -> int:
+        return self.cache.length
+
+
+def _collect(tokens: Iterator[int], out: list[int]) -> Iterator[int]:
+    for t in tokens:
+        out.append(t)
+        yield t

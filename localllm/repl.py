@@ -1,0 +1,131 @@
+"""The terminal chat loop: reads user input (line editing and history via readline), streams replies.
+
+Interactive (stdin is a terminal): a rich prompt, slash commands, multi-line input, Ctrl-C stops the
+reply and keeps the session, Ctrl-D leaves. Scripted (stdin is not a terminal): each input line is one
+user message, each reply is printed, and the loop ends at end of input.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, TextIO
+
+from rich.console import Console
+
+from .chat import ChatSession
+from .errors import LocalLLMError
+
+HELP = """commands:
+  /help           this text
+  /clear          start a new conversation (keeps the system message)
+  /system TEXT    set the system message (and start a new conversation)
+  /save FILE      save the conversation as JSON messages
+  /load FILE      load a conversation saved with /save
+  /stats          tokens in context, last reply's prompt and generation speed
+  /exit           leave (Ctrl-D too)
+input: end a line with \\ to continue it, or wrap a block in \"\"\" lines; Ctrl-C stops a reply"""
+
+
+def read_message(read_line: Callable[[str], str]) -> str:
+    """One user message: a line, lines joined by trailing backslashes, or a \"\"\"-delimited block."""
+    first = read_line(">>> ")
+    if first.strip() == '"""':
+        lines = []
+        while (line := read_line("... ")).strip() != '"""':
+            lines.append(line)
+        return "\n".join(lines)
+    lines = [first]
+    while lines[-1].endswith("\\"):
+        lines[-1] = lines[-1][:-1]
+        lines.append(read_line("... "))
+    return "\n".join(lines)
+
+
+def run_command(session: ChatSession, line: str, console: Console) -> bool:
+    """Handle a /command; return False when the loop should end."""
+    cmd, _, arg = line.strip().partition(" ")
+    arg = arg.strip()
+    if cmd == "/exit":
+        return False
+    if cmd == "/help":
+        console.print(HELP, highlight=False, markup=False)
+    elif cmd == "/clear":
+        session.clear()
+        console.print("[dim]new conversation[/dim]")
+    elif cmd == "/system":
+        session.system = arg or None
+        session.clear()
+        console.print("[dim]system message set; new conversation[/dim]")
+    elif cmd in ("/save", "/load") and not arg:
+        console.print(f"[red]{cmd} needs a file name[/red]")
+    elif cmd == "/save":
+        session.save(arg)
+        console.print(f"[dim]saved {len(session.conversation())} messages to {arg}[/dim]")
+    elif cmd == "/load":
+        session.load(arg)
+        console.print(f"[dim]loaded {len(session.conversation())} messages from {arg}[/dim]")
+    elif cmd == "/stats":
+        s = session.last
+        console.print(
+            f"[dim]context {session.tokens_in_context()}/{session.cache.capacity} tokens | last reply: prompt "
+            f"{s.prompt_tokens} tokens at {s.prompt_tps():.1f} tokens/s, {s.generated_tokens} tokens at "
+            f"{s.generate_tps():.1f} tokens/s[/dim]"
+        )
+    else:
+        console.print(f"[red]unknown command {cmd}[/red] (/help lists them)")
+    return True
+
+
+def stream_reply(session: ChatSession, text: str, out: TextIO, after: Callable[[], None] = lambda: None) -> bool:
+    """Print the reply as it streams; return False if Ctrl-C cut it."""
+    pieces = session.reply(text)
+    try:
+        for piece in pieces:
+            out.write(piece)
+            out.flush()
+    except KeyboardInterrupt:
+        pieces.close()
+        out.write("\n")
+        after()
+        return False
+    out.write("\n")
+    out.flush()
+    after()
+    return True
+
+
+def interactive(
+    session: ChatSession, console: Console, out: TextIO = sys.stdout, after: Callable[[], None] = lambda: None
+) -> None:
+    import readline  # noqa: F401  (line editing and history for input())
+
+    console.print("[dim]chat: /help for commands, Ctrl-D to leave[/dim]")
+    while True:
+        try:
+            text = read_message(lambda p: console.input(f"[bold green]{p}[/bold green]"))
+        except EOFError:
+            out.write("\n")
+            return
+        except KeyboardInterrupt:
+            out.write("\n")
+            continue
+        if not text.strip():
+            continue
+        try:
+            if text.startswith("/"):
+                if not run_command(session, text, console):
+                    return
+                continue
+            if not stream_reply(session, text, out, after):
+                console.print("[dim](reply stopped)[/dim]")
+        except LocalLLMError as e:
+            console.print(f"[red]error:[/red] {e}", highlight=False)
+
+
+def scripted(
+    session: ChatSession, lines: TextIO, out: TextIO = sys.stdout, after: Callable[[], None] = lambda: None
+) -> None:
+    for line in lines:
+        text = line.rstrip("\n")
+        if text.strip():
+            stream_reply(session, text, out, after)
