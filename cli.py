@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from localllm.errors import LocalLLMError
@@ -33,7 +34,8 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except LocalLLMError as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, markup=True, soft_wrap=True)
+            # escape(): a message quoting user input such as "[/x]" must not be read as rich markup.
+            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted")
@@ -98,6 +100,10 @@ def info(model: Optional[str] = typer.Argument(None, help="model path or name (d
     from localllm.info import model_info
 
     table = Table(show_header=False, box=None)
+    table.add_column()
+    # fold, not the default ellipsis: a long path must stay whole when the terminal (or a pipe's
+    # 80 columns) is narrow.
+    table.add_column(overflow="fold")
     for key, value in model_info(model).items():
         if key == "tensor_types":
             value = ", ".join(f"{k} {v}" for k, v in value.items())
@@ -128,6 +134,172 @@ def tokenize(
         return
     for t in out:
         print(f"{t:>8} {tok.token_text(t)!r}")
+
+
+@app.command()
+@user_errors
+def chat(
+    model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    system: Optional[str] = typer.Option(None, "--system", help="system message"),
+    chat_template: Optional[str] = typer.Option(
+        None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"
+    ),
+    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens per reply"),
+    temp: float = typer.Option(S.temperature, "--temp", help="sampling temperature; 0 is greedy"),
+    top_k: int = typer.Option(S.top_k, "--top-k", help="keep the k most likely tokens (0: off)"),
+    top_p: float = typer.Option(S.top_p, "--top-p", help="nucleus sampling mass (1: off)"),
+    min_p: float = typer.Option(S.min_p, "--min-p", help="drop tokens below this share of the top one (0: off)"),
+    repeat_penalty: float = typer.Option(S.repeat_penalty, "--repeat-penalty", help="penalty for recent tokens (1: off)"),
+    repeat_last_n: int = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised"),
+    seed: Optional[int] = typer.Option(S.seed, "--seed", help="random seed (same seed, same output)"),
+    ctx: int = typer.Option(G.ctx, "--ctx", help="context size in tokens (capped at the model's)"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="print speeds after each reply on stderr"),
+):
+    """Chat with a model using its own chat template. Reads one message per line when stdin is not a terminal."""
+    from localllm.chat import ChatSession
+    from localllm.chat_template import resolve_template
+    from localllm.repl import interactive, scripted
+    from localllm.runner import describe_stats, timed_open
+
+    if chat_template:
+        resolve_template(chat_template, None)  # a bad name fails before the slow model load
+    lm, load_s = timed_open(model, device, dtype)
+    template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
+    if notice:
+        err.print(f"[yellow]note:[/yellow] {notice}")
+    sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    session = ChatSession(
+        lm, template, GenerationSettings(max_tokens=max_tokens, ctx=ctx), sampling, system,
+        notify=lambda text: err.print(f"[yellow]note:[/yellow] {text}", highlight=False),
+    )
+    after = (lambda: err.print(describe_stats(session.last, load_s), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
+    if sys.stdin.isatty():
+        interactive(session, Console(), after=after)
+    else:
+        scripted(session, sys.stdin, after=after)
+
+
+@app.command()
+@user_errors
+def quantize(
+    model: str = typer.Argument(..., metavar="IN", help="GGUF file, Hugging Face safetensors folder, or model name"),
+    out: Optional[str] = typer.Argument(None, metavar="OUT", help="output GGUF file (not needed with --dry-run)"),
+    type_name: str = typer.Option(..., "--type", "-t", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K"),
+    tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="REGEX=TYPE", help="type of the tensors whose name matches REGEX (repeatable; the first match wins)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (types, sizes, predicted error) and write nothing"),
+    device: str = typer.Option("auto", "--device", help="where the encoders run: auto (cuda if available, else cpu), cpu or cuda"),
+    tokenizer_from: Optional[str] = typer.Option(None, "--tokenizer-from", metavar="GGUF", help="safetensors input: copy the tokenizer metadata from this GGUF of the same model"),
+):
+    """Write a GGUF file with llama.cpp's per-tensor types for a preset (llama-quantize's rules)."""
+    from quantize.plan import plan_table, total_bpw, total_bytes
+    from localllm.quantize_cmd import quantize_model
+
+    result = quantize_model(model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from)
+    size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
+    if dry_run:
+        Console().print(plan_table(result.plan, result.errors, title=f"{result.preset.name} plan"))
+        return
+    err.print(f"wrote {escape(str(result.out))}: {result.preset.name}, {size}, {result.seconds:.1f} s", highlight=False, soft_wrap=True)
+
+
+@app.command()
+@user_errors
+def perplexity(
+    model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    file: str = typer.Option(..., "--file", "-f", help="UTF-8 text file to evaluate"),
+    ctx: int = typer.Option(512, "--ctx", "-c", help="tokens per chunk; the second half of each chunk is scored"),
+    kld_base: Optional[str] = typer.Option(
+        None, "--kld-base", help="KL divergence from this base: a model (path or name) or a file written by --save-logits"
+    ),
+    save_logits: Optional[str] = typer.Option(
+        None, "--save-logits", help="write this model's log-probs to FILE, to be a --kld-base later"
+    ),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="evaluate at most N chunks (default: all the text holds)"),
+    batch: int = typer.Option(1, "--batch", "-b", help="chunks per forward pass"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+):
+    """Perplexity of a model over a text, as llama.cpp's perplexity computes it (ctx-token chunks, second
+    halves scored), and with --kld-base its KL divergence from a base model."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from localllm import evaluate as ev
+    from localllm.load import load_tokenizer
+    from localllm.runner import open_model
+
+    text = ev.read_text(file)
+    if batch < 1:
+        raise LocalLLMError(f"--batch must be at least 1, got {batch}")
+    if save_logits is not None and not Path(save_logits).expanduser().resolve().parent.is_dir():
+        raise LocalLLMError(f"cannot write {save_logits}: no such folder")
+    base_file = ev.load_logits(kld_base) if kld_base is not None and ev.is_logits_file(kld_base) else None
+    if kld_base is not None and base_file is None:
+        base_tokenizer = load_tokenizer(kld_base)  # a vocabulary mismatch fails before any weights load
+    lm = open_model(model, device, dtype)
+    evaluated = ev.chunks_for(lm, text, ctx, chunks)
+    if base_file is not None:
+        base_file.check(evaluated, lm.config.vocab_size)
+        base = base_file
+    elif kld_base is not None:
+        ev.check_same_tokenizer(lm.tokenizer, base_tokenizer)
+        base = open_model(kld_base, device, dtype)
+    else:
+        base = None
+    err.print(
+        f"{evaluated.text_tokens} tokens: {evaluated.n_chunks} chunk{'s' if evaluated.n_chunks > 1 else ''} of "
+        f"{evaluated.ctx}, the last {evaluated.per_chunk} predictions of each scored", highlight=False,
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    result = None
+    with Progress(*columns, console=err) as progress:
+        task = progress.add_task("PPL", total=evaluated.n_chunks)
+        for result in ev.evaluate_steps(lm, evaluated, base, batch, save_logits):
+            running = f"PPL {result.ppl:.4f}" + (f", KLD {result.kld.mean:.6f}" if result.kld else "")
+            progress.update(task, completed=result.chunks_done, description=running)
+    assert result is not None
+    chunk_word = "chunk" if result.n_chunks == 1 else "chunks"
+    print(f"PPL = {result.ppl:.4f} ± {result.ppl_stderr:.5f} ({result.n_chunks} {chunk_word} of {result.ctx} tokens, "
+          f"{result.count} scored)")
+    if result.kld is not None:
+        k = result.kld
+        print(f"base PPL = {k.base_ppl:.4f} ± {k.base_ppl_stderr:.5f}")
+        print(f"mean KLD = {k.mean:.6f} ± {k.stderr:.6f}, 99% KLD = {k.p99:.6f}, median KLD = {k.median:.6f}, "
+              f"same top = {100 * k.same_top:.2f} ± {100 * k.same_top_stderr:.2f}%")
+    if save_logits is not None:
+        err.print(f"log-probs saved to {save_logits}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+@user_errors
+def bench(
+    models: List[str] = typer.Argument(None, metavar="[MODEL]...", help="model paths or names (none with --synthetic)"),
+    synthetic: List[str] = typer.Option([], "--synthetic", help="shape preset of models.toml for a random-weight model (repeatable, or comma-separated)"),
+    wtype: List[str] = typer.Option(["bf16"], "--type", help="synthetic weight type: bf16, Q8_0, Q4_0, Q4_K_M or a GGUF type (repeatable, or comma-separated)"),
+    prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths, comma-separated"),
+    gen: str = typer.Option("128", "-n", "--n-gen", help="generation lengths, comma-separated (0: pp only)"),
+    reps: int = typer.Option(3, "-r", "--repetitions", help="repetitions of each test"),
+    depth: str = typer.Option("0", "--depth", "-d", help="tokens already in the context, comma-separated"),
+    output: str = typer.Option("md", "-o", "--output", help="md, json or csv"),
+    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+):
+    """Prompt-processing and generation speed, with the share of the roofline measured in-process."""
+    from localllm.bench import run_bench
+
+    ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+    flat = lambda xs: [y.strip() for x in xs for y in x.split(",") if y.strip()]  # noqa: E731
+    if not models and not synthetic:
+        raise LocalLLMError("give a MODEL or --synthetic PRESET")
+    if output not in ("md", "json", "csv"):
+        raise LocalLLMError(f"unknown output format {output!r} (md, json or csv)")
+    text = run_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), ints(depth), reps,
+                     device, dtype, output)
+    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

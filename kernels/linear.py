@@ -1,9 +1,14 @@
-"""Dense linear layer dispatch: y = x @ w.T + b, choosing the fastest exact path per device and shape.
+"""Linear layer dispatch: y = x @ w.T + b, choosing the fastest exact path per device, shape and weight kind.
 
-Measured on the 2-core AVX-512 CPU (docs/PERFORMANCE.md): oneDNN's fp16 matrix-vector product streams
-weights at ~22 GB/s (twice bf16, and fp32 at ~12 GB), but its fp16 matrix-matrix product is
-~5x slower than fp32. So fp16 weights serve decode (one row) directly and are widened to fp32 for
-prefill, where the matmul is compute-bound and the widening costs little.
+Dense weights (torch tensors):
+  Measured on the 2-core AVX-512 CPU (docs/PERFORMANCE.md): oneDNN's fp16 matrix-vector product streams
+  weights at ~22 GB/s (twice bf16, and fp32 at ~12 GB), but its fp16 matrix-matrix product is
+  ~5x slower than fp32. So fp16 weights serve decode (one row) directly and are widened to fp32 for
+  prefill, where the matmul is compute-bound and the widening costs little. CUDA: cuBLAS.
+Quantized weights (kernels.qweight.QWeight, CUDA only; the CPU loader decodes them to dense):
+  few rows (decode): the fused dequantize + matrix-vector Triton kernel (kernels/triton_gemv.py);
+  many rows (prefill): dequantize to the activation dtype with Triton, then a tensor-core matmul.
+  Types without a kernel (Q5_0, Q5_1, Q2_K, Q3_K) are decoded by the torch reference, then multiplied.
 """
 
 from __future__ import annotations
@@ -11,11 +16,59 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .qweight import QWeight
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (..., K), w: (N, K), b: (N,) or None -> (..., N) in x's dtype."""
+# At most this many rows of x go through the matrix-vector kernel; more are a matmul.
+GEMV_MAX_ROWS = 4
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QWeight, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (..., K), w: (N, K) or a QWeight of shape (N, K), b: (N,) or None -> (..., N) in x's dtype."""
+    if isinstance(w, QWeight):
+        return qlinear(x, w, b)
     rows = x.numel() // x.shape[-1]
     if x.device.type == "cpu" and w.dtype == torch.float16 and rows > 1:
         y = F.linear(x.float(), w.float(), None if b is None else b.float())
         return y.to(x.dtype)
     return F.linear(x, w, b)
+
+
+def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1]
+    if w.has_kernel and rows <= GEMV_MAX_ROWS and x.device.type == "cuda":
+        from .triton_gemv import gemv
+
+        y = gemv(x.reshape(rows, -1), w, bias=b, act_dtype=x.dtype)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+    return F.linear(x, w.dequantize(x.dtype), b)
+
+
+def fused_linear(
+    x: torch.Tensor,
+    w: torch.Tensor | QWeight,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    glu: bool = False,
+    act_dtype: torch.dtype = torch.bfloat16,
+    out_dtype: torch.dtype | None = None,
+    use_triton: bool = True,
+) -> torch.Tensor:
+    """A decode step's projection with its neighbours: (x (1, K) or (1, 2K) with glu) ->
+    [residual +] round(W @ prologue(x) + bias), prologue = RMSNorm (norm=(weight, eps)), silu(gate)*up
+    (glu) or nothing. The Triton kernel does it in one pass; otherwise the same torch ops as model.py."""
+    if use_triton and (not isinstance(w, QWeight) or w.has_kernel):
+        from .triton_gemv import gemv
+
+        nw, eps = norm if norm is not None else (None, 0.0)
+        return gemv(x, w, bias=bias, residual=residual, norm_weight=nw, eps=eps, glu=glu, act_dtype=act_dtype,
+                    out_dtype=out_dtype)
+    if norm is not None:
+        xf = x.float()
+        x = norm[0] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm[1])).to(norm[0].dtype)
+    if glu:
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    y = linear(x.to(act_dtype), w, bias)
+    y = y if residual is None else residual + y
+    return y if out_dtype is None else y.to(out_dtype)

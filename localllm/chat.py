@@ -14,12 +14,22 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .cache import KVCache, make_cache
-from .chat_template import Message, render, user_spans
+from .chat_template import Message, render_with_spans
 from .errors import LocalLLMError
 from .generate import Stats, generate, stream_text
 from .load import LoadedModel
 from .sampling import Sampler
 from .settings import GenerationSettings, SamplingSettings
+from .tokenizer import Tokenizer
+
+
+def chat_prompt(tok: Tokenizer, template: str, messages: list[Message]) -> tuple[str, list[int]]:
+    """(text, ids) of the prompt: template special tokens are parsed, message text is not; no extra
+    BOS (the template writes it where the model wants one, as transformers' apply_chat_template does)."""
+    bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+    text, spans = render_with_spans(template, messages, True, bos, eos)
+    return text, tok.encode_protected(text, spans)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -51,39 +61,42 @@ class ChatSession:
             self.cache = make_cache(self.lm.config, ctx, dtype=w.dtype, device=w.device)
         self.sampler = Sampler(self.sampling, self.lm.model.token_embd.weight.device)
 
-    def conversation(self) -> list[Message]:
+    def conversation(self, messages: list[Message] | None = None) -> list[Message]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages
+        return head + (self.messages if messages is None else messages)
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
-        """Render and tokenize: template special tokens are parsed, message text is not; no extra BOS
-        (the template writes it where the model wants one)."""
-        tok = self.lm.tokenizer
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        text = render(self.template, messages, True, bos, eos)
-        return tok.encode_protected(text, user_spans(text, messages))
+        return chat_prompt(self.lm.tokenizer, self.template, messages)[1]
 
-    def fit(self) -> list[int]:
-        """Prompt ids for the current conversation, dropping the oldest turns until a reply fits."""
+    def fit(self, messages: list[Message]) -> tuple[list[Message], list[int]]:
+        """(messages, prompt ids): the oldest turns dropped until a reply fits. Works on a copy, so a
+        message too long for the context leaves the conversation as it was."""
         reserve = min(self.gen.max_tokens, self.cache.capacity // 2)
+        messages, dropped = list(messages), 0
         while True:
-            ids = self.prompt_ids(self.conversation())
+            ids = self.prompt_ids(self.conversation(messages))
             if len(ids) + reserve <= self.cache.capacity:
-                return ids
-            if len(self.messages) <= 1:
+                break
+            if len(messages) <= 1:
                 raise LocalLLMError(
                     f"the message needs {len(ids)} tokens but the context holds {self.cache.capacity}"
                     f" with {reserve} kept for the reply: shorten it or raise --ctx"
                 )
-            drop = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
-            del self.messages[:drop]
-            self.notify(f"context full: dropped the oldest turn ({len(self.messages)} messages kept)")
+            drop = 2 if len(messages) > 2 and messages[1]["role"] == "assistant" else 1
+            del messages[:drop]
+            dropped += drop
+        if dropped:
+            self.notify(f"context full: dropped the {dropped} oldest messages ({len(messages)} kept"
+                        f"{', with the system message' if self.system else ''})")
+        return messages, ids
 
     def reply(self, text: str) -> Iterator[str]:
-        """Add a user message and stream the assistant's reply; the reply is recorded even if cut short."""
-        self.messages.append({"role": "user", "content": text})
-        ids = self.fit()
+        """Add a user message and stream the assistant's reply; the reply is recorded even if cut short.
+
+        The user message is kept only once the prompt fits: an error (or Ctrl-C) before the reply starts
+        must not leave it without an answer, which would break the user/assistant alternation that
+        templates such as Llama 2's and Mistral's enforce."""
+        self.messages, ids = self.fit(self.messages + [{"role": "user", "content": text}])
         reuse = min(common_prefix(self.cached, ids), len(ids) - 1)
         self.cache.length = reuse
         self.last = Stats()
@@ -105,17 +118,24 @@ class ChatSession:
         self.messages.clear()
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.conversation(), ensure_ascii=False, indent=1))
+        try:
+            Path(path).write_text(json.dumps(self.conversation(), ensure_ascii=False, indent=1))
+        except OSError as e:  # e.g. a missing folder: one line in the REPL, not a traceback
+            raise LocalLLMError(f"cannot save the conversation to {path}: {e}") from None
 
     def load(self, path: str | Path) -> None:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise LocalLLMError(f"cannot load conversation from {path}: {e}") from None
-        if not isinstance(data, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in data):
+        if not isinstance(data, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in data
+        ):
             raise LocalLLMError(f"{path} is not a list of {{role, content}} messages")
-        if data and data[0]["role"] == "system":
-            self.system = data[0]["content"]
+        # The file's system message replaces the session's, also when it has none: /load restores the
+        # conversation that /save wrote, not a mix of two.
+        self.system = data[0]["content"] if data and data[0]["role"] == "system" else None
+        if self.system is not None:
             data = data[1:]
         self.messages = [{"role": m["role"], "content": m["content"]} for m in data]
 

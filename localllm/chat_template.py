@@ -9,6 +9,7 @@ without one.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -102,11 +103,15 @@ def render(
     bos_token: str = "",
     eos_token: str = "",
 ) -> str:
+    template = compile_template(source)
     try:
-        return compile_template(source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+        # tools and documents are passed as None, as transformers does: a template testing
+        # `tools is not none` must not see an undefined value (which is "not none").
+        return template.render(
+            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token, eos_token=eos_token,
         )
-    except jinja2.TemplateError as e:
+    except Exception as e:  # the template is code from the model file: any failure in it is the user's to see
         raise LocalLLMError(f"chat template error: {e}") from None
 
 
@@ -123,6 +128,58 @@ def resolve_template(override: str | None, model_template: str | None) -> tuple[
     if model_template:
         return model_template, None
     return BUILTIN_TEMPLATES["chatml"], "the model has no chat template: using chatml"
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters: no template trims them, no text holds them
+_MARK_RE = re.compile("\ue000(\\d+)\ue001")
+
+
+def render_with_spans(
+    source: str,
+    messages: list[Message],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered prompt and the character spans of the message texts in it.
+
+    The spans come from a second render where each message's text is replaced by a numbered marker:
+    the text around the markers is the template's own, and each marker stands for its message's text
+    as printed (whole or trimmed). Searching for the text instead (user_spans) takes the template's
+    own "<|im_end|>" for a user message that is just "<|im_end|>"; it stays the fallback for templates
+    that do more with the text than print it (split it, test it).
+    """
+    text = render(source, messages, add_generation_prompt, bos_token, eos_token)
+    contents = [m.get("content") for m in messages]
+    if any(isinstance(c, str) and ("\ue000" in c or "\ue001" in c) for c in contents):
+        return text, user_spans(text, messages)  # a message holding a marker character would fool the walk
+    marked = [{**m, "content": _MARK.format(i)} if isinstance(c, str) and c else m
+              for i, (m, c) in enumerate(zip(messages, contents))]
+    try:
+        spans = _walk_marks(text, render(source, marked, add_generation_prompt, bos_token, eos_token), contents)
+    except LocalLLMError:
+        spans = None
+    return text, spans if spans is not None else user_spans(text, messages)
+
+
+def _walk_marks(text: str, skeleton: str, contents: list) -> list[tuple[int, int]] | None:
+    """Spans of the messages' texts in `text`, walking the marked render; None where the two part ways."""
+    parts = _MARK_RE.split(skeleton)  # template text, message index, template text, ..., template text
+    if not text.startswith(parts[0]):
+        return None
+    spans, pos = [], len(parts[0])
+    for k in range(1, len(parts), 2):
+        content, after, last = contents[int(parts[k])], parts[k + 1], k + 2 == len(parts)
+        for printed in dict.fromkeys((content, content.strip(), content.lstrip(), content.rstrip())):
+            end = pos + len(printed)
+            if text.startswith(printed, pos) and (text[end:] == after if last else text.startswith(after, end)):
+                break
+        else:
+            return None
+        if end > pos:
+            spans.append((pos, end))
+        pos = end + len(after)
+    return spans if pos == len(text) else None
 
 
 def user_spans(rendered: str, messages: list[Message]) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ KV cache passed in. `generate` yields ids until an end-of-turn id, the token lim
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
@@ -25,7 +25,6 @@ class Stats:
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generate_seconds: float = 0.0
-    marks: list[float] = field(default_factory=list)
 
     def prompt_tps(self) -> float:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
@@ -44,12 +43,19 @@ def prefill(model: Transformer, cache: KVCache, ids: list[int], start: int = 0) 
     """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,)."""
     device = model.token_embd.weight.device
     tokens = torch.tensor([ids], dtype=torch.long, device=device)
-    return model(tokens, cache, start)[0, -1]
+    return model(tokens, cache, start, last_only=True)[0, -1]
 
 
 @torch.inference_mode()
 def decode_one(model: Transformer, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
-    """token: 0-d id tensor at position cache.length -> logits (V,)."""
+    """token: 0-d id tensor at position cache.length -> logits (V,).
+
+    On CUDA (batch 1) the step is a replayed CUDA graph (cuda_decode.py); its logits buffer is
+    overwritten by the next step."""
+    if cache.k.device.type == "cuda" and cache.k.shape[1] == 1:
+        from .cuda_decode import decoder_for  # Triton is imported only where it runs
+
+        return decoder_for(model, cache).step(token)
     return model(token.view(1, 1), cache, cache.length)[0, -1]
 
 
@@ -70,21 +76,28 @@ def generate(
     max_tokens: int,
     stop_ids: Iterable[int] = (),
     stats: Stats | None = None,
+    reuse: int = 0,
 ) -> Iterator[int]:
-    """Yield generated ids after `prompt` (prefilled from position 0). Stop ids are not yielded."""
+    """Yield generated ids after `prompt`. Stop ids are not yielded.
+
+    The first `reuse` prompt tokens are already in the cache (a chat's earlier turns): only
+    prompt[reuse:] is prefilled. On return cache.length counts the prompt plus the fed generated ids.
+    """
     check_fits(len(prompt), cache)
+    if not 0 <= reuse < len(prompt):
+        raise ValueError(f"reuse={reuse} must leave at least one of {len(prompt)} prompt tokens to prefill")
     stats = stats if stats is not None else Stats()
     device = model.token_embd.weight.device
     stop = set(stop_ids)
     history = torch.tensor(prompt, dtype=torch.long, device=device)
     t0 = time.perf_counter()
-    logits = prefill(model, cache, prompt)
+    logits = prefill(model, cache, prompt[reuse:], reuse)
     budget = min(max_tokens, cache.capacity - len(prompt))
     for i in range(budget):
         token = sampler(logits, history)
         tid = int(token)  # the one host sync per token: we must know the id to stream it
         if i == 0:
-            stats.prompt_tokens, stats.prompt_seconds = len(prompt), time.perf_counter() - t0
+            stats.prompt_tokens, stats.prompt_seconds = len(prompt) - reuse, time.perf_counter() - t0
             t0 = time.perf_counter()
         if tid in stop:
             break
@@ -101,6 +114,7 @@ def stream_text(tok: Tokenizer, ids: Iterable[int], stop: tuple[str, ...] = ()) 
 
     Text that might be the start of a stop string is held back until it is known not to be one.
     """
+    stop = tuple(s for s in stop if s)  # "" would match at once and end every stream before its first piece
     dec = StreamDecoder(tok)
     pending = ""
     hold = max((len(s) for s in stop), default=0)

@@ -2,11 +2,13 @@
 
 Nothing here parses GGUF by hand: `gguf.GGUFReader` reads the header, metadata and tensor table and
 maps the data with numpy.memmap, so no full copy of the file is made. We only turn its failures and
-the inconsistencies it does not check (data past the end of the file) into one-line errors.
+the inconsistencies it does not check (reads past the end of the file, unknown tensor types) into
+one-line errors.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,15 +49,50 @@ def _check_magic(path: Path) -> None:
         raise LocalLLMError(f"not a GGUF file (magic {magic!r}, expected b'GGUF'): {path}")
 
 
-def _check_tensor_bounds(path: Path, reader: gguf.GGUFReader) -> None:
-    # GGUFReader maps tensors lazily and numpy raises deep inside for data past the end; check here.
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise LocalLLMError(
-                f"truncated GGUF: tensor {t.name!r} data ends at byte {end} but the file has {size} bytes: {path}"
-            )
+class _PastEnd(Exception):
+    """A read that would run past the end of the file; args: (end byte, file size)."""
+
+
+class _BadTensor(Exception):
+    """A tensor-table entry we cannot trust; args: (one-line reason,)."""
+
+
+class _CheckedReader(gguf.GGUFReader):
+    """GGUFReader plus the checks it lacks, so a cut or corrupt file names its problem.
+
+    GGUFReader slices its memmap without looking at the file's size: a truncated header surfaces as
+    a numpy view/reshape error, a tensor type id that is not a ggml type as an enum ValueError.
+    """
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _PastEnd(end, len(self.data))
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs, fields):
+        # Check every tensor before the reader maps any (it maps data eagerly, without bounds).
+        for field in fields:
+            _check_tensor_info(field, int(start_offs), len(self.data))
+        super()._build_tensors(start_offs, fields)
+
+
+def _check_tensor_info(field: gguf.ReaderField, data_start: int, file_size: int) -> None:
+    """Raise _BadTensor for an unknown type id or data that ends past the end of the file."""
+    _, name_data, _, dims, raw_type, offset = field.parts
+    name = bytes(name_data).decode("utf-8", "replace")
+    try:
+        qtype = gguf.GGMLQuantizationType(int(raw_type[0]))
+    except ValueError:
+        raise _BadTensor(f"tensor {name!r} has unknown type id {int(raw_type[0])} (not a ggml type)") from None
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    # Python ints: a corrupt shape must not overflow numpy's uint64 into a small, "valid" size.
+    end = data_start + int(offset[0]) + math.prod(int(d) for d in dims) * type_size // block
+    if end > file_size:
+        raise _BadTensor(
+            f"truncated GGUF (data past the end of the file): tensor {name!r} ends at byte {end},"
+            f" the file has {file_size} bytes"
+        )
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -63,25 +100,22 @@ def open_gguf(path: str | Path) -> GGUFFile:
     path = Path(path)
     _check_magic(path)
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _CheckedReader(path, "r")
+    except _PastEnd as e:
+        end, size = e.args
+        raise LocalLLMError(
+            f"truncated GGUF (header or metadata past the end of the file): needs byte {end},"
+            f" the file has {size} bytes: {path}"
+        ) from None
+    except _BadTensor as e:
+        raise LocalLLMError(f"{e.args[0]}: {path}") from None
     except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError) as e:
         raise LocalLLMError(f"cannot read GGUF file {path}: {_reason(e)}") from None
     except NotImplementedError as e:
         raise LocalLLMError(f"unsupported GGUF file {path}: {_reason(e)}") from None
-    _check_tensor_bounds(path, reader)
     return GGUFFile(path, read_metadata_fields(reader), {t.name: t for t in reader.tensors})
 
 
 def _reason(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
-
-
-def tensor_to_numpy(t: gguf.ReaderTensor) -> np.ndarray:
-    """Decode one tensor to float32 with exactly the values of gguf.quants.dequantize.
-
-    Shape is numpy order (rows, cols) = torch Linear (out_features, in_features).
-    """
-    from quantize.formats import dequantize  # formats own the block decoders
-
-    return dequantize(t.data, t.tensor_type)

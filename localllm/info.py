@@ -29,7 +29,10 @@ def _hf_info(folder: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:
 
     if not (folder / "config.json").exists():
         raise LocalLLMError(f"not a model folder: {folder} has no config.json")
-    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    try:
+        cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    except (json.JSONDecodeError, KeyError) as e:  # as load.read_hf_folder: one line, no traceback
+        raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
     params, types = 0, Counter()
     for p in safetensors_files(folder):
         with safe_open(str(p), framework="np") as f:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from kernels.qweight import QUANTIZED_TYPES, QWeight
+from quantize.decode import dequantize_torch
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .errors import LocalLLMError
@@ -15,7 +18,7 @@ from .gguf_file import GGUFFile, open_gguf
 from .model import Transformer, llama3_rope_factors
 from .registry import resolve_model
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
-from .weights import gguf_state_dict, hf_state_dict
+from .weights import QuantizedTensor, gguf_state_dict, hf_state_dict
 
 
 @dataclass
@@ -28,10 +31,32 @@ class LoadedModel:
     file_bytes: int
 
 
-def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype) -> Transformer:
+def place_quantized(model: Transformer, state: dict, device: str, keep: bool | None = None) -> None:
+    """The one pass that decides where quantized linear weights live, by the checkpoint's tensor types.
+
+    On CUDA each QuantizedTensor becomes a QWeight held by its Linear (quantized on the GPU, run by the
+    fused kernels of kernels/); elsewhere it is decoded to dense float here (gguf's values exactly).
+    keep overrides the choice (tests run the kernels on the CPU under TRITON_INTERPRET).
+    """
+    keep = torch.device(device).type == "cuda" if keep is None else keep
+    for name, value in list(state.items()):
+        if not isinstance(value, QuantizedTensor):
+            continue
+        if keep:
+            module = model.get_submodule(name.removesuffix(".weight"))
+            module.set_quantized(QWeight.from_raw(value.data.to(device), value.qtype))
+            del state[name]
+        else:
+            state[name] = dequantize_torch(value.data, value.qtype)
+
+
+def build_model(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype, keep_quantized: bool | None = None
+) -> Transformer:
     """Build on the meta device, then assign the checkpoint tensors (one materialisation only)."""
     with torch.device("meta"):
         model = Transformer(cfg)
+    place_quantized(model, state, device, keep_quantized)
     state.setdefault("rope_freqs", llama3_rope_factors(cfg))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -49,10 +74,12 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, d
     return model.eval()
 
 
-def read_gguf_model(f: GGUFFile) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+def read_gguf_model(f: GGUFFile, device: str = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+    """On CUDA quantized linear weights stay in their blocks (see place_quantized)."""
     cfg = config_from_gguf(f.metadata, set(f.tensors))
     types = Counter(t.tensor_type.name for t in f.tensors.values())
-    return cfg, gguf_state_dict(f, cfg), types
+    keep = QUANTIZED_TYPES if torch.device(device).type == "cuda" else frozenset()
+    return cfg, gguf_state_dict(f, cfg, keep), types
 
 
 def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
@@ -64,6 +91,10 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     except (json.JSONDecodeError, KeyError) as e:
         raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
     state = hf_state_dict(folder)
+    if cfg.tied_output and "output.weight" in state:
+        # A "tied" checkpoint that stores lm_head.weight anyway: transformers keeps the stored head
+        # when it differs (and llama.cpp's converter writes it as output.weight), so use it.
+        cfg = replace(cfg, tied_output=False)
     types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
     return cfg, state, types, load_hf_tokenizer(folder)
 
@@ -81,7 +112,7 @@ def load_model(spec: str | None, device: str = "cpu", dtype: torch.dtype = torch
         cfg, state, types, tok = read_hf_folder(path)
     else:
         f = open_gguf(path)
-        cfg, state, types = read_gguf_model(f)
+        cfg, state, types = read_gguf_model(f, device)
         tok = load_gguf_tokenizer(f.metadata)
     model = build_model(cfg, state, device, dtype)
     return LoadedModel(model, tok, cfg, path, types, file_size(path))

@@ -17,21 +17,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.linear import linear
+from kernels.qweight import QWeight
 
 from .cache import KVCache
 from .config import ModelConfig
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T (+ bias), through kernels.linear so each device takes its fastest path."""
+    """y = x @ weight.T (+ bias), through kernels.linear so each device takes its fastest path.
+
+    Holds either a dense `weight` parameter or, after set_quantized (load.py's CUDA pass), a QWeight
+    `qweight` that stays quantized on the device; `w` is whichever it holds.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.qweight: QWeight | None = None
+
+    def set_quantized(self, qw: QWeight) -> None:
+        """Replace the dense weight by a quantized one of the same (out, in) shape."""
+        if self.weight is not None and tuple(qw.shape) != tuple(self.weight.shape):
+            raise ValueError(f"quantized weight {qw.shape} for a Linear of {tuple(self.weight.shape)}")
+        self.weight = None  # drops the parameter: state dicts then hold only the dense tensors
+        self.qweight = qw
+
+    @property
+    def w(self) -> torch.Tensor | QWeight:
+        return self.qweight if self.qweight is not None else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.w, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -129,8 +146,8 @@ class Transformer(nn.Module):
         # (D/2,) divisors of the rope frequencies: ones, llama3 factors, or a GGUF rope_freqs tensor.
         self.register_buffer("rope_freqs", llama3_rope_factors(cfg), persistent=True)
 
-    def output_weight(self) -> torch.Tensor:
-        return self.token_embd.weight if self.cfg.tied_output else self.output.weight
+    def output_weight(self) -> torch.Tensor | QWeight:
+        return self.token_embd.weight if self.cfg.tied_output else self.output.w
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: (T,) -> cos, sin: (T, D/2) in fp32, computed like transformers (fp32 outer product).
@@ -140,8 +157,8 @@ class Transformer(nn.Module):
         angles = positions.float()[:, None] * inv_freq[None, :]
         return angles.cos(), angles.sin()
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        """tokens: (B, T) at positions [start, start + T) -> logits (B, T, V) in fp32."""
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
+        """tokens: (B, T) at positions [start, start + T) -> logits (B, T, V) in fp32 ((B, 1, V) with last_only)."""
         T = tokens.shape[1]
         positions = torch.arange(start, start + T, device=tokens.device)
         cos, sin = self.rope_tables(positions)
@@ -154,6 +171,8 @@ class Transformer(nn.Module):
         x = self.token_embd(tokens).float()
         for i, blk in enumerate(self.blk):
             x = blk(x, i, cache, start, cos, sin, mask)
+        if last_only:
+            x = x[:, -1:]
         x = self.output_norm(x)
         cache.length = start + T
         return linear(x, self.output_weight()).float()

@@ -33,6 +33,11 @@ def _packaged_file(entry: dict[str, Any], name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / entry["file"]
 
 
+def _looks_like_path(spec: str) -> bool:
+    # Model names hold neither a folder separator nor a file suffix; say "file not found" for paths.
+    return "/" in spec or "\\" in spec or Path(spec).suffix in (".gguf", ".safetensors", ".json")
+
+
 def resolve_model(spec: str | None) -> Path:
     """A MODEL argument (a path, a name in models.toml, or None for the default) -> a path."""
     spec = spec or default_model_name()
@@ -42,6 +47,8 @@ def resolve_model(spec: str | None) -> Path:
     models = read_registry()["models"]
     if spec in models:
         return _packaged_file(models[spec], spec)
+    if _looks_like_path(spec):
+        raise LocalLLMError(f"file not found: {spec}")
     raise LocalLLMError(f"no such file or model name: {spec!r} (names: {', '.join(models)})")
 
 

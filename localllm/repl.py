@@ -11,6 +11,7 @@ import sys
 from typing import Callable, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 
 from .chat import ChatSession
 from .errors import LocalLLMError
@@ -60,10 +61,10 @@ def run_command(session: ChatSession, line: str, console: Console) -> bool:
         console.print(f"[red]{cmd} needs a file name[/red]")
     elif cmd == "/save":
         session.save(arg)
-        console.print(f"[dim]saved {len(session.conversation())} messages to {arg}[/dim]")
+        console.print(f"[dim]saved {len(session.conversation())} messages to {escape(arg)}[/dim]")
     elif cmd == "/load":
         session.load(arg)
-        console.print(f"[dim]loaded {len(session.conversation())} messages from {arg}[/dim]")
+        console.print(f"[dim]loaded {len(session.conversation())} messages from {escape(arg)}[/dim]")
     elif cmd == "/stats":
         s = session.last
         console.print(
@@ -72,7 +73,7 @@ def run_command(session: ChatSession, line: str, console: Console) -> bool:
             f"{s.generate_tps():.1f} tokens/s[/dim]"
         )
     else:
-        console.print(f"[red]unknown command {cmd}[/red] (/help lists them)")
+        console.print(f"[red]unknown command {escape(cmd)}[/red] (/help lists them)")
     return True
 
 
@@ -95,9 +96,11 @@ def stream_reply(session: ChatSession, text: str, out: TextIO, after: Callable[[
 
 
 def interactive(
-    session: ChatSession, console: Console, out: TextIO = sys.stdout, after: Callable[[], None] = lambda: None
+    session: ChatSession, console: Console, out: TextIO | None = None, after: Callable[[], None] = lambda: None
 ) -> None:
     import readline  # noqa: F401  (line editing and history for input())
+
+    out = out or sys.stdout  # looked up now, not at import: sys.stdout may have been replaced since
 
     console.print("[dim]chat: /help for commands, Ctrl-D to leave[/dim]")
     while True:
@@ -119,12 +122,14 @@ def interactive(
             if not stream_reply(session, text, out, after):
                 console.print("[dim](reply stopped)[/dim]")
         except LocalLLMError as e:
-            console.print(f"[red]error:[/red] {e}", highlight=False)
+            # escape(): messages quote user input and templates ("[/INST]"), which rich would read as markup
+            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
 
 
 def scripted(
-    session: ChatSession, lines: TextIO, out: TextIO = sys.stdout, after: Callable[[], None] = lambda: None
+    session: ChatSession, lines: TextIO, out: TextIO | None = None, after: Callable[[], None] = lambda: None
 ) -> None:
+    out = out or sys.stdout  # looked up now, not at import: sys.stdout may have been replaced since
     for line in lines:
         text = line.rstrip("\n")
         if text.strip():

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from .errors import LocalLLMError
 from .settings import SamplingSettings
 
 Transform = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits (V,), history (N,)) -> logits
@@ -34,9 +35,12 @@ def temperature(t: float) -> Transform:
 
 
 def top_k(k: int) -> Transform:
+    """Keep exactly k tokens, as llama.cpp does: on a tie at the k-th logit, the cut goes through the tie
+    (a `logits < kth` threshold would keep every tied token)."""
+
     def apply(logits, history):
-        kth = torch.topk(logits, min(k, logits.numel())).values[-1]
-        return logits.masked_fill(logits < kth, float("-inf"))
+        keep = torch.topk(logits, min(k, logits.numel())).indices
+        return torch.full_like(logits, float("-inf")).scatter(0, keep, logits[keep])
 
     return apply
 
@@ -47,8 +51,10 @@ def top_p(p: float) -> Transform:
     def apply(logits, history):
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
-        # A token is dropped when the tokens before it already reach p (the first one is always kept).
+        # A token is dropped when the tokens before it already reach p. The first one is always kept,
+        # explicitly: for p <= 0 "nothing before it" (0) already reaches p and every token would go.
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= p
+        drop_sorted[0] = False
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         return logits.masked_fill(drop, float("-inf"))
 
@@ -82,10 +88,20 @@ def make_transforms(s: SamplingSettings) -> list[Transform]:
     return chain
 
 
+def check_settings(s: SamplingSettings) -> None:
+    """Reject values that would mask every token (min-p above 1) or break the logits (a penalty of 0
+    divides by zero): sampling from an all -inf or NaN row silently yields token 0 forever."""
+    if not 0.0 <= s.min_p <= 1.0:
+        raise LocalLLMError(f"--min-p must be between 0 and 1, got {s.min_p}")
+    if not s.repeat_penalty > 0:
+        raise LocalLLMError(f"--repeat-penalty must be above 0, got {s.repeat_penalty}")
+
+
 class Sampler:
     """Applies the transforms, then picks argmax (temperature 0) or samples with a seeded generator."""
 
     def __init__(self, settings: SamplingSettings, device: str | torch.device = "cpu"):
+        check_settings(settings)
         self.settings = settings
         self.transforms = make_transforms(settings)
         self.generator = torch.Generator(device=device)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -66,6 +67,14 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+@dataclass
+class QuantizedTensor:
+    """A linear weight left in its GGUF blocks: uint8 (rows, bytes per row) of type qtype."""
+
+    qtype: gguf.GGMLQuantizationType
+    data: torch.Tensor
+
+
 def gguf_tensor(t: gguf.ReaderTensor) -> torch.Tensor:
     if t.tensor_type not in SUPPORTED_TYPES:
         raise LocalLLMError(f"tensor {t.name!r} has unsupported type {t.tensor_type.name}")
@@ -75,13 +84,22 @@ def gguf_tensor(t: gguf.ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(dequantize(t.data, t.tensor_type))
 
 
-def gguf_state_dict(f: GGUFFile, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def gguf_state_dict(
+    f: GGUFFile, cfg: ModelConfig, keep_quantized: frozenset = frozenset()
+) -> dict[str, torch.Tensor | QuantizedTensor]:
+    """Every tensor decoded to float, except linear weights of a type in keep_quantized: QuantizedTensor."""
     out = {}
     for name, t in f.tensors.items():
-        w = gguf_tensor(t)
+        if t.tensor_type in keep_quantized and name != "token_embd.weight" and len(t.shape) == 2:
+            w = QuantizedTensor(t.tensor_type, torch.from_numpy(np.array(t.data, dtype=np.uint8)))
+        else:
+            w = gguf_tensor(t)
         if cfg.arch in PERMUTED_QK_ARCHS and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads
-            w = unpermute_qk(w, heads)
+            if isinstance(w, QuantizedTensor):  # rows are whole blocks: permute the raw rows alike
+                w = QuantizedTensor(w.qtype, unpermute_qk(w.data, heads))
+            else:
+                w = unpermute_qk(w, heads)
         out[to_module_name(name)] = w
     return out
 

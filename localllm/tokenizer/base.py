@@ -120,7 +120,8 @@ class Tokenizer:
         pos = 0
         for start, end in sorted(protected) + [(len(text), len(text))]:
             frags += split_special(text[pos:start], self._specials, True)
-            frags += [text[start:end]] if end > start else []
+            # Inside a span only user-defined tokens match (as encode(parse_special=False) does).
+            frags += split_special(text[start:end], self._specials, False)
             pos = max(pos, end)
         ids: list[int] = []
         after_special = True

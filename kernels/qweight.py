@@ -1,0 +1,116 @@
+"""QWeight: a quantized weight kept quantized on the device, as planar arrays of the GGUF block fields.
+
+A GGUF row of a (N, K) weight is K / block blocks of interleaved fields (scales, quants). For 16-byte
+loads the fields are split into one array each, row-major (N, ...), every byte kept as stored, so
+the decoded values are those of `quantize.dequantize_torch` bit for bit:
+
+| type | planar fields (each (N, X)) |
+| --- | --- |
+| Q8_0 | qs int8 (N, K), d fp16 (N, K/32) |
+| Q4_0 | qs uint8 (N, K/2) (the block's nibble bytes in order), d fp16 (N, K/32) |
+| Q4_1 | qs, d, m fp16 (N, K/32) |
+| Q4_K | qs (N, K/2), d, dmin fp16 (N, K/256), sc, mn uint8 (N, K/32) (the 6-bit scales unpacked) |
+| Q5_K | as Q4_K, plus qh uint8 (N, K/8) |
+| Q6_K | ql (N, K/2), qh (N, K/4), sc int8 (N, K/16), d fp16 (N, K/256) |
+| others (Q5_0, Q5_1, Q2_K, Q3_K) | raw uint8 (N, row bytes): decoded to dense before each product |
+
+Q4_K/Q5_K store 16 instead of 12 scale bytes per 256 values (4.625 instead of 4.5 bits per weight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import torch
+
+from quantize.decode import BLOCK_SIZES, dequantize_torch, unpack_k_scales
+
+Q = gguf.GGMLQuantizationType
+
+# Types with fused Triton kernels (kernels/triton_gemv.py); the rest are decoded to dense per product.
+KERNEL_TYPES = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K))
+QUANTIZED_TYPES = frozenset(t for t in BLOCK_SIZES if t not in (Q.F32, Q.F16, Q.BF16))
+
+
+def _f16(blocks: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
+    """(rows * nb, nbytes) blocks -> (rows, nb) fp16 of the field at `offset`."""
+    return blocks[:, offset:offset + 2].contiguous().view(torch.float16).reshape(rows, -1)
+
+
+def _bytes(blocks: torch.Tensor, lo: int, hi: int, rows: int) -> torch.Tensor:
+    return blocks[:, lo:hi].contiguous().reshape(rows, -1)
+
+
+def planar_fields(raw: torch.Tensor, qtype: Q) -> dict[str, torch.Tensor]:
+    """raw uint8 (N, row bytes) -> the planar fields of the table above."""
+    n = raw.shape[0]
+    b = raw.reshape(-1, BLOCK_SIZES[qtype][1])
+    if qtype == Q.Q8_0:
+        return {"qs": _bytes(b, 2, 34, n).view(torch.int8), "d": _f16(b, 0, n)}
+    if qtype == Q.Q4_0:
+        return {"qs": _bytes(b, 2, 18, n), "d": _f16(b, 0, n)}
+    if qtype == Q.Q4_1:
+        return {"qs": _bytes(b, 4, 20, n), "d": _f16(b, 0, n), "m": _f16(b, 2, n)}
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        sc, mn = unpack_k_scales(b[:, 4:16])
+        out = {"d": _f16(b, 0, n), "dmin": _f16(b, 2, n), "sc": sc.reshape(n, -1), "mn": mn.reshape(n, -1)}
+        if qtype == Q.Q4_K:
+            return {**out, "qs": _bytes(b, 16, 144, n)}
+        return {**out, "qh": _bytes(b, 16, 48, n), "qs": _bytes(b, 48, 176, n)}
+    if qtype == Q.Q6_K:
+        return {
+            "ql": _bytes(b, 0, 128, n),
+            "qh": _bytes(b, 128, 192, n),
+            "sc": _bytes(b, 192, 208, n).view(torch.int8),
+            "d": _f16(b, 208, n),
+        }
+    return {"raw": raw.contiguous()}
+
+
+@dataclass
+class QWeight:
+    """A (N, K) weight of GGUF type `qtype`, held as `parts` (planar fields, see the module doc)."""
+
+    qtype: Q
+    shape: tuple[int, int]
+    parts: dict[str, torch.Tensor]
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, qtype: Q) -> "QWeight":
+        """raw: uint8 (N, row bytes), the GGUF tensor data, on the device it will run on."""
+        block, nbytes = BLOCK_SIZES[qtype]
+        n, row_bytes = raw.shape
+        return cls(qtype, (n, row_bytes // nbytes * block), planar_fields(raw, qtype))
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.parts.values())).device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.parts.values())
+
+    @property
+    def has_kernel(self) -> bool:
+        return self.qtype in KERNEL_TYPES
+
+    def rows(self, start: int, stop: int) -> "QWeight":
+        """Rows [start, stop) as views (every field is row-major (N, ...))."""
+        return QWeight(self.qtype, (stop - start, self.shape[1]), {k: v[start:stop] for k, v in self.parts.items()})
+
+    @staticmethod
+    def cat(ws: list["QWeight"]) -> "QWeight":
+        """Stack weights of one type and K along rows (fused q|k|v or gate|up projections)."""
+        qtype, k = ws[0].qtype, ws[0].shape[1]
+        assert all(w.qtype == qtype and w.shape[1] == k for w in ws)
+        parts = {name: torch.cat([w.parts[name] for w in ws]) for name in ws[0].parts}
+        return QWeight(qtype, (sum(w.shape[0] for w in ws), k), parts)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) dense values: Triton's decoder for kernel types, the torch reference for the rest."""
+        if "raw" in self.parts:
+            return dequantize_torch(self.parts["raw"], self.qtype).to(dtype)
+        from .triton_gemv import dequantize
+
+        return dequantize(self, dtype)

@@ -1,0 +1,245 @@
+"""`localllm bench`: prompt processing (pp) and generation (tg) speed against a roofline measured in-process.
+
+Tests, for each prompt length p, generation length n and depth d of the grid:
+  pp{p}: one prefill of p tokens after d tokens already in the cache (tokens/s; achieved TFLOP/s as
+         2 x linear parameters x p / time, against a bf16 (CPU: fp32) matmul measured here);
+  tg{n}: n decode steps (greedy, batch 1) right after that prompt, context d + p (tokens/s; achieved
+         GB/s as weight bytes read per token x tokens/s, against a device-to-device copy measured here,
+         bytes read + written).
+Each repetition gives one figure; rows show mean ± standard deviation over repetitions.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kernels.qweight import QWeight
+
+from .cache import make_cache
+from .generate import decode_one, prefill
+from .model import Linear, Transformer
+
+
+@dataclass
+class BenchModel:
+    name: str
+    model: Transformer
+    types: Counter  # weight type -> tensor count
+
+
+@dataclass
+class Row:
+    model: str
+    size_gib: float
+    params_b: float
+    types: str
+    device: str
+    test: str
+    tps_mean: float
+    tps_std: float
+    achieved: float  # GB/s (tg) or TFLOP/s (pp)
+    unit: str
+    roofline_share: float
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, mib: int = 1024, reps: int = 10) -> float:
+    """Bytes read + written per second by a large device-local copy (median of reps)."""
+    mib = mib if device.type == "cuda" else 256
+    a = torch.randn(mib * 2**20 // 4, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for i in range(reps + 2):
+        sync(device)
+        t0 = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / statistics.median(times)
+
+
+def matmul_rate(device: torch.device, reps: int = 5) -> float:
+    """FLOP/s of a large random matmul: bf16 8192^3 on CUDA, fp32 1024^3 elsewhere (median of reps)."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = []
+    for i in range(reps + 2):
+        sync(device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def linear_weights(model: Transformer) -> list:
+    return [m.w for m in model.modules() if isinstance(m, Linear)]
+
+
+def nbytes(w) -> int:
+    return w.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size()
+
+
+def numel(w) -> int:
+    return w.shape[0] * w.shape[1] if isinstance(w, QWeight) else w.numel()
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """Bytes of weights one decode step reads: linears, norms, one embedding row (all of it when tied)."""
+    emb = model.token_embd.weight
+    norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
+    head = nbytes(emb) if model.cfg.tied_output else emb.shape[1] * emb.element_size()
+    return sum(nbytes(w) for w in linear_weights(model)) + norms + head
+
+
+def model_stats(model: Transformer) -> tuple[int, int]:
+    """(bytes of weights held, parameter count): dense parameters plus quantized weights."""
+    qws = [w for w in linear_weights(model) if isinstance(w, QWeight)]
+    held = sum(nbytes(p) for p in model.parameters()) + sum(w.nbytes for w in qws)
+    return held, sum(p.numel() for p in model.parameters()) + sum(numel(w) for w in qws)
+
+
+def linear_params(model: Transformer) -> int:
+    """Parameters multiplied per prompt token (the head counted once: prefill needs the last logits only)."""
+    return sum(numel(w) for w in linear_weights(model)) + (model.token_embd.weight.numel() if model.cfg.tied_output else 0)
+
+
+def one_run(model: Transformer, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
+    """-> (prefill seconds of p tokens at depth, seconds of n decode steps after it)."""
+    device = model.token_embd.weight.device
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.cfg.vocab_size, (depth + p,), generator=g).tolist()
+    cache.length = 0
+    if depth:
+        prefill(model, cache, ids[:depth], 0)
+    sync(device)
+    t0 = time.perf_counter()
+    logits = prefill(model, cache, ids[depth:], depth)
+    sync(device)
+    t1 = time.perf_counter()
+    token = logits.argmax()
+    for _ in range(n):
+        token = decode_one(model, cache, token).argmax()
+    sync(device)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def describe_types(types: Counter) -> str:
+    return ", ".join(f"{k} {v}" for k, v in types.most_common())
+
+
+def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict) -> list[Row]:
+    model = bm.model
+    device = model.token_embd.weight.device
+    held, params = model_stats(model)
+    wbytes, lparams = weight_bytes_per_token(model), linear_params(model)
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    base = dict(model=bm.name, size_gib=held / 2**30, params_b=params / 1e9, types=describe_types(bm.types),
+                device=dev_name)
+    rows, seen_pp = [], set()
+    for depth in depths:
+        for p in prompts:
+            for n in gens:
+                cache = make_cache(model.cfg, depth + p + n + 1, dtype=model.token_embd.weight.dtype, device=device)
+                one_run(model, min(p, 8), min(n, 2), depth, cache, seed=-1)  # warm-up: compile, capture
+                runs = [one_run(model, p, n, depth, cache, seed=r) for r in range(reps)]
+                at = f" @ d{depth}" if depth else ""
+                if (p, depth) not in seen_pp:
+                    seen_pp.add((p, depth))
+                    tps = mean_std([p / t for t, _ in runs])
+                    rate = 2 * lparams * tps[0]
+                    rows.append(Row(**base, test=f"pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
+                                    achieved=rate / 1e12, unit="TFLOP/s", roofline_share=rate / roof["flops"]))
+                if n:
+                    tps = mean_std([n / t for _, t in runs])
+                    bw = wbytes * tps[0]
+                    rows.append(Row(**base, test=f"tg{n} after pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
+                                    achieved=bw / 1e9, unit="GB/s", roofline_share=bw / roof["bandwidth"]))
+                del cache
+    return rows
+
+
+def measure_roofline(device: torch.device) -> dict:
+    return {"bandwidth": copy_bandwidth(device), "flops": matmul_rate(device)}
+
+
+def format_rows(rows: list[Row], roof: dict, fmt: str = "md") -> str:
+    if fmt == "json":
+        return json.dumps({"roofline": roof, "rows": [asdict(r) for r in rows]}, indent=2)
+    if fmt == "csv":
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=list(asdict(rows[0]).keys()) if rows else ["model"])
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+        return out.getvalue()
+    head = "| model | size | params | weight types | device | test | t/s | achieved | roofline |\n"
+    head += "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |\n"
+    lines = [
+        f"| {r.model} | {r.size_gib:.2f} GiB | {r.params_b:.2f} B | {r.types} | {r.device} | {r.test} "
+        f"| {r.tps_mean:.2f} ± {r.tps_std:.2f} | {r.achieved:.3g} {r.unit} | {r.roofline_share:.0%} |"
+        for r in rows
+    ]
+    foot = (f"\nroofline: copy {roof['bandwidth'] / 1e9:.0f} GB/s (read + write), "
+            f"matmul {roof['flops'] / 1e12:.1f} TFLOP/s\n")
+    return head + "\n".join(lines) + "\n" + foot
+
+
+def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device: str, dtype: str | None):
+    """Yield BenchModels one at a time (the previous one is freed first): files/names, then synthetic
+    models of each shape preset x weight type, built on the device."""
+    from .device import pick_device, pick_dtype
+    from .registry import shape_preset
+    from .runner import open_model
+    from .synthetic import synthetic_model
+
+    dev = pick_device(device)
+    for spec in specs:
+        lm = open_model(spec, dev, dtype)
+        yield BenchModel(lm.path.name, lm.model, lm.tensor_types)
+        del lm
+        free_memory(dev)
+    for preset in presets:
+        cfg = shape_preset(preset)
+        for wtype in wtypes:
+            model, types = synthetic_model(cfg, wtype, dev, pick_dtype(dev, dtype))
+            yield BenchModel(f"{preset} {wtype} (synthetic)", model, types)
+            del model
+            free_memory(dev)
+
+
+def free_memory(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto", dtype=None, fmt="md") -> str:
+    """The whole `localllm bench`: roofline once, then every model over the grid -> formatted table."""
+    rows, roof = [], None
+    for bm in bench_models(specs, presets, wtypes, device, dtype):
+        dev = bm.model.token_embd.weight.device
+        roof = roof or measure_roofline(dev)
+        rows += bench_model(bm, prompts, gens, depths, reps, roof)
+    return format_rows(rows, roof or {"bandwidth": 0.0, "flops": 0.0}, fmt)

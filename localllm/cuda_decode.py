@@ -1,0 +1,160 @@
+"""Batch-1 decode on CUDA as one CUDA graph: static buffers, the position as a device tensor, no host sync.
+
+A step (one token at position cache.length) per layer is four fused kernels and two small ones:
+  qkv = W_qkv @ RMSNorm(x)             (gemv with the norm fused, q|k|v fused into one weight)
+  rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py)
+  a = attention(q, cache[:pos+1])
+  x = x + W_o @ a                      (gemv with the residual add fused)
+  gu = W_gate|up @ RMSNorm(x)
+  x = x + W_down @ (silu(g) * u)       (gemv with silu*mul and the residual fused)
+then logits = W_out @ RMSNorm(x) in fp32. Every kernel matches the module ops of model.py (its
+reference) within rounding: bench/cuda_check.py measures it against the CPU fp32 model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from kernels.linear import fused_linear
+from kernels.qweight import QWeight
+from kernels.triton_decode import decode_attention, rope_store
+
+from .cache import KVCache
+from .model import Linear, Transformer
+
+# Dense weights in the decode step: our fused Triton matvec ("triton") or cuBLAS plus torch ops ("torch").
+DENSE_GEMV = os.environ.get("LOCALLLM_DENSE_GEMV", "triton")
+
+
+def fuse_rows(linears: list[Linear]) -> torch.Tensor | QWeight | None:
+    """Stack the weights of Linears fed by the same input into one (sum N, K) weight, and make each
+    Linear hold a row view of it (no second copy). None when their kinds or types differ."""
+    ws = [m.w for m in linears]
+    if all(isinstance(w, QWeight) for w in ws) and len({w.qtype for w in ws}) == 1 and ws[0].has_kernel:
+        fused = QWeight.cat(ws)
+    elif all(isinstance(w, torch.Tensor) for w in ws) and len({w.dtype for w in ws}) == 1:
+        fused = torch.cat([w.detach() for w in ws])
+    else:
+        return None
+    start = 0
+    for m, w in zip(linears, ws):
+        n = w.shape[0]
+        if isinstance(fused, QWeight):
+            m.qweight = fused.rows(start, start + n)
+        else:
+            m.weight = torch.nn.Parameter(fused[start:start + n], requires_grad=False)
+        start += n
+    return fused
+
+
+class LayerWeights:
+    def __init__(self, blk):
+        a = blk.attn
+        self.attn, self.blk = a, blk
+        self.qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
+        self.qkv_bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
+        self.gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up])
+
+
+class GraphDecoder:
+    """Decodes one token per step() into `cache` (batch 1), replaying a captured CUDA graph."""
+
+    def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True):
+        cfg = model.cfg
+        self.model, self.cache, self.cfg, self.use_graph = model, cache, cfg, use_graph
+        dev = cache.k.device
+        self.layers = [LayerWeights(b) for b in model.blk]
+        exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=dev).float() / cfg.head_dim
+        self.inv_freq = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
+        self.act = model.token_embd.weight.dtype
+        self.token = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.expected_len = -1
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def _lin(self, x, w, **kw) -> torch.Tensor:
+        use_triton = isinstance(w, QWeight) or DENSE_GEMV == "triton"
+        return fused_linear(x, w, act_dtype=self.act, use_triton=use_triton, **kw)
+
+    def _attention(self, x: torch.Tensor, i: int, L: LayerWeights) -> torch.Tensor:
+        cfg, a = self.cfg, L.attn
+        norm = (L.blk.attn_norm.weight, cfg.norm_eps)
+        if L.qkv is not None:
+            qkv = self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm)
+        else:
+            qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in (a.attn_q, a.attn_k, a.attn_v)], -1)
+        if cfg.qk_norm:
+            q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
+            q = a.attn_q_norm(q.view(cfg.n_heads, cfg.head_dim)).reshape(1, -1)
+            k = a.attn_k_norm(k.view(cfg.n_kv_heads, cfg.head_dim)).reshape(1, -1)
+            qkv = torch.cat((q, k, v), -1)
+        kc, vc = self.cache.k[i, 0], self.cache.v[i, 0]
+        q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+        att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads)
+        return self._lin(att, a.attn_output.w, residual=x)
+
+    def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
+        b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
+        if L.gate_up is not None:
+            gu = self._lin(x, L.gate_up, norm=norm)
+        else:
+            gu = torch.cat([self._lin(x, m.w, norm=norm) for m in (b.ffn_gate, b.ffn_up)], -1)
+        return self._lin(gu, b.ffn_down.w, residual=x, glu=True)
+
+    def _step(self) -> torch.Tensor:
+        """token (1,) at position pos -> logits (V,) fp32; advances pos. Static inputs only."""
+        m = self.model
+        x = F.embedding(self.token, m.token_embd.weight).float()  # (1, C) fp32 residual stream
+        for i, L in enumerate(self.layers):
+            x = self._attention(x, i, L)
+            x = self._ffn(x, L)
+        logits = self._lin(x, m.output_weight(), norm=(m.output_norm.weight, self.cfg.norm_eps),
+                           out_dtype=torch.float32)
+        self.pos += 1
+        return logits[0]
+
+    def _capture(self) -> None:
+        start = self.cache.length
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: compiles the kernels (same writes as the real step)
+            self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.pos.fill_(start)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._step()
+        self.pos.fill_(start)
+
+    @torch.inference_mode()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """token: id tensor (any shape of one element) at position cache.length -> logits (V,) fp32.
+
+        The returned tensor is overwritten by the next step."""
+        if self.cache.length >= self.cache.capacity:
+            raise ValueError("the KV cache is full")
+        self.token.copy_(token.view(1))
+        if self.cache.length != self.expected_len:
+            self.pos.fill_(self.cache.length)
+        if not self.use_graph:
+            self.logits = self._step()
+        else:
+            if self.graph is None:
+                self._capture()
+            self.graph.replay()
+        self.cache.length += 1
+        self.expected_len = self.cache.length
+        return self.logits
+
+
+def decoder_for(model: Transformer, cache: KVCache) -> GraphDecoder:
+    """The model's decoder for this cache (one kept at a time: a new cache replaces the graph)."""
+    dec = getattr(model, "_graph_decoder", None)
+    if dec is None or dec.cache is not cache:
+        dec = GraphDecoder(model, cache)
+        model._graph_decoder = dec
+    return dec

@@ -1,0 +1,405 @@
+"""`localllm quantize`: read a model, plan a type per tensor, write a GGUF file.
+
+Inputs:
+- a GGUF file: every metadata key is copied with its own GGUF type (tokenizer, chat template,
+  architecture keys...), in order, except general.file_type, which the preset sets (and
+  general.quantization_version, set to 2, as llama-quantize does; split keys are dropped). Quantized tensors are decoded first
+  (quantize.formats.dequantize: the gguf package's values); a tensor whose chosen type is its stored
+  type is copied byte for byte.
+- a Hugging Face safetensors folder: tensors are renamed to GGUF names (localllm.weights.HF_NAMES),
+  q/k rows permuted for the llama architecture (Llama and Mistral) as convert_hf_to_gguf.py does, and
+  the architecture keys written as the converter writes them. Limitation: the tokenizer is not built
+  from tokenizer.json. convert_hf_to_gguf names the pre-tokenizer (tokenizer.ggml.pre) by hashing the
+  tokenizer's output and looking the hash up in its own table of known models; without that table the
+  name would be a guess, and a wrong guess silently changes how text is split. So the tokenizer
+  metadata is copied from a GGUF of the same model (`tokenizer_from`, e.g. one of llama.cpp's
+  vocab-only files); without one, safetensors input is refused.
+
+Types: a preset (quantize.presets) picks each tensor's type, `--tensor-type REGEX=TYPE` overrides it,
+and rows that do not split into blocks of the chosen type fall back (quantize.plan).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import gguf
+import numpy as np
+import torch
+
+from quantize import SUPPORTED_TYPES, dequantize, quantize_tensor
+from quantize.plan import Override, PlanError, PlanRow, TensorInfo, measure_errors, parse_override, preset_plan
+from quantize.presets import PRESETS, ModelShape, Preset, find_preset
+from quantize.writer import MetaValue, SameFileError, TensorSlot, check_not_input, write_gguf
+
+from .config import config_from_gguf, config_from_hf
+from .device import pick_device
+from .errors import LocalLLMError
+from .gguf_file import open_gguf
+from .registry import resolve_model
+from .weights import hf_name, safetensors_files
+
+Q = gguf.GGMLQuantizationType
+V = gguf.GGUFValueType
+K = gguf.Keys.General
+
+# Keys llama-quantize drops (general.file_type and general.quantization_version it sets in place).
+NOT_COPIED = {gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUNT,
+              gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT}
+
+TORCH_TYPES = {torch.float32: Q.F32, torch.float16: Q.F16, torch.bfloat16: Q.BF16}
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    info: TensorInfo
+    read: Callable[[], torch.Tensor]  # all values, float32, numpy-order shape
+    read_rows: Callable[[torch.Tensor], torch.Tensor]  # some rows (of the (-1, cols) view), float32
+    raw: Callable[[], np.ndarray] | None  # the stored GGUF bytes (GGUF input), copied when the type is kept
+
+
+@dataclass
+class Source:
+    path: Path
+    files: list[Path]  # the files OUT must not be
+    arch: str  # GGUF architecture
+    model: ModelShape
+    tensors: list[SourceTensor]
+    metadata: Callable[[], dict[str, MetaValue]]  # read only when writing
+    alignment: int
+
+
+@dataclass
+class QuantizeResult:
+    preset: Preset
+    plan: list[PlanRow]
+    errors: list[float] | None  # --dry-run: predicted relative RMSE per tensor
+    out: Path | None
+    seconds: float
+
+
+def quantize_model(
+    inp: str | None,
+    out: str | Path | None,
+    type_name: str,
+    tensor_types: Sequence[str] = (),
+    dry_run: bool = False,
+    device: str = "auto",
+    *,
+    tokenizer_from: str | Path | None = None,
+    imatrix: Mapping[str, torch.Tensor] | None = None,
+    target_bpw: float | None = None,
+    target_size: int | None = None,
+    calib: str | None = None,
+    progress: bool = True,
+    sample_rows: int = 16,
+) -> QuantizeResult:
+    """Quantize model `inp` to OUT with preset `type_name` (or only plan it, with dry_run).
+
+    imatrix: GGUF tensor name -> (cols,) mean of x^2 per input column, used by the encoders and the
+    presets' imatrix rules. target_bpw / target_size / calib: reserved for mixed-precision plans."""
+    start = time.perf_counter()
+    for flag, value in (("--target-bpw", target_bpw), ("--target-size", target_size), ("--calib", calib)):
+        if value is not None:
+            raise LocalLLMError(f"{flag} is not available yet: use --type with --tensor-type overrides")
+    preset, overrides = parse_request(type_name, tensor_types)
+    dev = encoder_device(device)
+    writing = not dry_run
+    if out is None and writing:
+        raise LocalLLMError("missing OUT: the output GGUF file (or use --dry-run)")
+    path = resolve_model(inp)
+    if writing:
+        check_output(Path(out), [path])  # before reading anything
+    src = read_source(path, tokenizer_from)
+    plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
+    if dry_run:
+        named = {t.info.name: t for t in src.tensors}
+        errors = measure_errors(plan, lambda name, idx: named[name].read_rows(idx), sample_rows, dev)
+        return QuantizeResult(preset, plan, errors, None, time.perf_counter() - start)
+    check_output(Path(out), [path, *src.files])
+    written = write_source(src, plan, preset, Path(out), dev, imatrix, progress)
+    return QuantizeResult(preset, plan, None, written, time.perf_counter() - start)
+
+
+def plan_model(inp: str | None, type_name: str, tensor_types: Sequence[str] = (), *,
+               tokenizer_from: str | Path | None = None, imatrix: bool = False) -> tuple[Source, list[PlanRow]]:
+    """Only the plan (nothing quantized): the source and a row per tensor."""
+    preset, overrides = parse_request(type_name, tensor_types)
+    src = read_source(resolve_model(inp), tokenizer_from)
+    return src, preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix)
+
+
+def parse_request(type_name: str, tensor_types: Sequence[str]) -> tuple[Preset, list[Override]]:
+    preset = find_preset(type_name)
+    if preset is None:
+        raise LocalLLMError(f"unknown quantization type {type_name!r} (types: {', '.join(PRESETS)})")
+    try:
+        return preset, [parse_override(t) for t in tensor_types]
+    except PlanError as e:
+        raise LocalLLMError(str(e)) from None
+
+
+def read_source(path: Path, tokenizer_from: str | Path | None) -> Source:
+    return read_hf_source(path, tokenizer_from) if path.is_dir() else read_gguf_source(path, tokenizer_from)
+
+
+def encoder_device(name: str) -> str:
+    """auto: cuda when torch sees one, else cpu (the encoders do not target mps)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return pick_device(name)
+
+
+def check_output(out: Path, inputs: Sequence[Path]) -> None:
+    try:
+        check_not_input(out, inputs)
+    except SameFileError as e:
+        raise LocalLLMError(str(e)) from None
+    if out.is_dir():
+        raise LocalLLMError(f"output {out} is a folder: give a file name")
+    if not out.parent.is_dir():
+        raise LocalLLMError(f"output folder does not exist: {out.parent}")
+
+
+def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, device: str,
+                 imatrix: Mapping[str, torch.Tensor] | None, progress: bool) -> Path:
+    metadata = dict(src.metadata())
+    # set in place where the input has them (dict order), else appended
+    metadata[K.FILE_TYPE] = MetaValue(int(preset.file_type), V.UINT32)
+    metadata[K.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, V.UINT32)
+    slots = [TensorSlot(r.name, r.shape, r.target) for r in plan]
+
+    def make_tensor(i: int) -> np.ndarray:
+        t, row = src.tensors[i], plan[i]
+        if row.target == row.source and t.raw is not None:
+            return t.raw()
+        importance = imatrix.get(row.name) if imatrix else None
+        return encode(row, t.read(), device, importance)
+
+    return write_gguf(out, src.arch, metadata, slots, make_tensor, alignment=src.alignment,
+                      inputs=[src.path, *src.files], progress=progress)
+
+
+def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None) -> np.ndarray:
+    try:
+        return quantize_tensor(w.reshape(-1, row.shape[-1]).to(device), row.target, importance)
+    except ValueError as e:  # non-finite values, a bad imatrix length
+        raise LocalLLMError(f"cannot quantize tensor {row.name!r} to {row.target.name}: {e}") from None
+
+
+# ---- GGUF input
+
+def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> Source:
+    if tokenizer_from is not None:
+        raise LocalLLMError("--tokenizer-from is for safetensors input: a GGUF input keeps its own tokenizer")
+    f = open_gguf(path)
+    for name, t in f.tensors.items():
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}: {path}")
+    cfg = config_from_gguf(f.metadata, set(f.tensors))
+    model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    tensors = [_gguf_tensor(t) for t in f.tensors.values()]
+    alignment = int(f.metadata.get(K.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT))
+    return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path), alignment)
+
+
+def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    qtype = t.tensor_type
+
+    def rows_2d() -> np.ndarray:
+        return t.data.reshape(-1, t.data.shape[-1]) if t.data.ndim != 2 else t.data
+
+    def decode(data: np.ndarray) -> torch.Tensor:
+        values = dequantize(np.asarray(data), qtype)
+        # F32 data comes back as the read-only memmap itself: copy it for torch
+        return torch.from_numpy(values if values.flags.writeable else values.copy())
+
+    def read() -> torch.Tensor:
+        return decode(rows_2d()).reshape(shape)
+
+    def read_rows(idx: torch.Tensor) -> torch.Tensor:
+        return decode(rows_2d()[idx.numpy()])
+
+    def raw() -> np.ndarray:
+        return np.ascontiguousarray(t.data).view(np.uint8)
+
+    return SourceTensor(TensorInfo(t.name, shape, qtype), read, read_rows, raw)
+
+
+def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED) -> dict[str, MetaValue]:
+    """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes."""
+    reader = gguf.GGUFReader(path, "r")
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or not keep(key):
+            continue
+        out[key] = _meta_value(key, field)
+    return out
+
+
+def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
+    main = field.types[0]
+    if main == V.STRING:
+        return MetaValue(bytes(field.parts[field.data[0]]), V.STRING)
+    if main != V.ARRAY:
+        return MetaValue(field.parts[field.data[0]][0].item(), main)
+    if len(field.data) == 0 or len(field.types) != 2:
+        raise LocalLLMError(f"metadata key {key!r} is an empty or nested array, which localllm cannot copy")
+    sub = field.types[1]
+    if sub == V.STRING:
+        return MetaValue([bytes(field.parts[i]) for i in field.data], V.ARRAY, V.STRING)
+    return MetaValue([field.parts[i][0].item() for i in field.data], V.ARRAY, sub)
+
+
+# ---- Hugging Face safetensors input
+
+def gguf_arch(hf_arch: str) -> str:
+    """convert_hf_to_gguf registers MistralForCausalLM under LlamaModel: a Mistral GGUF says llama."""
+    return "llama" if hf_arch in ("llama", "mistral") else hf_arch
+
+
+def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
+    from safetensors import SafetensorError, safe_open
+
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise LocalLLMError(f"not a model folder: {folder} has no config.json")
+    try:
+        hp = json.loads(cfg_path.read_text())
+        cfg = config_from_hf(hp)
+    except (json.JSONDecodeError, KeyError) as e:
+        raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
+    if tokenizer_from is None:
+        raise LocalLLMError(
+            f"{folder} is a safetensors folder: pass --tokenizer-from FILE.gguf (a GGUF of the same model) "
+            "for its tokenizer; localllm does not derive tokenizer.ggml.pre from tokenizer.json"
+        )
+    arch = gguf_arch(cfg.arch)
+    model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    files = safetensors_files(folder)
+    tensors: list[SourceTensor] = []
+    if cfg.rope_scaling is not None:
+        freqs = torch.from_numpy(converter_rope_freqs(hp, cfg.head_dim))
+        tensors.append(_memory_tensor("rope_freqs.weight", freqs))
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    name = hf_name(key)
+                    if name is None:
+                        if key.endswith("rotary_emb.inv_freq"):
+                            continue
+                        raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
+                    sl = f.get_slice(key)
+                    tensors.append(_hf_tensor(path, key, name, tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))
+        except SafetensorError as e:
+            raise LocalLLMError(f"cannot read {path}: {e}") from None
+    tok_kv = tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size)
+    return Source(folder, files, arch, model, tensors, lambda: hf_metadata(hp, cfg, folder, arch) | tok_kv,
+                  gguf.GGUF_DEFAULT_ALIGNMENT)
+
+
+SAFETENSORS_DTYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16}
+
+
+def _hf_tensor(path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str, arch: str, cfg) -> SourceTensor:
+    from safetensors import safe_open
+
+    if dtype not in SAFETENSORS_DTYPES:
+        raise LocalLLMError(f"tensor {key!r} in {path.name} has dtype {dtype} (expected F32, F16 or BF16)")
+    # convert_hf_to_gguf stores 1-D tensors as F32 whatever the checkpoint's dtype
+    source = SAFETENSORS_DTYPES[dtype] if len(shape) >= 2 else Q.F32
+
+    def read() -> torch.Tensor:
+        with safe_open(str(path), framework="pt") as f:
+            w = f.get_tensor(key).float()
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+            w = permute_qk(w, cfg.n_heads)
+        elif arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+            w = permute_qk(w, cfg.n_kv_heads)
+        return w
+
+    return SourceTensor(TensorInfo(name, shape, source), read,
+                        lambda idx: read().reshape(-1, shape[-1])[idx], None)
+
+
+def _memory_tensor(name: str, w: torch.Tensor) -> SourceTensor:
+    return SourceTensor(TensorInfo(name, tuple(w.shape), Q.F32), lambda: w,
+                        lambda idx: w.reshape(-1, w.shape[-1])[idx], None)
+
+
+def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """convert_hf_to_gguf's LlamaModel.permute on the rows (output dim): rotate-half pairs -> interleaved."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def converter_rope_freqs(hp: dict, head_dim: int) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors: llama3 rope scaling's per-frequency divisors, computed as
+    the converter does (float32 base frequencies, python float arithmetic) so the bytes match."""
+    rs = hp.get("rope_scaling") or hp.get("rope_parameters") or {}
+    base = hp.get("rope_theta") or rs.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor = rs.get("factor", 8.0)
+    low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old_ctx = rs.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
+    """The keys convert_hf_to_gguf writes for these architectures (TextModel / LlamaModel
+    set_gguf_parameters), from config.json's own values: absent ones are not written."""
+    kv = {K.ARCHITECTURE: MetaValue(arch, V.STRING), K.TYPE: MetaValue("model", V.STRING),
+          K.NAME: MetaValue(folder.resolve().name, V.STRING)}
+
+    def put(key: str, value, vtype: gguf.GGUFValueType) -> None:
+        if value is not None:
+            kv[key.format(arch=arch)] = MetaValue(value, vtype)
+
+    put(gguf.Keys.LLM.BLOCK_COUNT, cfg.n_layers, V.UINT32)
+    put(gguf.Keys.LLM.CONTEXT_LENGTH, _first(hp, "max_position_embeddings", "n_ctx", "n_positions"), V.UINT32)
+    put(gguf.Keys.LLM.EMBEDDING_LENGTH, cfg.dim, V.UINT32)
+    put(gguf.Keys.LLM.FEED_FORWARD_LENGTH, cfg.ffn_dim, V.UINT32)
+    put(gguf.Keys.Attention.HEAD_COUNT, cfg.n_heads, V.UINT32)
+    put(gguf.Keys.Attention.HEAD_COUNT_KV, cfg.n_kv_heads, V.UINT32)
+    put(gguf.Keys.Rope.FREQ_BASE, hp.get("rope_theta"), V.FLOAT32)
+    put(gguf.Keys.Attention.LAYERNORM_RMS_EPS, _first(hp, "rms_norm_eps", "norm_eps"), V.FLOAT32)
+    put(gguf.Keys.Attention.KEY_LENGTH, hp.get("head_dim"), V.UINT32)
+    put(gguf.Keys.Attention.VALUE_LENGTH, hp.get("head_dim"), V.UINT32)
+    kv[K.FILE_TYPE] = MetaValue(0, V.UINT32)  # set by the preset
+    if arch == "llama":
+        put(gguf.Keys.LLM.VOCAB_SIZE, cfg.vocab_size, V.UINT32)
+        put(gguf.Keys.Rope.DIMENSION_COUNT, cfg.head_dim, V.UINT32)
+    return kv
+
+
+def _first(hp: dict, *keys: str):
+    return next((hp[k] for k in keys if hp.get(k) is not None), None)
+
+
+def tokenizer_metadata(path: Path, vocab_size: int) -> dict[str, MetaValue]:
+    """The tokenizer.* keys of a GGUF file (the tokenizer of a safetensors input)."""
+    f = open_gguf(path)
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise LocalLLMError(f"{path} has no tokenizer (tokenizer.ggml.tokens)")
+    if len(tokens) != vocab_size:
+        raise LocalLLMError(f"{path} has {len(tokens)} tokens, the model's vocabulary has {vocab_size}")
+    return read_gguf_metadata(path, keep=lambda key: key.startswith("tokenizer."))

