@@ -3,9 +3,9 @@
 Inputs:
 - a GGUF file: every metadata key is copied with its own GGUF type (tokenizer, chat template,
   architecture keys...), in order, except general.file_type, which the preset sets (and
-  general.quantization_version, set to 2, as llama-quantize does; split keys are dropped). Quantized tensors are decoded first
-  (quantize.formats.dequantize: the gguf package's values); a tensor whose chosen type is its stored
-  type is copied byte for byte.
+  general.quantization_version, set to 2, as llama-quantize does; split keys are dropped).
+  Quantized tensors are decoded first (quantize.formats.dequantize: the gguf package's values); a
+  tensor whose chosen type is its stored type is copied byte for byte.
 - a Hugging Face safetensors folder: tensors are renamed to GGUF names (localllm.weights.HF_NAMES),
   q/k rows permuted for the llama architecture (Llama and Mistral) as convert_hf_to_gguf.py does, and
   the architecture keys written as the converter writes them. Limitation: the tokenizer is not built
@@ -232,7 +232,8 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
     return SourceTensor(TensorInfo(t.name, shape, qtype), read, read_rows, raw)
 
 
-def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED) -> dict[str, MetaValue]:
+def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED,
+                       ) -> dict[str, MetaValue]:
     """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes."""
     reader = gguf.GGUFReader(path, "r")
     out = {}

@@ -23,7 +23,7 @@ import tiny_models as tm
 from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
-from localllm.quantize_cmd import plan_model, quantize_model, read_gguf_metadata
+from localllm.quantize_cmd import plan_model, quantize_model, read_gguf_metadata, tokenizer_metadata
 from quantize import dequantize_torch, quantize_tensor
 from quantize.plan import TensorInfo, parse_override, plan_table, preset_plan, total_bpw
 from quantize.presets import PRESETS, ModelShape, more_bits, preset_types
@@ -122,7 +122,8 @@ def expected_30(preset: str, tied: bool = False) -> dict[str, Q]:
 
 def plan_types(tensors, preset: str, shape: ModelShape = SHAPE_30, overrides=()) -> dict[str, Q]:
     infos = [TensorInfo(n, s, Q.F16 if len(s) > 1 else Q.F32) for n, s in tensors]
-    return {r.name: r.target for r in preset_plan(PRESETS[preset], infos, shape, [parse_override(o) for o in overrides])}
+    rows = preset_plan(PRESETS[preset], infos, shape, [parse_override(o) for o in overrides])
+    return {r.name: r.target for r in rows}
 
 
 def test_more_bits_layers():
@@ -299,7 +300,8 @@ def test_interrupted_write_leaves_nothing(small, tmp_path, monkeypatch, exc):
 def test_errors(small, tmp_path):
     out = tmp_path / "x.gguf"
     assert_one_error(invoke(small, out, "--type", "Q4_K_X"), "unknown quantization type 'Q4_K_X'")
-    assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "ffn=IQ4_NL"), "unknown tensor type 'IQ4_NL'")
+    assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "ffn=IQ4_NL"),
+                     "unknown tensor type 'IQ4_NL'")
     assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "ffn"), "REGEX=TYPE")
     assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "(=q8_0"), "bad pattern")
     assert_one_error(invoke(tmp_path / "missing.gguf", out, "--type", "Q8_0"), "file not found")
@@ -317,7 +319,8 @@ def test_errors(small, tmp_path):
 # ---- 5. overrides and the --dry-run table
 
 def test_overrides():
-    types = plan_types(llama_tensors(30), "Q4_K_M", overrides=["blk\\.1\\.ffn_down=q8_0", "ffn_down=Q5_K", "ATTN_.*=f16"])
+    overrides = ["blk\\.1\\.ffn_down=q8_0", "ffn_down=Q5_K", "ATTN_.*=f16"]
+    types = plan_types(llama_tensors(30), "Q4_K_M", overrides=overrides)
     assert types["blk.1.ffn_down.weight"] == Q.Q8_0  # the first matching pattern wins
     assert types["blk.0.ffn_down.weight"] == types["blk.7.ffn_down.weight"] == Q.Q5_K
     assert types["blk.3.attn_q.weight"] == types["blk.0.attn_v.weight"] == Q.F16  # lower-cased pattern
@@ -383,11 +386,9 @@ def test_safetensors_quantized(tiny, tmp_path):
     assert result.exit_code == 0, result.stderr
     ref, got = logits(tiny.gguf("mistral")), logits(out)
     assert ((got - ref).norm() / ref.norm()).item() < 0.05
-    with pytest.raises(LocalLLMError, match="has 384 tokens"):
-        other = tm.write_gguf(tm.TinySpec("llama", n_layers=1), tmp_path / "t.gguf")
-        # a tokenizer whose size does not match the model's vocabulary is refused
-        from localllm import quantize_cmd
-        quantize_cmd.tokenizer_metadata(other, 1000)
+    other = tm.write_gguf(tm.TinySpec("llama", n_layers=1), tmp_path / "t.gguf")
+    with pytest.raises(LocalLLMError, match="has 384 tokens"):  # a tokenizer of another vocabulary size
+        tokenizer_metadata(other, 1000)
 
 
 def test_cli_help():
