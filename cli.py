@@ -186,17 +186,29 @@ def chat(
 def quantize(
     model: str = typer.Argument(..., metavar="IN", help="GGUF file, Hugging Face safetensors folder, or model name"),
     out: Optional[str] = typer.Argument(None, metavar="OUT", help="output GGUF file (not needed with --dry-run)"),
-    type_name: str = typer.Option(..., "--type", "-t", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K"),
+    type_name: Optional[str] = typer.Option(None, "--type", "-t", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K"),
+    target_bpw: Optional[float] = typer.Option(None, "--target-bpw", help="mixed precision: choose each tensor's type from measured sensitivity to land at X bits per weight"),
+    target_size: Optional[str] = typer.Option(None, "--target-size", metavar="SIZE", help="like --target-bpw, for a file of SIZE (bytes, or with K/M/G: KiB/MiB/GiB)"),
+    calib: Optional[str] = typer.Option(None, "--calib", metavar="FILE", help="calibration text for --target-* and --imatrix (default: a built-in text)"),
+    imatrix: Optional[str] = typer.Option(None, "--imatrix", metavar="FILE", help="activation statistics: reused if FILE exists, else measured on the calibration text and saved there"),
     tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="REGEX=TYPE", help="type of the tensors whose name matches REGEX (repeatable; the first match wins)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (types, sizes, predicted error) and write nothing"),
     device: str = typer.Option("auto", "--device", help="where the encoders run: auto (cuda if available, else cpu), cpu or cuda"),
     tokenizer_from: Optional[str] = typer.Option(None, "--tokenizer-from", metavar="GGUF", help="safetensors input: copy the tokenizer metadata from this GGUF of the same model"),
 ):
-    """Write a GGUF file with llama.cpp's per-tensor types for a preset (llama-quantize's rules)."""
+    """Write a GGUF file: a preset with llama.cpp's per-tensor rules (--type), or per-layer mixed precision
+    chosen from measured sensitivity to hit a size (--target-bpw / --target-size)."""
     from quantize.plan import plan_table, total_bpw, total_bytes
     from localllm.quantize_cmd import quantize_model
 
-    result = quantize_model(model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from)
+    from localllm.quantize_cmd import parse_size
+
+    if type_name is None and target_bpw is None and target_size is None:
+        raise LocalLLMError("give --type TYPE, or --target-bpw X / --target-size SIZE for mixed precision")
+    result = quantize_model(
+        model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from, target_bpw=target_bpw,
+        target_size=parse_size(target_size) if target_size else None, calib=calib, imatrix_file=imatrix,
+    )
     size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
     if dry_run:
         Console().print(plan_table(result.plan, result.errors, title=f"{result.preset.name} plan"))

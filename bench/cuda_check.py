@@ -8,7 +8,8 @@
    residual forms (vs model.py's module ops in bf16), rope_store and decode attention (vs SDPA);
 2. logits of synthetic models on CUDA (bf16, quantized weights kept quantized, CUDA-graph decode)
    against the same weights on the CPU in fp32 (prefill and 6 decode steps);
-3. a sweep of the matvec kernels' tile configs at 8B shapes (GB/s of weight bytes), cuBLAS for bf16;
+3. a sweep of the matvec kernels' tile configs at 8B shapes (GB/s of weight bytes; K split as in
+   decode), cuBLAS for bf16;
    the best configs go to DIR/gemv_configs.json (LOCALLLM_GEMV_CONFIGS=that file uses them).
 """
 
@@ -57,15 +58,14 @@ def check_kernels() -> list[str]:
             h = nw * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
             want = res + F.linear(h, ref.bfloat16())
             e_norm = rel(triton_gemv.gemv(x, qw, residual=res, norm_weight=nw, eps=1e-5), want)
-            gu = torch.randn(1, 2 * k, device=DEV).bfloat16()
-            gate, up = gu.chunk(2, -1)
-            e_glu = rel(triton_gemv.gemv(gu, qw, glu=True), F.linear(F.silu(gate) * up, ref.bfloat16()))
+            y = F.linear(xb, ref.bfloat16())  # rows interleaved (gate, up)
+            e_glu = rel(triton_gemv.gemv(xb, qw, glu=True), F.silu(y[:, 0::2]) * y[:, 1::2])
             e_bf16 = rel(triton_gemv.gemv(xb, qw), F.linear(xb, ref.bfloat16()))
             out.append(f"| {qtype.name} | {n}x{k} | {eq32} | {eq16} | {e_gemv:.1e} | {e_bf16:.1e} | {e_norm:.1e} | {e_glu:.1e} |")
     w = torch.randn(4096, 4096, device=DEV).bfloat16()
     x = torch.randn(1, 4096, device=DEV).bfloat16()
     out.append(f"| bf16 dense | 4096x4096 | - | - | - | {rel(triton_gemv.gemv(x, w), F.linear(x, w)):.1e} | - | - |")
-    return ["| type | shape | dequant fp32 equal | dequant bf16 equal | gemv fp32 vs fp64 | gemv bf16 vs cuBLAS(ref) | +norm+residual | +silu*mul |",
+    return ["| type | shape | dequant fp32 equal | dequant bf16 equal | gemv fp32 vs fp64 | gemv bf16 vs cuBLAS(ref) | +norm+residual | glu epilogue |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"] + out
 
 
@@ -126,7 +126,8 @@ def check_logits() -> list[str]:
     return out
 
 
-SWEEP = [(2, 16, 4), (4, 16, 4), (4, 32, 4), (8, 16, 4), (8, 32, 8), (16, 8, 4), (16, 16, 8), (2, 32, 4), (4, 64, 8)]
+SWEEP = [(2, 16, 4), (4, 16, 4), (2, 32, 4), (4, 32, 4), (8, 32, 4), (4, 64, 4), (2, 64, 4), (4, 32, 2),
+         (8, 64, 8), (8, 16, 2), (16, 32, 8), (2, 32, 2)]
 
 
 def sweep(cfg_out: dict) -> list[str]:
@@ -149,7 +150,7 @@ def sweep(cfg_out: dict) -> list[str]:
             res = {}
             for c in SWEEP:
                 try:
-                    ms = do_bench(lambda: triton_gemv.gemv(x, w, config=c), warmup=10, rep=40)
+                    ms = do_bench(lambda: triton_gemv.gemv(x, w, config=c, split=None), warmup=10, rep=40)
                     res[c] = nbytes / ms / 1e6
                 except Exception as e:  # a config that does not compile (registers, shared memory)
                     res[c] = 0.0

@@ -53,22 +53,26 @@ def fused_linear(
     act_dtype: torch.dtype = torch.bfloat16,
     out_dtype: torch.dtype | None = None,
     use_triton: bool = True,
+    split: int | None = 1,
+    inplace: bool = False,
 ) -> torch.Tensor:
-    """A decode step's projection with its neighbours: (x (1, K) or (1, 2K) with glu) ->
-    [residual +] round(W @ prologue(x) + bias), prologue = RMSNorm (norm=(weight, eps)), silu(gate)*up
-    (glu) or nothing. The Triton kernel does it in one pass; otherwise the same torch ops as model.py."""
+    """A decode step's projection with its neighbours: x (1, K) ->
+    [residual +] W @ RMSNorm(x) (norm=(weight, eps)) + bias, or with glu (rows of w interleaved
+    gate/up) silu(gate) * up. The Triton kernel does it in one pass (kernels/triton_gemv.gemv, which
+    also takes split and inplace); otherwise the same torch ops as model.py."""
     if use_triton and (not isinstance(w, QWeight) or w.has_kernel):
         from .triton_gemv import gemv
 
         nw, eps = norm if norm is not None else (None, 0.0)
         return gemv(x, w, bias=bias, residual=residual, norm_weight=nw, eps=eps, glu=glu, act_dtype=act_dtype,
-                    out_dtype=out_dtype)
+                    out_dtype=out_dtype, split=split, inplace=inplace)
     if norm is not None:
         xf = x.float()
         x = norm[0] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm[1])).to(norm[0].dtype)
-    if glu:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
     y = linear(x.to(act_dtype), w, bias)
+    if glu:
+        y = F.silu(y[..., 0::2]) * y[..., 1::2]
+    if residual is not None and inplace:
+        return residual.add_(y)
     y = y if residual is None else residual + y
     return y if out_dtype is None else y.to(out_dtype)

@@ -6,7 +6,7 @@ the decoded values are those of `quantize.dequantize_torch` bit for bit:
 
 | type | planar fields (each (N, X)) |
 | --- | --- |
-| Q8_0 | qs int8 (N, K), d fp16 (N, K/32) |
+| Q8_0 | qs (N, K) (the int8 bits as uint8), d fp16 (N, K/32) |
 | Q4_0 | qs uint8 (N, K/2) (the block's nibble bytes in order), d fp16 (N, K/32) |
 | Q4_1 | qs, d, m fp16 (N, K/32) |
 | Q4_K | qs (N, K/2), d, dmin fp16 (N, K/256), sc, mn uint8 (N, K/32) (the 6-bit scales unpacked) |
@@ -47,7 +47,7 @@ def planar_fields(raw: torch.Tensor, qtype: Q) -> dict[str, torch.Tensor]:
     n = raw.shape[0]
     b = raw.reshape(-1, BLOCK_SIZES[qtype][1])
     if qtype == Q.Q8_0:
-        return {"qs": _bytes(b, 2, 34, n).view(torch.int8), "d": _f16(b, 0, n)}
+        return {"qs": _bytes(b, 2, 34, n), "d": _f16(b, 0, n)}
     if qtype == Q.Q4_0:
         return {"qs": _bytes(b, 2, 18, n), "d": _f16(b, 0, n)}
     if qtype == Q.Q4_1:
@@ -95,16 +95,19 @@ class QWeight:
     def has_kernel(self) -> bool:
         return self.qtype in KERNEL_TYPES
 
-    def rows(self, start: int, stop: int) -> "QWeight":
-        """Rows [start, stop) as views (every field is row-major (N, ...))."""
-        return QWeight(self.qtype, (stop - start, self.shape[1]), {k: v[start:stop] for k, v in self.parts.items()})
+    def rows(self, start: int, stop: int, step: int = 1) -> "QWeight":
+        """Rows start:stop:step as views (every field is row-major (N, ...); kernels take row strides)."""
+        parts = {k: v[start:stop:step] for k, v in self.parts.items()}
+        return QWeight(self.qtype, (len(range(start, stop, step)), self.shape[1]), parts)
 
     @staticmethod
-    def cat(ws: list["QWeight"]) -> "QWeight":
-        """Stack weights of one type and K along rows (fused q|k|v or gate|up projections)."""
+    def cat(ws: list["QWeight"], interleave: bool = False) -> "QWeight":
+        """Stack weights of one type and K along rows (fused q|k|v), or interleave their rows
+        (a0, b0, a1, b1, ...: fused gate/up for the GLU epilogue; all of one shape)."""
         qtype, k = ws[0].qtype, ws[0].shape[1]
         assert all(w.qtype == qtype and w.shape[1] == k for w in ws)
-        parts = {name: torch.cat([w.parts[name] for w in ws]) for name in ws[0].parts}
+        join = (lambda ts: torch.stack(ts, 1).flatten(0, 1)) if interleave else torch.cat
+        parts = {name: join([w.parts[name] for w in ws]) for name in ws[0].parts}
         return QWeight(qtype, (sum(w.shape[0] for w in ws), k), parts)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

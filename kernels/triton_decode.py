@@ -3,9 +3,12 @@
 rope_store: qkv (1, (H + 2 Hkv) D) -> q rotated (H, D); k rotated and v written into the cache rows at
   `pos`. Must match model.rope_rotate with model.rope_tables' angles (pos * inv_freq in fp32) and
   KVCache.update.
+rmsnorm: x (1, C) fp32 -> weight * (x * rstd).to(dtype), as fp32 holding dtype values: model.RMSNorm.
 decode_attention: q (H, D) against cache rows [0, pos] of k, v (Hkv, S, D) -> (1, H D). Must match
   F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale 1/sqrt(D)),
-  computed with an online softmax in fp32. `pos` is a device tensor, so both run inside a CUDA graph.
+  computed with an online softmax in fp32, split over chunks of CHUNK rows (one program per head
+  and chunk, then a combine kernel: one load step per program, not a long dependent loop). `pos` is
+  a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the capacity S.
 """
 
 from __future__ import annotations
@@ -53,31 +56,73 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
 
 
 @triton.jit
-def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, head_stride, scale,
-                        GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program per query head h, reading kv head h // GROUP over rows [0, pos]."""
+def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
+                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (h, c): query head h over cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos] ->
+    ws[h, c] = (unnormalised sum of p v (D), running max m, sum of p l)."""
     h = tl.program_id(0)
+    c = tl.program_id(1)
     kv = (h // GROUP).to(tl.int64) * head_stride
-    n = tl.load(pos_ptr) + 1
+    n = tl.minimum(tl.load(pos_ptr) + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + h * D + d).to(tl.float32) * scale
     m_i = tl.max(tl.full((BLOCK_S,), float("-inf"), tl.float32), 0)
     l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)
     acc = tl.zeros((D,), tl.float32)
-    for s0 in range(0, n, BLOCK_S):
+    for s0 in range(c * CHUNK, n, BLOCK_S):
         rows = s0 + tl.arange(0, BLOCK_S)
         valid = rows < n
         offs = kv + rows[:, None] * D + d[None, :]
         k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
         scores = tl.where(valid, tl.sum(k * q[None, :], 1), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 0))
         p = tl.exp(scores - m_new)
         alpha = tl.exp(m_i - m_new)
-        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v, 0)
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
-    tl.store(out_ptr + h * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    base = ws_ptr + (h * NSPLIT + c) * (D + 2)
+    tl.store(base + d, acc)
+    tl.store(base + D, m_i)
+    tl.store(base + D + 1, l_i)
+
+
+@triton.jit
+def _attn_combine_kernel(ws_ptr, out_ptr, NSPLIT, D: tl.constexpr, NS: tl.constexpr):
+    """out[h] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m) (empty chunks: m = -inf)."""
+    h = tl.program_id(0)
+    c = tl.arange(0, NS)
+    valid = c < NSPLIT
+    base = ws_ptr + (h * NSPLIT + c) * (D + 2)
+    m = tl.load(base + D, mask=valid, other=float("-inf"))
+    l = tl.load(base + D + 1, mask=valid, other=0.0)
+    wgt = tl.exp(m - tl.max(m, 0))
+    d = tl.arange(0, D)
+    acc = tl.load(base[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    out = tl.sum(acc * wgt[:, None], 0) / tl.sum(l * wgt, 0)
+    tl.store(out_ptr + h * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr):
+    """One program: out = round(w * round(x * rstd)), rounding to w's dtype as model.RMSNorm does."""
+    c = tl.arange(0, BLOCK)
+    mask = c < C
+    x = tl.load(x_ptr + c, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / C + eps)
+    w = tl.load(w_ptr + c, mask=mask, other=0.0)
+    ty = w_ptr.dtype.element_ty
+    h = ((x * rstd).to(ty).to(tl.float32) * w.to(tl.float32)).to(ty)
+    tl.store(out_ptr + c, h.to(tl.float32), mask=mask)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (1, C) -> (1, C) fp32 (values of weight's dtype); feeds the quantized matvec without a prologue."""
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    c = x.shape[-1]
+    _rmsnorm_kernel[(1,)](x, weight, out, c, eps, BLOCK=triton.next_power_of_2(c), num_warps=8)
+    return out
 
 
 def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
@@ -89,10 +134,13 @@ def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, he
     return q
 
 
-def decode_attention(q, k_cache, v_cache, pos, n_kv: int) -> torch.Tensor:
-    """q (H, D), caches (Hkv, S, D) -> (1, H D) in q's dtype."""
+def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64) -> torch.Tensor:
+    """q (H, D), caches (Hkv, S, D) -> (1, H D) in q's dtype (bf16 when q is fp32 from a split gemv)."""
     h, d = q.shape
-    out = torch.empty((1, h * d), dtype=q.dtype, device=q.device)
-    _decode_attn_kernel[(h,)](q, k_cache, v_cache, out, pos, k_cache.stride(0), 1.0 / math.sqrt(d),
-                              GROUP=h // n_kv, D=d, BLOCK_S=64 if d <= 64 else 32, num_warps=4)
+    nsplit = triton.cdiv(k_cache.shape[1], chunk)
+    ws = torch.empty((h, nsplit, d + 2), dtype=torch.float32, device=q.device)
+    _attn_partial_kernel[(h, nsplit)](q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d), nsplit,
+                                      GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, num_warps=4)
+    out = torch.empty((1, h * d), dtype=k_cache.dtype, device=q.device)
+    _attn_combine_kernel[(h,)](ws, out, nsplit, D=d, NS=triton.next_power_of_2(nsplit), num_warps=4)
     return out

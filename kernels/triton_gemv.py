@@ -9,10 +9,12 @@ whose low nibbles give W values at columns `clo` and whose high nibbles give W v
 so a (BN rows, G groups, W) tile loads each scale once and its quants with 16-byte vector loads.
 
 The product kernel can also fuse what surrounds a projection in a decode step:
-  X_MODE 1: x is the fp32 residual stream; the kernel applies RMSNorm (weight nw) to it first;
-  X_MODE 2: x is (M, 2K) [gate | up]; the kernel multiplies by silu(gate) * up;
+  NORM: x is the fp32 residual stream; the product is rstd(x) * (W @ (x * norm weight)) (RMSNorm);
+  GLU: the weight rows are interleaved (gate_i, up_i) and the output is silu(gate) * up;
   HAS_RES: out = residual + round(W x), the residual add of a transformer block.
-Rounding follows the torch modules (model.RMSNorm, F.silu, F.linear in the activation dtype).
+Outputs are rounded as the torch modules round them (F.linear, F.silu in the activation dtype).
+Speed (bench/cuda_check.py sweeps the configs): quants become floats by the 2^23 bit trick (_f32)
+rather than int->float conversions, and every load of a tile shares one register layout.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ FIELDS = {
     Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q5_K: ("qs", "d", "dmin", "sc", "mn", "qh"),
     Q6_K: ("ql", "d", None, "sc", None, "qh"),
 }
-# (rows per program BN, groups per iteration G, warps) per format for the product; bench/gemv_sweep.py tunes.
-CONFIGS = {DENSE: (4, 16, 4), Q8_0: (4, 32, 4), Q4_0: (8, 32, 4), Q4_1: (8, 32, 4),
-           Q4_K: (8, 16, 4), Q5_K: (8, 16, 4), Q6_K: (8, 32, 4)}
+# (rows per program BN, groups per iteration G, warps) per format for the product: the best of
+# bench/cuda_check.py's sweep at Llama 3.1 8B shapes on an H200 (2026-11-26).
+CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),
+           Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4)}
 if os.environ.get("LOCALLLM_GEMV_CONFIGS"):  # a file written by bench/cuda_check.py's sweep
     import json
 
@@ -50,70 +53,84 @@ if INTERPRET:
 
 
 @triton.jit
-def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, rows, rmask, g, gmask, K, W: tl.constexpr):
-    """rows (BN,), g (G,) -> lo, hi (BN, G, W) fp32 values and their columns clo, chi (G, W)."""
+def _f32(q, bias: tl.constexpr):
+    """Exact float(q) - bias for int32 0 <= q < 2^23, without the slow int->float conversion:
+    the bits 0x4B000000 | q are the float 2^23 + q."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask,
+          W: tl.constexpr):
+    """rows (BN,), g (G,) -> lo, hi (BN, G, W) fp32 values and their columns clo, chi (G, W).
+
+    S0..S5: row strides (elements) of the fields P0..P5."""
     w = tl.arange(0, W)
     r = rows.to(tl.int64)[:, None, None]
     gg = g[None, :, None]
     ww = w[None, None, :]
     mask = rmask[:, None, None] & gmask[None, :, None]
     if FMT == 0:  # dense: columns 32g + w and 32g + 16 + w
-        lo = tl.load(P0 + r * K + 32 * gg + ww, mask=mask, other=0.0).to(tl.float32)
-        hi = tl.load(P0 + r * K + 32 * gg + 16 + ww, mask=mask, other=0.0).to(tl.float32)
+        lo = tl.load(P0 + r * S0 + 32 * gg + ww, mask=mask, other=0.0).to(tl.float32)
+        hi = tl.load(P0 + r * S0 + 32 * gg + 16 + ww, mask=mask, other=0.0).to(tl.float32)
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
-    elif FMT == 1:  # Q8_0: x = q * d
-        d = tl.load(P1 + r * (K // 32) + gg, mask=mask, other=0.0).to(tl.float32)
-        lo = tl.load(P0 + r * K + 32 * gg + ww, mask=mask, other=0).to(tl.float32) * d
-        hi = tl.load(P0 + r * K + 32 * gg + 16 + ww, mask=mask, other=0).to(tl.float32) * d
+    elif FMT == 1:  # Q8_0 (qs as uint8 bits): x = q * d, q = (b ^ 0x80) - 128
+        d = tl.load(P1 + r * S1 + gg, mask=mask, other=0.0).to(tl.float32)
+        blo = tl.load(P0 + r * S0 + 32 * gg + ww, mask=mask, other=0).to(tl.int32)
+        bhi = tl.load(P0 + r * S0 + 32 * gg + 16 + ww, mask=mask, other=0).to(tl.int32)
+        lo = _f32(blo ^ 0x80, 128.0) * d
+        hi = _f32(bhi ^ 0x80, 128.0) * d
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     elif FMT == 2 or FMT == 3:  # Q4_0: x = d * (q - 8); Q4_1: x = d * q + m
-        qs = tl.load(P0 + r * (K // 2) + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
-        d = tl.load(P1 + r * (K // 32) + gg, mask=mask, other=0.0).to(tl.float32)
+        qs = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
+        d = tl.load(P1 + r * S1 + gg, mask=mask, other=0.0).to(tl.float32)
+        # High nibbles stay in place (16 q) and meet d / 16: the same products, one shift fewer.
+        d16 = d * 0.0625
         if FMT == 2:
-            lo = d * ((qs & 15) - 8).to(tl.float32)
-            hi = d * ((qs >> 4) - 8).to(tl.float32)
+            lo = d * _f32(qs & 15, 8.0)
+            hi = d16 * _f32(qs & 0xF0, 128.0)
         else:
-            m = tl.load(P2 + r * (K // 32) + gg, mask=mask, other=0.0).to(tl.float32)
-            lo = d * (qs & 15).to(tl.float32) + m
-            hi = d * (qs >> 4).to(tl.float32) + m
+            m = tl.load(P2 + r * S2 + gg, mask=mask, other=0.0).to(tl.float32)
+            lo = d * _f32(qs & 15, 0.0) + m
+            hi = d16 * _f32(qs & 0xF0, 0.0) + m
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     elif FMT == 4 or FMT == 5:  # Q4_K / Q5_K: group = 32-byte chunk c of block b, g = 4b + c
-        qs = tl.load(P0 + r * (K // 2) + 32 * gg + ww, mask=mask, other=0).to(tl.int32)
+        qs = tl.load(P0 + r * S0 + 32 * gg + ww, mask=mask, other=0).to(tl.int32)
         ql = qs & 15
-        qh = qs >> 4
+        qh = qs & 0xF0  # 16 q: meets d * sc / 16 below (exact: powers of two)
         if FMT == 5:
-            hb = tl.load(P5 + r * (K // 8) + 32 * (gg // 4) + ww, mask=mask, other=0).to(tl.int32)
+            hb = tl.load(P5 + r * S5 + 32 * (gg // 4) + ww, mask=mask, other=0).to(tl.int32)
             bit = 2 * (gg % 4)
             ql = ql | (((hb >> bit) & 1) << 4)
-            qh = qh | (((hb >> (bit + 1)) & 1) << 4)
-        d = tl.load(P1 + r * (K // 256) + gg // 4, mask=mask, other=0.0).to(tl.float32)
-        dmin = tl.load(P2 + r * (K // 256) + gg // 4, mask=mask, other=0.0).to(tl.float32)
-        sc_lo = tl.load(P3 + r * (K // 32) + 2 * gg, mask=mask, other=0).to(tl.float32)
-        sc_hi = tl.load(P3 + r * (K // 32) + 2 * gg + 1, mask=mask, other=0).to(tl.float32)
-        m_lo = tl.load(P4 + r * (K // 32) + 2 * gg, mask=mask, other=0).to(tl.float32)
-        m_hi = tl.load(P4 + r * (K // 32) + 2 * gg + 1, mask=mask, other=0).to(tl.float32)
-        lo = (d * sc_lo) * ql.to(tl.float32) - dmin * m_lo
-        hi = (d * sc_hi) * qh.to(tl.float32) - dmin * m_hi
+            qh = qh | (((hb >> (bit + 1)) & 1) << 8)
+        d = tl.load(P1 + r * S1 + gg // 4, mask=mask, other=0.0).to(tl.float32)
+        dmin = tl.load(P2 + r * S2 + gg // 4, mask=mask, other=0.0).to(tl.float32)
+        sc_lo = tl.load(P3 + r * S3 + 2 * gg, mask=mask, other=0).to(tl.float32)
+        sc_hi = tl.load(P3 + r * S3 + 2 * gg + 1, mask=mask, other=0).to(tl.float32)
+        m_lo = tl.load(P4 + r * S4 + 2 * gg, mask=mask, other=0).to(tl.float32)
+        m_hi = tl.load(P4 + r * S4 + 2 * gg + 1, mask=mask, other=0).to(tl.float32)
+        lo = (d * sc_lo) * _f32(ql, 0.0) - dmin * m_lo
+        hi = ((d * sc_hi) * 0.0625) * _f32(qh, 0.0) - dmin * m_hi
         clo = 64 * g[:, None] + w[None, :]
         chi = clo + 32
     else:  # Q6_K: g = 8b + 4h + s; ql byte 16g + w holds columns 256b + 128h + 16s + w (+64 high nibble)
-        ql = tl.load(P0 + r * (K // 2) + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
+        ql = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
         b = gg // 8
         h = (gg % 8) // 4
         s = gg % 4
-        hb = tl.load(P5 + r * (K // 4) + 64 * b + 32 * h + 16 * (s % 2) + ww, mask=mask, other=0).to(tl.int32)
+        hb = tl.load(P5 + r * S5 + 64 * b + 32 * h + 16 * (s % 2) + ww, mask=mask, other=0).to(tl.int32)
         shift = 2 * (s // 2)
-        q_lo = ((ql & 15) | (((hb >> shift) & 3) << 4)) - 32
-        q_hi = ((ql >> 4) | (((hb >> (shift + 4)) & 3) << 4)) - 32
-        d = tl.load(P1 + r * (K // 256) + b, mask=mask, other=0.0).to(tl.float32)
+        q_lo = (ql & 15) | (((hb >> shift) & 3) << 4)
+        q_hi = (ql >> 4) | (((hb >> (shift + 4)) & 3) << 4)
+        d = tl.load(P1 + r * S1 + b, mask=mask, other=0.0).to(tl.float32)
         sb = 16 * b + 8 * h + s
-        sc_lo = tl.load(P3 + r * (K // 16) + sb, mask=mask, other=0).to(tl.float32)
-        sc_hi = tl.load(P3 + r * (K // 16) + sb + 4, mask=mask, other=0).to(tl.float32)
-        lo = (d * sc_lo) * q_lo.to(tl.float32)
-        hi = (d * sc_hi) * q_hi.to(tl.float32)
+        sc_lo = tl.load(P3 + r * S3 + sb, mask=mask, other=0).to(tl.float32)
+        sc_hi = tl.load(P3 + r * S3 + sb + 4, mask=mask, other=0).to(tl.float32)
+        lo = (d * sc_lo) * _f32(q_lo, 32.0)
+        hi = (d * sc_hi) * _f32(q_hi, 32.0)
         g2 = g[:, None]
         clo = 256 * (g2 // 8) + 128 * ((g2 % 8) // 4) + 16 * (g2 % 4) + w[None, :]
         chi = clo + 64
@@ -132,66 +149,83 @@ def _rstd(xrow, K, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _load_x(xrow, cols, cmask, X_MODE: tl.constexpr, rstd, nw_ptr, K, ACT: tl.constexpr):
-    """x values at cols (BN, G, W) in fp32, after the fused prologue (see module doc)."""
+def _load_x(xrow, cols, cmask, NORM: tl.constexpr, nw_ptr):
+    """x (times the RMSNorm weight with NORM; rstd is applied to the sum) at cols (BN, G, W), fp32."""
     v = tl.load(xrow + cols, mask=cmask, other=0.0).to(tl.float32)
-    if X_MODE == 1:  # model.RMSNorm: weight * (x * rstd).to(dtype), in the weight dtype
-        nw = tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        v = ((v * rstd).to(ACT).to(tl.float32) * nw).to(ACT).to(tl.float32)
-    elif X_MODE == 2:  # F.silu(gate) * up, each rounded to the activation dtype
-        up = tl.load(xrow + K + cols, mask=cmask, other=0.0).to(tl.float32)
-        silu = (v / (1.0 + tl.exp(-v))).to(ACT).to(tl.float32)
-        v = (silu * up).to(ACT).to(tl.float32)
+    if NORM:
+        v = v * tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     return v
 
 
 @triton.jit
+def _round(y, ACT: tl.constexpr, ROUND: tl.constexpr):
+    if ROUND:
+        y = y.to(ACT).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, P0, P1, P2, P3, P4, P5,
-                 N, K, x_stride, eps,
-                 FMT: tl.constexpr, W: tl.constexpr, BN: tl.constexpr, G: tl.constexpr,
-                 X_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr):
-    """out[m, n] = sum_k W[n, k] * x[m, k] for BN rows n of one x row m (grid: (N / BN, M))."""
+                 S0, S1, S2, S3, S4, S5, N, K, x_stride, out_stride, eps, groups_per_split,
+                 FMT: tl.constexpr, W: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, NORM: tl.constexpr,
+                 GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
+                 SPLIT: tl.constexpr):
+    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of one x row m (grid: (N / BN, M, SPLIT)).
+
+    GLU: rows come in (gate, up) pairs; out[m, n / 2] = silu(gate) * up, each rounded like F.silu.
+    SPLIT > 1: program z sums groups [z, z + 1) * groups_per_split and atomically adds its partial sum
+    into out, which holds the residual (or zeros) already; no rounding then."""
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     m = tl.program_id(1)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rmask = rows < N
     xrow = x_ptr + m.to(tl.int64) * x_stride
-    rstd = 1.0
-    if X_MODE == 1:
-        rstd = _rstd(xrow, K, eps, 1024)
     ngroups = K // (2 * W)
+    g_lo = tl.program_id(2) * groups_per_split
+    g_hi = tl.minimum(g_lo + groups_per_split, ngroups)
     acc = tl.zeros((BN, G, W), tl.float32)
-    for g0 in range(0, ngroups, G):
+    zero = (rows * 0)[:, None, None]
+    for g0 in range(g_lo, g_hi, G):
         g = g0 + tl.arange(0, G)
-        gmask = g < ngroups
-        lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, rows, rmask, g, gmask, K, W)
+        gmask = g < g_hi
+        lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask, W)
         # x is loaded at the tile's full (BN, G, W) shape (rows repeat the same addresses, L1 hits) so
         # that it takes the weights' register layout: a (G, W) load would be re-laid out through
         # shared memory every iteration.
-        zero = (rows * 0)[:, None, None]
         cmask = (zero == 0) & gmask[None, :, None]
-        xlo = _load_x(xrow, zero + clo[None, :, :], cmask, X_MODE, rstd, nw_ptr, K, ACT)
-        xhi = _load_x(xrow, zero + chi[None, :, :], cmask, X_MODE, rstd, nw_ptr, K, ACT)
-        acc += lo * xlo + hi * xhi
+        acc += lo * _load_x(xrow, zero + clo[None, :, :], cmask, NORM, nw_ptr)
+        acc += hi * _load_x(xrow, zero + chi[None, :, :], cmask, NORM, nw_ptr)
     y = tl.sum(tl.sum(acc, 2), 1)
+    if NORM:
+        y = y * _rstd(xrow, K, eps, 1024)
     if HAS_BIAS:
-        y += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    if ROUND:
-        y = y.to(ACT).to(tl.float32)
-    if HAS_RES:
-        y += tl.load(res_ptr + m.to(tl.int64) * N + rows, mask=rmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m.to(tl.int64) * N + rows, y, mask=rmask)
+        if tl.program_id(2) == 0:
+            y += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    orow = out_ptr + m.to(tl.int64) * out_stride
+    if SPLIT > 1:
+        tl.atomic_add(orow + rows, y, mask=rmask, sem="relaxed")
+    elif GLU:
+        y = _round(y, ACT, ROUND)
+        gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
+        silu = _round(gate / (1.0 + tl.exp(-gate)), ACT, ROUND)
+        half = tl.program_id(0) * (BN // 2) + tl.arange(0, BN // 2)
+        tl.store(orow + half, _round(silu * up, ACT, ROUND), mask=half < N // 2)
+    else:
+        y = _round(y, ACT, ROUND)
+        if HAS_RES:
+            y += tl.load(res_ptr + m.to(tl.int64) * out_stride + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(orow + rows, y, mask=rmask)
 
 
 @triton.jit
-def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, P5, N, K,
+def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, N, K,
                     FMT: tl.constexpr, W: tl.constexpr, BN: tl.constexpr, G: tl.constexpr):
     """out (N, K) = the decoded values (grid: (N / BN, groups per row / G))."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rmask = rows < N
     g = tl.program_id(1) * G + tl.arange(0, G)
     gmask = g < K // (2 * W)
-    lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, rows, rmask, g, gmask, K, W)
+    lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask, W)
     base = out_ptr + rows.to(tl.int64)[:, None, None] * K
     mask = rmask[:, None, None] & gmask[None, :, None]
     ty = out_ptr.dtype.element_ty
@@ -199,53 +233,84 @@ def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, P5, N, K,
     tl.store(base + chi[None, :, :], hi.to(ty), mask=mask)
 
 
-def weight_args(w: QWeight | torch.Tensor) -> tuple[int, tuple[int, int], list[torch.Tensor]]:
-    """-> (format id, (N, K), six field pointers) for a QWeight with a kernel or a dense (N, K) tensor."""
+def weight_args(w: QWeight | torch.Tensor) -> tuple[int, tuple[int, int], list[torch.Tensor], list[int]]:
+    """-> (format id, (N, K), six field pointers, their row strides) for a QWeight with a kernel or a
+    dense (N, K) tensor. Fields may be row views with any row stride; columns must be contiguous."""
     if isinstance(w, torch.Tensor):
-        return DENSE, tuple(w.shape), [w] * 6
-    fmt = FMT_OF[w.qtype]
-    ptrs = [w.parts[name] if name else None for name in FIELDS[fmt]]
-    ptrs += [None] * (6 - len(ptrs))
-    first = ptrs[0]
-    return fmt, w.shape, [p if p is not None else first for p in ptrs]
+        ptrs = [w] * 6
+    else:
+        fmt = FMT_OF[w.qtype]
+        ptrs = [w.parts[name] if name else None for name in FIELDS[fmt]]
+        ptrs += [None] * (6 - len(ptrs))
+        ptrs = [p if p is not None else ptrs[0] for p in ptrs]
+    assert all(p.stride(-1) == 1 for p in ptrs), "weight fields need contiguous columns"
+    fmt = DENSE if isinstance(w, torch.Tensor) else FMT_OF[w.qtype]
+    return fmt, tuple(w.shape), ptrs, [p.stride(0) for p in ptrs]
 
 
 def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
          glu: bool = False, act_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
-         config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x (M, K) [(M, 2K) with glu] -> (M, N) = round_act(x' @ W.T + bias) (+ residual).
+         config: tuple[int, int, int] | None = None, split: int | None = 1, inplace: bool = False) -> torch.Tensor:
+    """x (M, K) -> (M, N) = round_act(W @ x' + bias) (+ residual), or (M, N / 2) with glu.
 
-    x' is x, RMSNorm(x) with norm_weight, or silu(gate) * up with glu. act_dtype (default: x's dtype,
-    or norm_weight's) is the dtype the torch modules would round activations to; the product is
-    rounded to it when it is not fp32. out_dtype defaults to the residual's dtype, else act_dtype.
+    x' is x, or RMSNorm(x) with norm_weight (x's rstd times the norm weight, in fp32: the module's
+    rounding of the normed x to the activation dtype is skipped). glu: the rows of w are interleaved
+    (gate_i, up_i) and the output is silu(gate) * up. act_dtype (default: x's dtype, or norm_weight's)
+    is the dtype the torch modules round activations to; outputs are rounded to it unless it is fp32.
+    out_dtype defaults to the residual's dtype, else act_dtype.
+    split: K is cut into this many parts summed by fp32 atomics (None: chosen from the grid size), for
+    few rows; the output is then fp32 and not rounded. inplace: add into `residual` itself (fp32).
     """
-    fmt, (n, k), ptrs = weight_args(w)
+    fmt, (n, k), ptrs, strides = weight_args(w)
     x = x.contiguous()
     m = x.shape[0]
     act = act_dtype or (norm_weight.dtype if norm_weight is not None else x.dtype)
-    out_dtype = out_dtype or (residual.dtype if residual is not None else act)
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     bn, g, warps = config or CONFIGS[fmt]
-    x_mode = 1 if norm_weight is not None else 2 if glu else 0
+    bn = max(bn, 2) if glu else bn
+    groups = k // (2 * WIDTH[fmt])
+    split = 1 if glu or INTERPRET and split is None else split or auto_split(triton.cdiv(n, bn), groups, g, x.device)
+    per_split = triton.cdiv(triton.cdiv(groups, split), g) * g
+    split = triton.cdiv(groups, per_split)
+    if split > 1 or inplace:
+        out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=x.device)
+        if split > 1 and residual is not None and not inplace:
+            out.copy_(residual)
+        assert out.dtype == torch.float32 and out.is_contiguous()
+    else:
+        out_dtype = out_dtype or (residual.dtype if residual is not None else act)
+        out = torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=x.device)
     act_ref = torch.empty(1, dtype=act, device=x.device)
-    grid = (triton.cdiv(n, bn), m)
+    grid = (triton.cdiv(n, bn), m, split)
     _gemv_kernel[grid](
         x, out, bias if bias is not None else out, residual if residual is not None else out,
-        norm_weight if norm_weight is not None else x, act_ref, *ptrs,
-        n, k, x.stride(0), eps,
-        FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, X_MODE=x_mode, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, ROUND=act != torch.float32, num_warps=warps,
+        norm_weight if norm_weight is not None else x, act_ref, *ptrs, *strides,
+        n, k, x.stride(0), out.stride(0), eps, per_split,
+        FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, NORM=norm_weight is not None, GLU=glu,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act != torch.float32,
+        SPLIT=split, num_warps=warps,
     )
     return out
 
 
+def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
+    """Parts of K so that the grid fills the GPU in several waves (few long rows: down projections).
+    LOCALLLM_SPLIT=0 turns splitting off."""
+    if device.type != "cuda" or os.environ.get("LOCALLLM_SPLIT") == "0":
+        return 1
+    target = 64 * torch.cuda.get_device_properties(device).multi_processor_count
+    split = 1
+    while programs * split * 2 <= target and groups // (split * 2) >= 2 * g and split < 16:
+        split *= 2
+    return split
+
+
 def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 16, g: int = 16) -> torch.Tensor:
     """QWeight with a kernel -> dense (N, K) of `dtype` (exactly dequantize_torch's values in fp32)."""
-    fmt, (n, k), ptrs = weight_args(w)
+    fmt, (n, k), ptrs, strides = weight_args(w)
     bn = 128 if INTERPRET else bn
     out = torch.empty((n, k), dtype=dtype, device=w.device)
     groups = k // (2 * WIDTH[fmt])
     grid = (triton.cdiv(n, bn), triton.cdiv(groups, g))
-    _dequant_kernel[grid](out, *ptrs, n, k, FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, num_warps=4)
+    _dequant_kernel[grid](out, *ptrs, *strides, n, k, FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, num_warps=4)
     return out

@@ -2,7 +2,7 @@
 
 Tests, for each prompt length p, generation length n and depth d of the grid:
   pp{p}: one prefill of p tokens after d tokens already in the cache (tokens/s; achieved TFLOP/s as
-         2 x linear parameters x p / time, against a bf16 (CPU: fp32) matmul measured here);
+         2 x (linear parameters x p + head parameters) / time, against a bf16 (CPU: fp32) matmul measured here);
   tg{n}: n decode steps (greedy, batch 1) right after that prompt, context d + p (tokens/s; achieved
          GB/s as weight bytes read per token x tokens/s, against a device-to-device copy measured here,
          bytes read + written).
@@ -114,9 +114,11 @@ def model_stats(model: Transformer) -> tuple[int, int]:
     return held, sum(p.numel() for p in model.parameters()) + sum(numel(w) for w in qws)
 
 
-def linear_params(model: Transformer) -> int:
-    """Parameters multiplied per prompt token (the head counted once: prefill needs the last logits only)."""
-    return sum(numel(w) for w in linear_weights(model)) + (model.token_embd.weight.numel() if model.cfg.tied_output else 0)
+def linear_params(model: Transformer) -> tuple[int, int]:
+    """(parameters multiplied per prompt token, those of the head: prefill needs the last logits only)."""
+    head = numel(model.output_weight())
+    body = sum(numel(w) for w in linear_weights(model)) - (0 if model.cfg.tied_output else head)
+    return body, head
 
 
 def one_run(model: Transformer, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
@@ -160,13 +162,13 @@ def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict) ->
         for p in prompts:
             for n in gens:
                 cache = make_cache(model.cfg, depth + p + n + 1, dtype=model.token_embd.weight.dtype, device=device)
-                one_run(model, min(p, 8), min(n, 2), depth, cache, seed=-1)  # warm-up: compile, capture
+                one_run(model, p, min(n, 2), depth, cache, seed=-1)  # warm-up: compile, capture, cuBLAS plans
                 runs = [one_run(model, p, n, depth, cache, seed=r) for r in range(reps)]
                 at = f" @ d{depth}" if depth else ""
                 if (p, depth) not in seen_pp:
                     seen_pp.add((p, depth))
                     tps = mean_std([p / t for t, _ in runs])
-                    rate = 2 * lparams * tps[0]
+                    rate = 2 * (lparams[0] + lparams[1] / p) * tps[0]
                     rows.append(Row(**base, test=f"pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
                                     achieved=rate / 1e12, unit="TFLOP/s", roofline_share=rate / roof["flops"]))
                 if n:

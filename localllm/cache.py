@@ -26,9 +26,9 @@ class KVCache:
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
         """Write k/v (B, Hkv, T, D) at rows [start, start+T); return views of rows [0, start+T)."""
         end = start + k.shape[2]
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
 def make_cache(cfg: ModelConfig, capacity: int, batch: int = 1, dtype=torch.float32, device="cpu") -> KVCache:

@@ -1,12 +1,14 @@
 """Batch-1 decode on CUDA as one CUDA graph: static buffers, the position as a device tensor, no host sync.
 
 A step (one token at position cache.length) per layer is four fused kernels and two small ones:
-  qkv = W_qkv @ RMSNorm(x)             (gemv with the norm fused, q|k|v fused into one weight)
+  qkv = W_qkv @ RMSNorm(x)             (gemv with the norm fused, q|k|v fused into one weight;
+                                        quantized weights: a separate norm kernel first)
+  (the residual projections split K over more programs, summing by fp32 atomics: x += W a in place)
   rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py)
-  a = attention(q, cache[:pos+1])
+  a = attention(q, cache[:pos+1])      (split over 64-row chunks, then combined)
   x = x + W_o @ a                      (gemv with the residual add fused)
-  gu = W_gate|up @ RMSNorm(x)
-  x = x + W_down @ (silu(g) * u)       (gemv with silu*mul and the residual fused)
+  a = silu(g) * u, [g|u] = W_gate|up @ RMSNorm(x)   (gate/up rows interleaved, silu*mul in the epilogue)
+  x = x + W_down @ a                   (gemv with the residual add fused)
 then logits = W_out @ RMSNorm(x) in fp32. Every kernel matches the module ops of model.py (its
 reference) within rounding: bench/cuda_check.py measures it against the CPU fp32 model.
 """
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 
 from kernels.linear import fused_linear
 from kernels.qweight import QWeight
-from kernels.triton_decode import decode_attention, rope_store
+from kernels.triton_decode import decode_attention, rmsnorm, rope_store
 
 from .cache import KVCache
 from .model import Linear, Transformer
@@ -29,23 +31,28 @@ from .model import Linear, Transformer
 DENSE_GEMV = os.environ.get("LOCALLLM_DENSE_GEMV", "triton")
 
 
-def fuse_rows(linears: list[Linear]) -> torch.Tensor | QWeight | None:
-    """Stack the weights of Linears fed by the same input into one (sum N, K) weight, and make each
-    Linear hold a row view of it (no second copy). None when their kinds or types differ."""
+def fuse_rows(linears: list[Linear], interleave: bool = False) -> torch.Tensor | QWeight | None:
+    """Stack the weights of Linears fed by the same input into one (sum N, K) weight (rows interleaved
+    with `interleave`: gate/up for the GLU epilogue) and make each Linear hold a row view of it (no
+    second copy). None when their kinds, types or shapes differ."""
     ws = [m.w for m in linears]
+    if interleave and len({tuple(w.shape) for w in ws}) != 1:
+        return None
     if all(isinstance(w, QWeight) for w in ws) and len({w.qtype for w in ws}) == 1 and ws[0].has_kernel:
-        fused = QWeight.cat(ws)
+        fused = QWeight.cat(ws, interleave)
     elif all(isinstance(w, torch.Tensor) for w in ws) and len({w.dtype for w in ws}) == 1:
-        fused = torch.cat([w.detach() for w in ws])
+        ts = [w.detach() for w in ws]
+        fused = torch.stack(ts, 1).flatten(0, 1) if interleave else torch.cat(ts)
     else:
         return None
     start = 0
-    for m, w in zip(linears, ws):
+    for i, (m, w) in enumerate(zip(linears, ws)):
         n = w.shape[0]
+        rows = slice(i, None, len(ws)) if interleave else slice(start, start + n)
         if isinstance(fused, QWeight):
-            m.qweight = fused.rows(start, start + n)
+            m.qweight = fused.rows(rows.start, rows.stop if rows.stop is not None else fused.shape[0], rows.step or 1)
         else:
-            m.weight = torch.nn.Parameter(fused[start:start + n], requires_grad=False)
+            m.weight = torch.nn.Parameter(fused[rows], requires_grad=False)
         start += n
     return fused
 
@@ -56,7 +63,7 @@ class LayerWeights:
         self.attn, self.blk = a, blk
         self.qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
         self.qkv_bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
-        self.gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up])
+        self.gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
 
 
 class GraphDecoder:
@@ -76,15 +83,20 @@ class GraphDecoder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
-    def _lin(self, x, w, **kw) -> torch.Tensor:
-        use_triton = isinstance(w, QWeight) or DENSE_GEMV == "triton"
-        return fused_linear(x, w, act_dtype=self.act, use_triton=use_triton, **kw)
+    def _lin(self, x, w, norm=None, **kw) -> torch.Tensor:
+        quantized = isinstance(w, QWeight)
+        if quantized and w.has_kernel and norm is not None:
+            # Quantized matvecs are bound by instructions, not bytes: normalise once (a small kernel)
+            # instead of in every program's prologue (the dense one keeps the free fused prologue).
+            x, norm = rmsnorm(x, *norm), None
+        use_triton = quantized or DENSE_GEMV == "triton"
+        return fused_linear(x, w, norm=norm, act_dtype=self.act, use_triton=use_triton, **kw)
 
     def _attention(self, x: torch.Tensor, i: int, L: LayerWeights) -> torch.Tensor:
         cfg, a = self.cfg, L.attn
         norm = (L.blk.attn_norm.weight, cfg.norm_eps)
         if L.qkv is not None:
-            qkv = self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm)
+            qkv = self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm)  # split measured slower here (zeroing)
         else:
             qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in (a.attn_q, a.attn_k, a.attn_v)], -1)
         if cfg.qk_norm:
@@ -95,15 +107,16 @@ class GraphDecoder:
         kc, vc = self.cache.k[i, 0], self.cache.v[i, 0]
         q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
         att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads)
-        return self._lin(att, a.attn_output.w, residual=x)
+        return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
-        if L.gate_up is not None:
-            gu = self._lin(x, L.gate_up, norm=norm)
+        if L.gate_up is not None:  # silu(gate) * up in the epilogue, fp32 holding activation-dtype values
+            a = self._lin(x, L.gate_up, norm=norm, glu=True, out_dtype=torch.float32)
         else:
-            gu = torch.cat([self._lin(x, m.w, norm=norm) for m in (b.ffn_gate, b.ffn_up)], -1)
-        return self._lin(gu, b.ffn_down.w, residual=x, glu=True)
+            gate, up = (self._lin(x, m.w, norm=norm) for m in (b.ffn_gate, b.ffn_up))
+            a = F.silu(gate) * up
+        return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True)
 
     def _step(self) -> torch.Tensor:
         """token (1,) at position pos -> logits (V,) fp32; advances pos. Static inputs only."""

@@ -33,7 +33,9 @@ import numpy as np
 import torch
 
 from quantize import SUPPORTED_TYPES, dequantize, quantize_tensor
-from quantize.plan import Override, PlanError, PlanRow, TensorInfo, measure_errors, parse_override, preset_plan
+from quantize.plan import (
+    Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
+)
 from quantize.presets import PRESETS, ModelShape, Preset, find_preset
 from quantize.writer import MetaValue, SameFileError, TensorSlot, check_not_input, write_gguf
 
@@ -42,6 +44,7 @@ from .device import pick_device
 from .errors import LocalLLMError
 from .gguf_file import open_gguf
 from .registry import resolve_model
+from .progress import stage_progress
 from .weights import hf_name, safetensors_files
 
 Q = gguf.GGMLQuantizationType
@@ -93,6 +96,7 @@ def quantize_model(
     *,
     tokenizer_from: str | Path | None = None,
     imatrix: Mapping[str, torch.Tensor] | None = None,
+    imatrix_file: str | Path | None = None,
     target_bpw: float | None = None,
     target_size: int | None = None,
     calib: str | None = None,
@@ -104,10 +108,12 @@ def quantize_model(
     imatrix: GGUF tensor name -> (cols,) mean of x^2 per input column, used by the encoders and the
     presets' imatrix rules. target_bpw / target_size / calib: reserved for mixed-precision plans."""
     start = time.perf_counter()
-    for flag, value in (("--target-bpw", target_bpw), ("--target-size", target_size), ("--calib", calib)):
-        if value is not None:
-            raise LocalLLMError(f"{flag} is not available yet: use --type with --tensor-type overrides")
-    preset, overrides = parse_request(type_name, tensor_types)
+    mixed = target_bpw is not None or target_size is not None
+    if target_bpw is not None and target_size is not None:
+        raise LocalLLMError("give --target-bpw or --target-size, not both")
+    if calib is not None and not mixed:
+        raise LocalLLMError("--calib is for --target-bpw / --target-size")
+    preset, overrides = parse_request(type_name or ("Q4_K_M" if mixed else ""), tensor_types)
     dev = encoder_device(device)
     writing = not dry_run
     if out is None and writing:
@@ -116,7 +122,16 @@ def quantize_model(
     if writing:
         check_output(Path(out), [path])  # before reading anything
     src = read_source(path, tokenizer_from)
-    plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
+    if imatrix is None and imatrix_file is not None and Path(imatrix_file).exists():
+        imatrix = read_imatrix(imatrix_file)
+    elif imatrix is None and imatrix_file is not None and not mixed:
+        imatrix = measure_imatrix(path, calib, dev, imatrix_file)
+    if mixed:
+        plan, preset, imatrix = mixed_plan(
+            src, path, target_bpw, target_size, calib, imatrix, overrides, dev, progress, imatrix_file
+        )
+    else:
+        plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
     if dry_run:
         named = {t.info.name: t for t in src.tensors}
         errors = measure_errors(plan, lambda name, idx: named[name].read_rows(idx), sample_rows, dev)
@@ -124,6 +139,77 @@ def quantize_model(
     check_output(Path(out), [path, *src.files])
     written = write_source(src, plan, preset, Path(out), dev, imatrix, progress)
     return QuantizeResult(preset, plan, None, written, time.perf_counter() - start)
+
+
+def mixed_plan(src: Source, path: Path, target_bpw: float | None, target_size: int | None, calib: str | None,
+               imatrix: Mapping[str, torch.Tensor] | None, overrides: Sequence[Override], device: str,
+               progress: bool, imatrix_file: str | Path | None = None
+               ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
+    """The per-tensor types of a size target, from sensitivity measured on calibration text."""
+    from .calibrate import calibration_text
+    from .evaluate import read_text
+    from .load import load_model
+    from .mixed import plan_mixed
+
+    infos = [t.info for t in src.tensors]
+    n_values = sum(math.prod(t.shape) for t in infos)
+    if target_size is not None:
+        overhead = path.stat().st_size - sum(PlanRow(t.name, t.shape, t.source, t.source).nbytes for t in infos)
+        budget = target_size - overhead
+    else:
+        budget = int(target_bpw * n_values / 8)
+    lm = load_model(str(path), device, torch.float32)
+    with stage_progress(progress) as report:
+        mp = plan_mixed(lm, infos, budget, read_text(calib) if calib else calibration_text(), imatrix, report)
+    if imatrix is None and imatrix_file is not None:
+        from .calibrate import imatrix_meta, save_imatrix
+
+        save_imatrix(imatrix_file, mp.imatrix, imatrix_meta(lm.model, mp.n_chunks))
+    plan = make_plan(infos, mp.choices, overrides)
+    return plan, mixed_preset(plan), mp.imatrix
+
+
+def read_imatrix(path: str | Path) -> dict[str, torch.Tensor]:
+    from .calibrate import load_imatrix
+
+    try:
+        return load_imatrix(path)
+    except (ValueError, OSError) as e:
+        raise LocalLLMError(f"cannot use imatrix {path}: {e}") from None
+
+
+def measure_imatrix(path: Path, calib: str | None, device: str, save_to: str | Path) -> dict[str, torch.Tensor]:
+    """Activation statistics of the model on the calibration text, saved for reuse."""
+    from .calibrate import calibration_chunks, calibration_text, collect_imatrix, imatrix_meta, save_imatrix
+    from .evaluate import read_text
+    from .load import load_model
+    from .mixed import CALIB_CHUNKS, CALIB_CTX
+
+    lm = load_model(str(path), device, torch.float32)
+    text = read_text(calib) if calib else calibration_text()
+    chunks = calibration_chunks(lm.tokenizer, text, CALIB_CTX, CALIB_CHUNKS)
+    imat = collect_imatrix(lm.model, chunks)
+    save_imatrix(save_to, imat, imatrix_meta(lm.model, len(chunks)))
+    return imat
+
+
+def parse_size(text: str) -> int:
+    """'105454144', '100M', '1.5G' (K/M/G are KiB/MiB/GiB) -> bytes."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise LocalLLMError(f"bad size {text!r}: give bytes, or a number with K, M or G") from None
+
+
+def mixed_preset(plan: Sequence[PlanRow]) -> Preset:
+    """The preset whose default type holds the most bytes: it names general.file_type."""
+    by_type: dict[Q, int] = {}
+    for r in plan:
+        by_type[r.target] = by_type.get(r.target, 0) + r.nbytes
+    main = max((q for q in by_type if q not in (Q.F32, Q.F16, Q.BF16)), key=by_type.get, default=Q.F32)
+    return next(p for p in PRESETS.values() if p.default == main)
 
 
 def plan_model(inp: str | None, type_name: str, tensor_types: Sequence[str] = (), *,

@@ -52,8 +52,20 @@ def resolve_model(spec: str | None) -> Path:
     raise LocalLLMError(f"no such file or model name: {spec!r} (names: {', '.join(models)})")
 
 
+def _flat_shapes(table: dict, prefix: str = "") -> dict[str, dict]:
+    """models.toml's [shapes.llama-3.2-1b] is a dotted key (shapes -> llama-3 -> 2-1b): rejoin the names."""
+    out = {}
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and "arch" in value:
+            out[name] = value
+        elif isinstance(value, dict):
+            out.update(_flat_shapes(value, name))
+    return out
+
+
 def shape_preset(name: str) -> ModelConfig:
-    shapes = read_registry()["shapes"]
+    shapes = _flat_shapes(read_registry()["shapes"])
     if name not in shapes:
         raise LocalLLMError(f"unknown shape preset {name!r} (presets: {', '.join(shapes)})")
     fields = dict(shapes[name])

@@ -45,6 +45,10 @@ def tensor_type(name: str, wtype: str, cfg: ModelConfig) -> Q | None:
     return Q.Q4_K
 
 
+# llama.cpp's fallbacks for rows that are not a multiple of 256 values (K-quants need whole blocks).
+FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_1, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+
+
 def is_linear(name: str, shape: tuple) -> bool:
     return len(shape) == 2 and name != "token_embd.weight"
 
@@ -77,6 +81,8 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
     for name, shape in shapes.items():
         gguf_name = name.replace(".attn.", ".")
         qtype = tensor_type(gguf_name, wtype, cfg) if is_linear(name, shape) else None
+        if qtype in FALLBACK and shape[1] % 256:
+            qtype = FALLBACK[qtype]
         if name == "rope_freqs":
             state[name] = llama3_rope_factors(cfg)
         elif qtype is not None:

@@ -79,7 +79,7 @@ def test_gemv_dense_with_bias():
 
 
 def test_fused_norm_and_residual_match_modules(quantized):
-    """gemv(RMSNorm(x)) + residual in bf16 activations equals the torch module composition."""
+    """residual + gemv(RMSNorm(x)) in bf16 activations equals the torch module composition."""
     qtype, raw, qw = quantized
     g = torch.Generator().manual_seed(11)
     x, nw, res = torch.randn(1, 512, generator=g), (1 + 0.1 * torch.randn(512, generator=g)).bfloat16(), torch.randn(1, 40, generator=g)
@@ -90,12 +90,43 @@ def test_fused_norm_and_residual_match_modules(quantized):
     assert got.dtype == torch.float32 and rel(got, ref) < 1e-2
 
 
-def test_fused_glu_matches_silu_mul():
+def test_glu_epilogue_on_interleaved_rows(quantized):
+    """gate/up rows interleaved in one weight: output silu(W_gate x) * (W_up x), in fp32 exactly."""
+    qtype, raw, qw = quantized
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(4))
+    y = x @ dequantize_torch(raw, qtype).T  # rows 0, 2, ... are gates, 1, 3, ... ups
+    got = triton_gemv.gemv(x, qw, glu=True, act_dtype=torch.float32)
+    assert rel(got, F.silu(y[:, 0::2]) * y[:, 1::2]) < 1e-5
+
+
+def test_interleaved_views_decode_like_their_rows(quantized):
+    """QWeight.cat(interleave=True) and strided row views give the original weights' values."""
+    qtype, raw, qw = quantized
+    fused = QWeight.cat([qw, qw.rows(0, 40)], interleave=True)
+    for i in (0, 1):
+        view = fused.rows(i, fused.shape[0], 2)
+        assert torch.equal(triton_gemv.dequantize(view, torch.float32), dequantize_torch(raw, qtype))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_split_k_sums_like_one_pass(quantized, inplace):
+    """K cut into parts summed by atomics (down projections): into zeros, a residual copy, or in place."""
+    qtype, raw, qw = quantized
+    g = torch.Generator().manual_seed(6)
+    x, res = torch.randn(1, 512, generator=g), torch.randn(1, 40, generator=g)
+    ref = res + x @ dequantize_torch(raw, qtype).T
+    got = triton_gemv.gemv(x, qw, residual=res.clone() if inplace else res, act_dtype=torch.float32, split=4,
+                           inplace=inplace)
+    assert rel(got, ref) < 1e-5
+    assert rel(triton_gemv.gemv(x, qw, act_dtype=torch.float32, split=2), ref - res) < 1e-5
+
+
+def test_dense_glu_matches_silu_mul():
     g = torch.Generator().manual_seed(5)
-    gu, w = torch.randn(1, 512, generator=g).bfloat16(), torch.randn(16, 256, generator=g)
-    gate, up = gu.chunk(2, -1)
-    ref = (F.silu(gate) * up).float() @ w.T
-    assert rel(triton_gemv.gemv(gu, w, glu=True, act_dtype=torch.float32), ref) < 1e-2
+    x, w = torch.randn(1, 256, generator=g).bfloat16(), torch.randn(32, 256, generator=g).bfloat16()
+    y = F.linear(x, w)
+    ref = F.silu(y[:, 0::2]) * y[:, 1::2]
+    assert rel(triton_gemv.gemv(x, w, glu=True), ref) < 2e-2
 
 
 def test_rope_store_and_attention_match_torch():
@@ -113,9 +144,20 @@ def test_rope_store_and_attention_match_torch():
     assert rel(q, rope_rotate(qr[None, :, None], ang.cos(), ang.sin())[0, :, 0]) < 1e-6
     assert rel(kc[:, pos], rope_rotate(kr[None, :, None], ang.cos(), ang.sin())[0, :, 0]) < 1e-6
     assert torch.equal(vc[:, pos], vr)
-    out = triton_decode.decode_attention(q, kc, vc, p, HKV)
     ref = F.scaled_dot_product_attention(q[None, :, None], kc[None, :, :pos + 1], vc[None, :, :pos + 1], enable_gqa=True)
-    assert rel(out, ref.reshape(1, -1)) < 1e-5
+    for chunk in (4, 128):  # chunks past pos are empty and must weigh nothing
+        out = triton_decode.decode_attention(q, kc, vc, p, HKV, chunk=chunk)
+        assert rel(out, ref.reshape(1, -1)) < 1e-5
+
+
+def test_rmsnorm_kernel_matches_module():
+    from localllm.model import RMSNorm
+
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(1, 300, generator=g)
+    norm = RMSNorm(300, 1e-5)
+    norm.weight.data = 1 + 0.1 * torch.randn(300, generator=g)
+    assert rel(triton_decode.rmsnorm(x, norm.weight.data, 1e-5), norm(x).detach()) < 1e-6
 
 
 TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=256, n_heads=4, n_kv_heads=2, head_dim=64,

@@ -1,0 +1,75 @@
+"""Where a CUDA decode step's time goes: per-kernel GPU time of one step (eager, so every kernel is
+seen) against the replayed CUDA graph's time per token, for synthetic models.
+
+    python bench/decode_profile.py llama-3.1-8b:bf16 llama-3.1-8b:Q4_K_M [--ctx 640]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from localllm.cache import make_cache
+from localllm.cuda_decode import GraphDecoder
+from localllm.generate import prefill
+from localllm.registry import shape_preset
+from localllm.synthetic import synthetic_model
+
+
+def step_time(dec: GraphDecoder, token: torch.Tensor, n: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dec.step(token)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def profile_one(preset: str, wtype: str, ctx: int) -> None:
+    cfg = shape_preset(preset)
+    model, _ = synthetic_model(cfg, wtype, "cuda", torch.bfloat16)
+    cache = make_cache(cfg, ctx + 64, dtype=torch.bfloat16, device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (ctx,)).tolist()
+    token = prefill(model, cache, ids).argmax()
+    graph = GraphDecoder(model, cache)
+    graph.step(token)
+    t_graph = step_time(graph, token, 20)
+    cache.length = ctx
+    eager = GraphDecoder(model, cache, use_graph=False)
+    eager.step(token)
+    cache.length = ctx
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager.step(token)
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name[:60]][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            per[e.name[:60]][1] += 1
+    total = sum(v[0] for v in per.values())
+    print(f"\n### {preset} {wtype}: graph step {t_graph * 1e3:.3f} ms; kernels {total / 1e3:.3f} ms "
+          f"(sum of GPU time, eager step); {sum(v[1] for v in per.values())} kernels")
+    print("| kernel | calls | us | share |\n| --- | ---: | ---: | ---: |")
+    for name, (us, calls) in sorted(per.items(), key=lambda kv: -kv[1][0])[:12]:
+        print(f"| {name} | {calls} | {us:.0f} | {us / total:.0%} |")
+    del model, cache, graph, eager
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="+", help="PRESET:TYPE")
+    ap.add_argument("--ctx", type=int, default=640)
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}")
+    for case in args.cases:
+        preset, wtype = case.split(":")
+        profile_one(preset, wtype, args.ctx)
+
+
+if __name__ == "__main__":
+    main()

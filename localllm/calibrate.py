@@ -1,0 +1,334 @@
+"""Calibration: the measurements behind `localllm quantize --target-bpw` (quantize/allocate.py).
+
+- `collect_imatrix`: per weight matrix W (out, in) consumed by a linear layer, the importance of each
+  input column j, I_j = E[x_j^2] over all calibration tokens (llama.cpp's imatrix). For a rounding
+  error dW, E||dW x||^2 = tr(dW E[x x^T] dW^T) ~ sum_j I_j ||dW[:, j]||^2 (the diagonal of the input
+  covariance, as llama.cpp keeps it): `weighted_error`.
+- `measure_sensitivity`: the model's real response to one tensor's error, as the mean KL(base || perturbed)
+  of its next-token distributions over every calibration position, one tensor at a time.
+- `predict_losses`: the model the allocator uses to extend one measured probe to every candidate type.
+
+Names are GGUF tensor names ("blk.0.attn_q.weight", "output.weight"); weights.to_module_name maps them
+onto the model's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Hashable, Mapping, Sequence
+
+import torch
+
+from kernels.linear import linear
+
+from .cache import KVCache, make_cache
+from .model import Linear, Transformer
+from .weights import to_module_name
+
+IMATRIX_FORMAT = "localllm-imatrix"
+IMATRIX_VERSION = 1
+
+# progress(stage, done, total), as localllm.progress.stage_progress's report takes it:
+# ("imatrix", chunks done, chunks) and ("sensitivity", tensors done, tensors).
+Progress = Callable[[str, int, int], None]
+
+
+# ---- calibration text ----------------------------------------------------------------------------
+
+
+def calibration_text() -> str:
+    """The packaged calibration text (localllm/data/calibration.txt)."""
+    return resources.files("localllm").joinpath("data/calibration.txt").read_text(encoding="utf-8")
+
+
+def calibration_chunks(tokenizer, text: str, ctx: int, max_chunks: int) -> list[list[int]]:
+    """Consecutive chunks of exactly ctx token ids; each starts with BOS when tokenizer.add_bos.
+
+    The text is tokenized once, without special-token parsing (as llama.cpp's imatrix), and BOS is
+    inserted before each chunk's ctx - 1 text tokens (llama.cpp overwrites the first token instead:
+    here no text token is lost). A partial last chunk is dropped."""
+    bos = [tokenizer.bos_id] if tokenizer.add_bos else []
+    body = ctx - len(bos)
+    if body < 1 or max_chunks < 1:
+        raise ValueError(f"need ctx > {len(bos)} and max_chunks >= 1, got ctx {ctx}, max_chunks {max_chunks}")
+    ids = tokenizer.encode(text, add_bos=False, parse_special=False)
+    n = min(len(ids) // body, max_chunks)
+    if n == 0:
+        raise ValueError(f"calibration text too short: {len(ids)} tokens, one chunk of {ctx} needs {body}")
+    return [bos + ids[i * body : (i + 1) * body] for i in range(n)]
+
+
+# ---- names ---------------------------------------------------------------------------------------
+
+
+def gguf_name(module_name: str) -> str:
+    """Inverse of weights.to_module_name: blk.3.attn.attn_q.weight -> blk.3.attn_q.weight."""
+    parts = module_name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
+        del parts[2]
+    return ".".join(parts)
+
+
+def model_tensors(model: Transformer) -> dict[str, tuple[int, ...]]:
+    """GGUF name -> shape (numpy order, (out, in) for matrices) of every weight of the model."""
+    out = {gguf_name(n): tuple(p.shape) for n, p in model.named_parameters()}
+    for n, m in model.named_modules():  # weights held quantized (CUDA) are no parameters
+        if isinstance(m, Linear) and m.qweight is not None:
+            out[gguf_name(n) + ".weight"] = tuple(m.qweight.shape)
+    return out
+
+
+def get_weight(model: Transformer, name: str) -> torch.nn.Parameter:
+    """The parameter of a GGUF name; weights held quantized (CUDA loads) are no parameters."""
+    try:
+        return model.get_parameter(to_module_name(name))
+    except AttributeError:
+        raise ValueError(f"the model has no dense weight {name!r} (quantized weights: load on the CPU)") from None
+
+
+# ---- the importance matrix -----------------------------------------------------------------------
+
+
+def _device_cache(model: Transformer, length: int) -> KVCache:
+    w = model.token_embd.weight
+    return make_cache(model.cfg, length, dtype=w.dtype, device=w.device)
+
+
+@torch.inference_mode()
+def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """GGUF weight name -> (in_features,) fp32 mean of x_j^2 over all tokens of all chunks, where x is
+    the input of the matmul that weight takes part in (one forward pass per chunk)."""
+    sums: dict[str, torch.Tensor] = {}  # name -> (in,) float64 sum of x^2 over tokens
+    counts: dict[str, int] = {}
+    memo: list = [None, None]  # (last input, its sums): q/k/v and gate/up read the very same tensor
+
+    def record(name: str, x: torch.Tensor) -> None:
+        # x: (B, T, in) -> add sum_t x_t^2 (in,) in float64 (fp32 per chunk, exact enough for a mean).
+        if memo[0] is not x:
+            memo[:] = [x, x.float().pow(2).reshape(-1, x.shape[-1]).sum(0).double()]
+        sums[name] = sums[name] + memo[1] if name in sums else memo[1].clone()
+        counts[name] = counts.get(name, 0) + x.numel() // x.shape[-1]
+
+    hooks = [m.register_forward_pre_hook(lambda mod, args, name=gguf_name(n) + ".weight": record(name, args[0]))
+             for n, m in model.named_modules() if isinstance(m, Linear)]
+    # The output matmul runs inside Transformer.forward (kernels.linear): its input is output_norm's output.
+    out_name = "token_embd.weight" if model.cfg.tied_output else "output.weight"  # the tensor it reads
+    hooks.append(model.output_norm.register_forward_hook(lambda mod, args, out: record(out_name, out)))
+    try:
+        cache = _device_cache(model, max(len(c) for c in chunks))
+        for i, chunk in enumerate(chunks):
+            model(torch.tensor([list(chunk)], device=cache.k.device), cache, 0)
+            if progress:
+                progress("imatrix", i + 1, len(chunks))
+    finally:
+        for h in hooks:
+            h.remove()
+        memo.clear()
+    return {name: (s / counts[name]).float().cpu() for name, s in sums.items()}
+
+
+def imatrix_meta(model: Transformer, n_chunks: int, **extra) -> dict:
+    """What save_imatrix records besides the values: chunk count, the model's tensors, anything else."""
+    return {"chunks": n_chunks, "tensors": model_tensors(model), **extra}
+
+
+def save_imatrix(path: str | Path, imatrix: Mapping[str, torch.Tensor], meta: Mapping) -> None:
+    """torch.save of {format, version, chunks, tensors (name -> shape), meta (the rest), imatrix}."""
+    rest = {k: v for k, v in meta.items() if k not in ("chunks", "tensors")}
+    torch.save({
+        "format": IMATRIX_FORMAT, "version": IMATRIX_VERSION, "chunks": int(meta["chunks"]),
+        "tensors": {k: list(v) for k, v in meta["tensors"].items()}, "meta": rest,
+        "imatrix": {k: v.detach().float().cpu().contiguous() for k, v in imatrix.items()},
+    }, str(path))
+
+
+def load_imatrix(path: str | Path, model: Transformer | Mapping[str, Sequence[int]] | None = None
+                 ) -> tuple[dict[str, torch.Tensor], dict]:
+    """-> (imatrix, meta with chunks and tensors). With a model (or its name -> shape mapping), a file
+    collected on another model (other tensors or shapes) is a ValueError; rope_freqs is not compared."""
+    if not Path(path).is_file():
+        raise ValueError(f"imatrix file not found: {path}")
+    try:
+        d = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception:  # torch.load raises many kinds on foreign files
+        d = None
+    if not isinstance(d, dict) or d.get("format") != IMATRIX_FORMAT:
+        raise ValueError(f"{path} is not a localllm imatrix file")
+    if d.get("version") != IMATRIX_VERSION:
+        raise ValueError(f"{path} has imatrix format version {d.get('version')}, this localllm reads {IMATRIX_VERSION}")
+    saved = {k: tuple(v) for k, v in d["tensors"].items()}
+    if model is not None:
+        expected = model_tensors(model) if isinstance(model, Transformer) else {k: tuple(v) for k, v in model.items()}
+        if problem := _mismatch(saved, expected):
+            raise ValueError(f"{path} was collected on a different model ({len(saved)} tensors) than this one "
+                             f"({len(expected)} tensors): {problem}")
+    return dict(d["imatrix"]), {**d["meta"], "chunks": d["chunks"], "tensors": saved}
+
+
+def _mismatch(saved: dict, expected: dict) -> str:
+    """The first difference between two name -> shape tables, or ''."""
+    saved, expected = ({k: v for k, v in t.items() if not k.startswith("rope_freqs")} for t in (saved, expected))
+    for name in sorted(set(saved) | set(expected)):
+        if name not in expected:
+            return f"the file has {name!r}, the model does not"
+        if name not in saved:
+            return f"the model has {name!r}, the file does not"
+        if saved[name] != expected[name]:
+            return f"{name!r} has shape {saved[name]} in the file, {expected[name]} in the model"
+    return ""
+
+
+# ---- sensitivity: KL of the output when one tensor is perturbed ----------------------------------
+
+
+@dataclass
+class Reference:
+    """The unperturbed run: what KLs compare against, and where a perturbed run restarts. Per chunk:
+    resid (L + 1, 1, T, C) fp32, the residual stream entering each block and leaving the last (18 MiB
+    for 256 tokens of the 135M default model); z (T, V) fp32 logits and p (T, V) fp32 softmax (8 bytes
+    per vocabulary entry and position: 100 MiB for 256 tokens at V = 49152); lse (T,) float64."""
+
+    tokens: list[torch.Tensor]
+    resid: list[torch.Tensor]
+    z: list[torch.Tensor]
+    p: list[torch.Tensor]
+    lse: list[torch.Tensor]
+
+
+def _lse(z: torch.Tensor) -> torch.Tensor:
+    """(T, V) fp32 -> (T,) float64 log-sum-exp: exp in fp32, summed in float64 (an fp32 sum over the
+    vocabulary leaves ~2e-7 of error in a position's KL; this ~1e-8, and ~1e-11 in the mean)."""
+    m = z.max(-1, keepdim=True).values
+    return m[:, 0].double() + (z - m).exp().sum(-1, dtype=torch.float64).log()
+
+
+def _kl(ref: Reference, i: int, zq: torch.Tensor) -> torch.Tensor:
+    """(T,) float64 KL(p || q) per position of chunk i, from q's logits zq (T, V) fp32.
+
+    KL = sum_v p_v (log p_v - log q_v) = sum_v p_v (zp_v - zq_v) + lse(zq) - lse(zp)  (sum_v p_v = 1).
+    Shift-invariant, so fp32 over the vocabulary suffices (1.3x faster than float64 log_softmaxes, and
+    no float64 copy of the reference); the same logits give exactly 0."""
+    return (ref.p[i] * (ref.z[i] - zq)).sum(-1).double() + _lse(zq) - ref.lse[i]
+
+
+def _blocks(model: Transformer, x: torch.Tensor, first: int, cache: KVCache, rope, keep: list | None = None):
+    """Run blocks first .. L-1 on x (1, T, C) at positions 0 .. T-1, as Transformer.forward does."""
+    for i in range(first, len(model.blk)):
+        if keep is not None:
+            keep.append(x)
+        x = model.blk[i](x, i, cache, 0, *rope, None)
+    return x
+
+
+def _head(model: Transformer, x: torch.Tensor) -> torch.Tensor:
+    """The last residual (1, T, C) -> logits (T, V) fp32, as Transformer.forward ends."""
+    return linear(model.output_norm(x), model.output_weight()).float()[0]
+
+
+@torch.inference_mode()
+def reference_outputs(model: Transformer, chunks: Sequence[Sequence[int]]) -> Reference:
+    """One forward pass per chunk of the unperturbed model (reusable across measure_sensitivity calls)."""
+    dev = model.token_embd.weight.device
+    cache = _device_cache(model, max(len(c) for c in chunks))
+    ref = Reference([], [], [], [], [])
+    for chunk in chunks:
+        tokens, keep = torch.tensor([list(chunk)], device=dev), []
+        rope = model.rope_tables(torch.arange(len(chunk), device=dev))
+        x = _blocks(model, model.token_embd(tokens).float(), 0, cache, rope, keep)
+        z = _head(model, x)
+        ref.tokens.append(tokens)
+        ref.resid.append(torch.stack(keep + [x]))
+        ref.z.append(z)
+        ref.p.append(torch.softmax(z.double(), -1).float())
+        ref.lse.append(_lse(z))
+    return ref
+
+
+def _first_layer(name: str, n_layers: int) -> int | None:
+    """Where a run restarts when this tensor changes: its block; L (output, output_norm); None: embedding."""
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "blk" else None if name == "token_embd.weight" else n_layers
+
+
+@torch.inference_mode()
+def _perturbed_kl(model: Transformer, ref: Reference, first: int | None, cache: KVCache) -> float:
+    """Mean KL over all positions of all chunks, restarting each chunk at block `first`."""
+    total, count = 0.0, 0
+    for i, tokens in enumerate(ref.tokens):
+        T = tokens.shape[1]
+        rope = model.rope_tables(torch.arange(T, device=tokens.device))
+        x = model.token_embd(tokens).float() if first is None else ref.resid[i][first]
+        zq = _head(model, _blocks(model, x, first or 0, cache, rope))
+        total += _kl(ref, i, zq).sum().item()
+        count += T
+    return total / count
+
+
+def measure_sensitivity(model: Transformer, chunks: Sequence[Sequence[int]], tensors: Sequence[str],
+                        perturb: Callable[[str, torch.Tensor], torch.Tensor], progress: Progress | None = None,
+                        reference: Reference | None = None) -> dict[str, float]:
+    """Tensor name -> mean KL(base || model with that one tensor replaced by perturb(name, w)) over
+    every position of every chunk (chunks are not read when a reference is given). perturb gets a copy
+    of the weight (it may work in place); the original is put back untouched (the same tensor object).
+
+    Cost per tensor: the blocks from its own layer on (earlier ones restart from the reference), the
+    output matmul and a few fp32 passes over the logits. 135M default model, 2 x 256 tokens, one core of
+    the project's CPU: 0.8 s (last block) to 2.2 s (first block, token_embd), 1.5 s mean, so ~5 min
+    for all 211 matrices at one probe type (plus the probe's quantize-dequantize, 0.01-0.35 s). With
+    other processes busy on that 2-core machine, two torch threads ran 5-20x slower than one."""
+    ref = reference if reference is not None else reference_outputs(model, chunks)
+    cache = _device_cache(model, max(t.shape[1] for t in ref.tokens))
+    out: dict[str, float] = {}
+    for k, name in enumerate(tensors):
+        p = get_weight(model, name)
+        original = p.data
+        with torch.no_grad():
+            new = perturb(name, original.clone())
+        if tuple(new.shape) != tuple(original.shape):
+            raise ValueError(f"perturb({name!r}) returned shape {tuple(new.shape)}, expected {tuple(original.shape)}")
+        try:
+            p.data = new.to(device=original.device, dtype=original.dtype)
+            out[name] = _perturbed_kl(model, ref, _first_layer(name, len(model.blk)), cache)
+        finally:
+            p.data = original
+        if progress:
+            progress("sensitivity", k + 1, len(tensors))
+    return out
+
+
+# ---- predicting a type's loss from one probe -----------------------------------------------------
+
+
+def weighted_error(w: torch.Tensor, w_hat: torch.Tensor, importance: torch.Tensor | None) -> float:
+    """sum_j importance_j * ||w[:, j] - w_hat[:, j]||^2 for w, w_hat (out, in), importance (in,) or None
+    (plain squared error): E||(W - W_hat) x||^2 under the imatrix's diagonal input covariance."""
+    col = (w.detach().double() - w_hat.detach().double()).pow(2).sum(0)  # (in,)
+    return float(col.sum() if importance is None else (col * importance.double().to(col.device)).sum())
+
+
+def predict_losses(sens_kl: float, probe_err: float, errs: Mapping[Hashable, float]) -> dict[Hashable, float]:
+    """Each type's predicted KL: sens_kl * err_q / probe_err.
+
+    Why: a weight error dW moves the logits by dz = J dW x (linear in dW for small errors), and the KL
+    is second order in dz: KL ~ 1/2 dz^T F dz (F the Fisher matrix of the output distribution). So for
+    errors of the same character (block rounding noise, nearly independent across columns and of the
+    input), E[KL] scales with E||dW x||^2 ~ weighted_error. One measured probe per tensor
+    (sens_kl = its KL at the probe type, probe_err = the probe's weighted_error) fixes that tensor's
+    constant J^T F J; every other type's loss follows from its weighted_error alone."""
+    if probe_err <= 0:
+        if all(e == 0 for e in errs.values()):
+            return {q: 0.0 for q in errs}
+        raise ValueError("the probe's weighted error is 0: probe with a lossy type")
+    return {q: sens_kl * e / probe_err for q, e in errs.items()}
+
+
+def roundtrip(w: torch.Tensor, qtype, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """w (out, in) quantized to qtype (a GGUF type) and decoded back, in w's dtype: a ready perturbation."""
+    from quantize import dequantize_torch, quantize_tensor
+
+    back = dequantize_torch(quantize_tensor(w.detach().float(), qtype, importance), qtype)
+    return back.reshape(w.shape).to(device=w.device, dtype=w.dtype)
+

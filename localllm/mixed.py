@@ -1,0 +1,141 @@
+"""`--target-bpw` / `--target-size`: choose a GGUF type per tensor from measured sensitivity.
+
+For every quantizable tensor t and candidate type q we predict L(t, q), the KL-divergence the model's
+output gains when t is stored as q, and let quantize/allocate.py pick the types with the least total
+predicted loss that fit the size budget:
+1. imatrix: mean x^2 per input column of every matrix over the calibration chunks
+   (localllm/calibrate.py); the encoders use it for importance-weighted rounding.
+2. Fisher: for small weight errors dW, KL(p || p_dW) ~ 1/2 dW^T F dW with F the Fisher information of
+   the output distribution; we keep its diagonal, estimated as E[(d log p(y) / dW)^2] with y sampled
+   from the model itself, over the calibration chunks (one backward pass per chunk for all tensors).
+3. candidates: every type whose block fits the row length, round-tripped (with the imatrix) on a
+   sample of rows; L(t, q) = 1/2 sum F_ij dW_ij^2 over the sampled rows, scaled to all rows.
+Measuring each tensor's KL with a probe (calibrate.measure_sensitivity) predicts as well but costs half
+a forward pass per tensor (~10 minutes for the default model on 2 cores), the Fisher a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import gguf
+import torch
+
+from quantize.allocate import Option, allocate
+from quantize.formats import BLOCK_SIZES
+from quantize.plan import TensorInfo, sample_rows
+from quantize.presets import allows_quantization
+
+from .cache import KVCache, make_cache
+from .calibrate import calibration_chunks, collect_imatrix, roundtrip
+from .errors import LocalLLMError
+from .load import LoadedModel
+from .weights import to_module_name
+
+Q = gguf.GGMLQuantizationType
+CANDIDATES = (Q.Q2_K, Q.Q3_K, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)
+SAMPLE_ROWS = 64
+CALIB_CTX, CALIB_CHUNKS = 256, 4
+
+
+@dataclass(frozen=True)
+class MixedPlan:
+    choices: list[Q | None]  # per source tensor, None: kept as stored
+    predicted_kl: float  # sum of the chosen types' predicted losses
+    imatrix: dict[str, torch.Tensor]
+    n_chunks: int  # calibration chunks the imatrix and sensitivities were measured on
+
+
+def candidates(cols: int) -> list[Q]:
+    return [q for q in CANDIDATES if cols % BLOCK_SIZES[q][0] == 0]
+
+
+def type_bytes(n_values: int, q: Q) -> int:
+    block, size = BLOCK_SIZES[q]
+    return n_values // block * size
+
+
+def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q]) -> dict[Q, float]:
+    """1/2 sum F_ij dW_ij^2 of each type's round trip, over SAMPLE_ROWS rows, scaled to all rows.
+
+    w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None."""
+    rows = sample_rows(w.shape[0], SAMPLE_ROWS).to(w.device)
+    ws, fs = w[rows].float(), f[rows].double()
+    scale = w.shape[0] / ws.shape[0]
+    return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp) - ws).double().pow(2)).sum()) for q in types}
+
+
+def fisher_diagonal(model, chunks: Sequence[Sequence[int]], progress=lambda done, total: None,
+                    seed: int = 0) -> dict[str, torch.Tensor]:
+    """Module parameter name -> E[(d log p(y) / dW)^2] (same shape as W), y ~ the model's own p.
+
+    Sums over positions within a chunk (the Fisher of the whole chunk's output), averaged over chunks."""
+    params = {n: p for n, p in model.named_parameters() if p.dim() == 2}
+    fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    gen = torch.Generator(device=next(iter(params.values())).device).manual_seed(seed)
+    device = next(iter(params.values())).device
+    with torch.enable_grad():
+        for n, p in params.items():
+            p.requires_grad_(True)
+        try:
+            for i, ids in enumerate(chunks):
+                tokens = torch.tensor([list(ids)], device=device)
+                cache = _layerwise_cache(model, len(ids))
+                logp = model(tokens, cache, 0)[0].log_softmax(-1)  # (T, V)
+                y = torch.multinomial(logp.detach().exp(), 1, generator=gen)  # (T, 1)
+                grads = torch.autograd.grad(logp.gather(1, y).sum(), list(params.values()))
+                for (n, _), g in zip(params.items(), grads):
+                    fisher[n] += g.float().pow(2) / len(chunks)
+                progress(i + 1, len(chunks))
+        finally:
+            for p in params.values():
+                p.requires_grad_(False)
+    return fisher
+
+
+def plan_mixed(
+    lm: LoadedModel,
+    tensors: Sequence[TensorInfo],
+    budget: int,
+    calib_text: str,
+    imatrix: Mapping[str, torch.Tensor] | None = None,
+    progress: Callable[[str, int, int], None] = lambda stage, done, total: None,
+) -> MixedPlan:
+    """Types for `tensors` (the source file's, in order) whose total bytes stay within `budget`."""
+    model = lm.model
+    chunks = calibration_chunks(lm.tokenizer, calib_text, CALIB_CTX, CALIB_CHUNKS)
+    imat = dict(imatrix) if imatrix is not None else collect_imatrix(model, chunks)
+    fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
+    params = dict(model.named_parameters())
+    todo = [t for t in tensors if allows_quantization(t.name, len(t.shape))]
+    options = []
+    for i, t in enumerate(todo):
+        name = _module_name(params, t.name)
+        types = candidates(t.shape[-1])
+        loss = sampled_losses(params[name].data, fisher[name], imat.get(t.name), types)
+        n = math.prod(t.shape)
+        options.append([Option(q, type_bytes(n, q), loss[q]) for q in types])
+        progress("errors", i + 1, len(todo))
+    kept = sum(type_bytes(math.prod(t.shape), t.source) for t in tensors if t not in todo)
+    try:
+        picked = allocate(options, budget - kept)
+    except ValueError as e:
+        raise LocalLLMError(f"target too small: {e}") from None
+    chosen = {t.name: options[i][k].qtype for i, (t, k) in enumerate(zip(todo, picked))}
+    predicted = sum(options[i][k].loss for i, k in enumerate(picked))
+    return MixedPlan([chosen.get(t.name) for t in tensors], predicted, imat, len(chunks))
+
+
+def _layerwise_cache(model, length: int) -> KVCache:
+    """A cache whose layers are separate tensors: autograd then sees each written once (one shared
+    (L, ...) buffer would be modified in place after earlier layers saved views of it)."""
+    c = make_cache(model.cfg, length, dtype=model.token_embd.weight.dtype, device=model.token_embd.weight.device)
+    return KVCache([k.clone() for k in c.k], [v.clone() for v in c.v])
+
+
+def _module_name(params: Mapping[str, torch.nn.Parameter], gguf_name: str) -> str:
+    """The model parameter holding a GGUF tensor (q/k rows may be permuted: per-row errors do not care)."""
+    name = to_module_name(gguf_name)
+    return "token_embd.weight" if name not in params and gguf_name == "output.weight" else name

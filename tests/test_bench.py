@@ -1,0 +1,57 @@
+"""`localllm bench` on the CPU with synthetic models: rows for every test of the grid, sane figures,
+all three output formats; synthetic weights are non-zero and of the asked types."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+import localllm.synthetic as synthetic
+from cli import app
+from localllm.bench import BenchModel, bench_model, format_rows, weight_bytes_per_token
+from localllm.config import ModelConfig
+from localllm.registry import shape_preset
+
+TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, head_dim=64,
+                   vocab_size=300, context_length=128, norm_eps=1e-5, rope_theta=10000.0)
+ROOF = {"bandwidth": 1e10, "flops": 1e11}
+
+
+def test_synthetic_q4_k_m_types_and_nonzero(monkeypatch):
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)
+    cfg = shape_preset("llama-3.2-1b")
+    assert synthetic.tensor_type("output.weight", "Q4_K_M", cfg).name == "Q6_K"
+    picked = [synthetic.tensor_type(f"blk.{i}.ffn_down.weight", "Q4_K_M", cfg).name for i in range(cfg.n_layers)]
+    assert picked.count("Q6_K") == sum(synthetic.use_more_bits(i, cfg.n_layers) for i in range(cfg.n_layers))
+    model, types = synthetic.synthetic_model(TINY, "Q4_K_M", "cpu", torch.float32)
+    assert set(types) == {"Q4_K", "Q6_K", "float32"}
+    assert all(p.abs().sum() > 0 for p in model.parameters())
+
+
+def test_bench_rows_for_the_grid():
+    model, types = synthetic.synthetic_model(TINY, "f32", "cpu", torch.float32)
+    rows = bench_model(BenchModel("tiny", model, types), [8, 16], [4], [0, 8], 2, ROOF)
+    assert [r.test for r in rows] == ["pp8", "tg4 after pp8", "pp16", "tg4 after pp16",
+                                      "pp8 @ d8", "tg4 after pp8 @ d8", "pp16 @ d8", "tg4 after pp16 @ d8"]
+    assert all(r.tps_mean > 0 and r.roofline_share > 0 for r in rows)
+    tg = rows[1]
+    assert abs(tg.achieved * 1e9 - weight_bytes_per_token(model) * tg.tps_mean) < 1e-3 * tg.achieved * 1e9
+    assert "| tiny |" in format_rows(rows, ROOF, "md")
+    assert len(json.loads(format_rows(rows, ROOF, "json"))["rows"]) == 8
+    assert format_rows(rows, ROOF, "csv").count("\n") == 9
+
+
+def test_cli_bench_synthetic_json():
+    result = CliRunner().invoke(app, ["bench", "--synthetic", "smollm2-135m", "--type", "Q8_0", "-p", "4", "-n", "2",
+                                      "-r", "1", "--device", "cpu", "--dtype", "float32", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert [r["test"] for r in out["rows"]] == ["pp4", "tg2 after pp4"]
+    assert out["rows"][0]["types"].startswith("Q8_0")
+
+
+def test_cli_bench_needs_a_model():
+    result = CliRunner().invoke(app, ["bench"])
+    assert result.exit_code == 1
