@@ -25,7 +25,7 @@ from kernels.linear import linear
 
 from .cache import KVCache, make_cache
 from .model import Linear, Transformer
-from .weights import to_module_name
+from .weights import gguf_name, to_module_name
 
 IMATRIX_FORMAT = "localllm-imatrix"
 IMATRIX_VERSION = 1
@@ -61,14 +61,6 @@ def calibration_chunks(tokenizer, text: str, ctx: int, max_chunks: int) -> list[
 
 
 # ---- names ---------------------------------------------------------------------------------------
-
-
-def gguf_name(module_name: str) -> str:
-    """Inverse of weights.to_module_name: blk.3.attn.attn_q.weight -> blk.3.attn_q.weight."""
-    parts = module_name.split(".")
-    if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
-        del parts[2]
-    return ".".join(parts)
 
 
 def model_tensors(model: Transformer) -> dict[str, tuple[int, ...]]:

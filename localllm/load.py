@@ -18,7 +18,7 @@ from .gguf_file import GGUFFile, open_gguf
 from .model import Transformer, llama3_rope_factors
 from .registry import resolve_model
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
-from .weights import QuantizedTensor, gguf_state_dict, hf_state_dict
+from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
 
 
 @dataclass
@@ -60,11 +60,13 @@ def build_model(
     state.setdefault("rope_freqs", llama3_rope_factors(cfg))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
+    if missing and len(state) <= 1:  # rope_freqs aside, nothing: a vocab-only GGUF
+        raise LocalLLMError("the file has no weights (a vocab-only GGUF?): it can tokenize but not generate")
     if missing:
-        raise LocalLLMError(f"checkpoint is missing tensor {missing[0]!r} ({len(missing)} missing)")
+        raise LocalLLMError(f"checkpoint is missing tensor {gguf_name(missing[0])!r} ({len(missing)} missing)")
     extra = sorted(set(state) - set(expected))
     if extra:
-        raise LocalLLMError(f"checkpoint has unexpected tensor {extra[0]!r} for architecture {cfg.arch}")
+        raise LocalLLMError(f"checkpoint has unexpected tensor {gguf_name(extra[0])!r} for architecture {cfg.arch}")
     for name, ref in expected.items():
         if tuple(state[name].shape) != tuple(ref.shape):
             raise LocalLLMError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(ref.shape)}")

@@ -26,7 +26,7 @@ import torch
 from quantize.allocate import Option, allocate
 from quantize.formats import BLOCK_SIZES
 from quantize.plan import TensorInfo, sample_rows
-from quantize.presets import allows_quantization
+from quantize.presets import LAST_RESORT, allows_quantization
 
 from .cache import KVCache, make_cache
 from .calibrate import calibration_chunks, collect_imatrix, roundtrip
@@ -55,6 +55,10 @@ def candidates(cols: int) -> list[Q]:
 def type_bytes(n_values: int, q: Q) -> int:
     block, size = BLOCK_SIZES[q]
     return n_values // block * size
+
+
+def padded(nbytes: int, align: int) -> int:
+    return -(-nbytes // align) * align
 
 
 def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q]) -> dict[Q, float]:
@@ -102,30 +106,42 @@ def plan_mixed(
     calib_text: str,
     imatrix: Mapping[str, torch.Tensor] | None = None,
     progress: Callable[[str, int, int], None] = lambda stage, done, total: None,
+    align: int = 1,
+    fixed: Mapping[str, Q] | None = None,
 ) -> MixedPlan:
-    """Types for `tensors` (the source file's, in order) whose total bytes stay within `budget`."""
+    """Types for `tensors` (the source file's, in order) whose total bytes stay within `budget`.
+
+    align: each tensor's bytes count rounded up to a multiple of it (a file budget: GGUF pads every
+    tensor's data to the alignment; 1 for a bits-per-weight budget). fixed: name -> type of tensors
+    whose type is already set (--tensor-type overrides): their bytes are taken off the budget."""
+    # rows that split into no candidate's blocks take the presets' last resort (an allocation over
+    # no option would fail as "target too small")
+    last_resort = {t.name: LAST_RESORT for t in tensors
+                   if allows_quantization(t.name, len(t.shape)) and not candidates(t.shape[-1])}
+    fixed = {**last_resort, **(fixed or {})}
     model = lm.model
     chunks = calibration_chunks(lm.tokenizer, calib_text, CALIB_CTX, CALIB_CHUNKS)
     imat = dict(imatrix) if imatrix is not None else collect_imatrix(model, chunks)
     fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
     params = dict(model.named_parameters())
-    todo = [t for t in tensors if allows_quantization(t.name, len(t.shape))]
+    todo = [t for t in tensors if allows_quantization(t.name, len(t.shape)) and t.name not in fixed]
     options = []
     for i, t in enumerate(todo):
         name = _module_name(params, t.name)
         types = candidates(t.shape[-1])
         loss = sampled_losses(params[name].data, fisher[name], imat.get(t.name), types)
         n = math.prod(t.shape)
-        options.append([Option(q, type_bytes(n, q), loss[q]) for q in types])
+        options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))
-    kept = sum(type_bytes(math.prod(t.shape), t.source) for t in tensors if t not in todo)
+    kept = sum(padded(type_bytes(math.prod(t.shape), fixed.get(t.name, t.source)), align)
+               for t in tensors if t not in todo)
     try:
         picked = allocate(options, budget - kept)
     except ValueError as e:
         raise LocalLLMError(f"target too small: {e}") from None
     chosen = {t.name: options[i][k].qtype for i, (t, k) in enumerate(zip(todo, picked))}
     predicted = sum(options[i][k].loss for i, k in enumerate(picked))
-    return MixedPlan([chosen.get(t.name) for t in tensors], predicted, imat, len(chunks))
+    return MixedPlan([chosen.get(t.name, fixed.get(t.name)) for t in tensors], predicted, imat, len(chunks))
 
 
 def _layerwise_cache(model, length: int) -> KVCache:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from quantize import SUPPORTED_TYPES, dequantize, quantize_tensor
 from quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
-from quantize.presets import PRESETS, ModelShape, Preset, find_preset
+from quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback, find_preset
 from quantize.writer import MetaValue, SameFileError, TensorSlot, check_not_input, write_gguf
 
 from .config import config_from_gguf, config_from_hf
@@ -111,8 +112,8 @@ def quantize_model(
     mixed = target_bpw is not None or target_size is not None
     if target_bpw is not None and target_size is not None:
         raise LocalLLMError("give --target-bpw or --target-size, not both")
-    if calib is not None and not mixed:
-        raise LocalLLMError("--calib is for --target-bpw / --target-size")
+    if calib is not None and not mixed and imatrix_file is None:
+        raise LocalLLMError("--calib is for --target-bpw / --target-size / --imatrix")
     preset, overrides = parse_request(type_name or ("Q4_K_M" if mixed else ""), tensor_types)
     dev = encoder_device(device)
     writing = not dry_run
@@ -123,7 +124,7 @@ def quantize_model(
         check_output(Path(out), [path])  # before reading anything
     src = read_source(path, tokenizer_from)
     if imatrix is None and imatrix_file is not None and Path(imatrix_file).exists():
-        imatrix = read_imatrix(imatrix_file)
+        imatrix = read_imatrix(imatrix_file, {t.info.name: t.info.shape for t in src.tensors})
     elif imatrix is None and imatrix_file is not None and not mixed:
         imatrix = measure_imatrix(path, calib, dev, imatrix_file)
     if mixed:
@@ -152,15 +153,16 @@ def mixed_plan(src: Source, path: Path, target_bpw: float | None, target_size: i
     from .mixed import plan_mixed
 
     infos = [t.info for t in src.tensors]
-    n_values = sum(math.prod(t.shape) for t in infos)
     if target_size is not None:
-        overhead = path.stat().st_size - sum(PlanRow(t.name, t.shape, t.source, t.source).nbytes for t in infos)
-        budget = target_size - overhead
+        # the file as write_gguf lays it out: the header, then each tensor padded to the alignment
+        # (not the input's header: a folder has none, and the output's keys differ)
+        budget, align = target_size - data_start(src), src.alignment
     else:
-        budget = int(target_bpw * n_values / 8)
+        budget, align = int(target_bpw * sum(math.prod(t.shape) for t in infos) / 8), 1
+    text = read_text(calib) if calib else calibration_text()
     lm = load_model(str(path), device, torch.float32)
     with stage_progress(progress) as report:
-        mp = plan_mixed(lm, infos, budget, read_text(calib) if calib else calibration_text(), imatrix, report)
+        mp = plan_mixed(lm, infos, budget, text, imatrix, report, align, overridden(infos, overrides))
     if imatrix is None and imatrix_file is not None:
         from .calibrate import imatrix_meta, save_imatrix
 
@@ -169,11 +171,37 @@ def mixed_plan(src: Source, path: Path, target_bpw: float | None, target_size: i
     return plan, mixed_preset(plan), mp.imatrix
 
 
-def read_imatrix(path: str | Path) -> dict[str, torch.Tensor]:
+def overridden(infos: Sequence[TensorInfo], overrides: Sequence[Override]) -> dict[str, Q]:
+    """Tensor name -> the type a --tensor-type override gives it (after the row-length fallback), as
+    make_plan will: the allocator takes these bytes off the budget instead of choosing a type."""
+    out = {}
+    for t in infos:
+        hit = next((o for o in overrides if o.pattern.search(t.name)), None)
+        if hit is not None and allows_quantization(t.name, len(t.shape)):
+            out[t.name] = fallback(hit.type, t.shape[-1])
+    return out
+
+
+def data_start(src: Source) -> int:
+    """Bytes before the first tensor's data in OUT: header, metadata, tensor table and padding.
+
+    A type is a fixed-size field and a shape 8 bytes a dimension, so a stand-in file of 1-value F32
+    tensors with the same names and dimension counts has the very same header (general.file_type is
+    a UINT32 whatever the preset): written to a temporary folder, less its tensors (one alignment each)."""
+    slots = [TensorSlot(t.info.name, (1,) * len(t.info.shape), Q.F32) for t in src.tensors]
+    with tempfile.TemporaryDirectory() as folder:
+        stand_in = write_gguf(Path(folder) / "header.gguf", src.arch, output_metadata(src, PRESETS["F32"]), slots,
+                              lambda i: np.zeros(1, np.float32), alignment=src.alignment, progress=False)
+        return stand_in.stat().st_size - len(slots) * src.alignment
+
+
+def read_imatrix(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
+    """shapes: the model's GGUF name -> shape; a file collected on another model is then refused here,
+    in one line (its vectors would otherwise fail the encoders mid-plan, or fit and mislead them)."""
     from .calibrate import load_imatrix
 
     try:
-        return load_imatrix(path)
+        return load_imatrix(path, shapes)[0]
     except (ValueError, OSError) as e:
         raise LocalLLMError(f"cannot use imatrix {path}: {e}") from None
 
@@ -198,9 +226,12 @@ def parse_size(text: str) -> int:
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise LocalLLMError(f"bad size {text!r}: give bytes, or a number with K, M or G") from None
+        size = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, OverflowError):  # OverflowError: "infM"
+        size = 0
+    if size <= 0:  # a negative or zero size would only fail later, as "target too small"
+        raise LocalLLMError(f"bad size {text!r}: give bytes, or a number with K, M or G")
+    return size
 
 
 def mixed_preset(plan: Sequence[PlanRow]) -> Preset:
@@ -254,10 +285,7 @@ def check_output(out: Path, inputs: Sequence[Path]) -> None:
 
 def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, device: str,
                  imatrix: Mapping[str, torch.Tensor] | None, progress: bool) -> Path:
-    metadata = dict(src.metadata())
-    # set in place where the input has them (dict order), else appended
-    metadata[K.FILE_TYPE] = MetaValue(int(preset.file_type), V.UINT32)
-    metadata[K.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, V.UINT32)
+    metadata = output_metadata(src, preset)
     slots = [TensorSlot(r.name, r.shape, r.target) for r in plan]
 
     def make_tensor(i: int) -> np.ndarray:
@@ -269,6 +297,14 @@ def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, de
 
     return write_gguf(out, src.arch, metadata, slots, make_tensor, alignment=src.alignment,
                       inputs=[src.path, *src.files], progress=progress)
+
+
+def output_metadata(src: Source, preset: Preset) -> dict[str, MetaValue]:
+    metadata = dict(src.metadata())
+    # set in place where the input has them (dict order), else appended
+    metadata[K.FILE_TYPE] = MetaValue(int(preset.file_type), V.UINT32)
+    metadata[K.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, V.UINT32)
+    return metadata
 
 
 def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None) -> np.ndarray:

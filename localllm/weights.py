@@ -60,6 +60,16 @@ def to_module_name(gguf_name: str) -> str:
     return ".".join(parts)
 
 
+def gguf_name(module_name: str) -> str:
+    """Inverse of to_module_name: blk.3.attn.attn_q.weight -> blk.3.attn_q.weight (module names too)."""
+    if module_name == "rope_freqs":
+        return "rope_freqs.weight"
+    parts = module_name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
+        del parts[2]
+    return ".".join(parts)
+
+
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's LlamaModel.permute on the rows (output dim) of a q or k weight."""
     rows = w.shape[0]

@@ -6,11 +6,17 @@ localllm/calibrate.py). Losses of different tensors are taken as additive (secon
 of independent rounding errors vanish in expectation). We minimise sum_t L(t, q_t) subject to
 sum_t bytes(t, q_t) <= budget: a multiple-choice knapsack, solved by the Lagrangian relaxation
 (each tensor picks argmin L + lam * bytes; bisection on lam), then a greedy fill of the space left by
-the best loss-saved-per-byte upgrades, which lands within one small step of the budget.
+the best loss-saved-per-byte upgrades, which lands within one small step of the budget. The fill alone
+misses the case where the next upgrade on the lam curve is too big for the space left (the tensor the
+LP would take fractionally): so we also start from the choice just over the budget, free the bytes
+that cost the least loss per byte, fill, and keep the better of the two (on random 6-tensor instances
+against brute force, tests/test_mixed.py: mean loss 1.04x the optimum with the fill alone, 1.002x
+with both).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -50,6 +56,28 @@ def _upgrade(options: Sequence[Sequence[Option]], choice: list[int], budget: int
         choice[t] = i
 
 
+def _downgrade(options: Sequence[Sequence[Option]], choice: list[int], budget: int) -> list[int]:
+    """Free bytes until the choice fits, each step the move costing the least loss per byte it frees
+    (bytes freed beyond what is still over the budget count for nothing)."""
+    over = _size(options, choice) - budget
+    while over > 0:
+        best, best_cost = None, math.inf
+        for t, opts in enumerate(options):
+            cur = opts[choice[t]]
+            for i, o in enumerate(opts):
+                freed = cur.nbytes - o.nbytes
+                if freed > 0 and (cost := (o.loss - cur.loss) / min(freed, over)) < best_cost:
+                    best, best_cost = (t, i), cost
+        t, i = best  # a move exists: every tensor's smallest option together fits (checked first)
+        over -= options[t][choice[t]].nbytes - options[t][i].nbytes
+        choice[t] = i
+    return choice
+
+
+def _loss(options: Sequence[Sequence[Option]], choice: Sequence[int]) -> float:
+    return sum(opts[i].loss for opts, i in zip(options, choice))
+
+
 def allocate(options: Sequence[Sequence[Option]], budget: int) -> list[int]:
     """Index of the chosen option per tensor, with total bytes <= budget and least total loss.
 
@@ -67,4 +95,6 @@ def allocate(options: Sequence[Sequence[Option]], budget: int) -> list[int]:
             lo = mid
         else:
             hi = mid
-    return _upgrade(options, _pick(options, hi), budget)
+    under = _upgrade(options, _pick(options, hi), budget)
+    over = _upgrade(options, _downgrade(options, _pick(options, lo), budget), budget)
+    return min(under, over, key=lambda c: _loss(options, c))
