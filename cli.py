@@ -194,7 +194,7 @@ def quantize(
     tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="REGEX=TYPE", help="type of the tensors whose name matches REGEX (repeatable; the first match wins)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (types, sizes, predicted error) and write nothing"),
     device: str = typer.Option("auto", "--device", help="where the encoders run: auto (cuda if available, else cpu), cpu or cuda"),
-    tokenizer_from: Optional[str] = typer.Option(None, "--tokenizer-from", metavar="GGUF", help="safetensors input: copy the tokenizer metadata from this GGUF of the same model"),
+    tokenizer_from: Optional[str] = typer.Option(None, "--tokenizer-from", metavar="GGUF", help="safetensors input, optional: copy the tokenizer metadata from this GGUF of the same model instead of building it from tokenizer.json / tokenizer.model"),
 ):
     """Write a GGUF file: a preset with llama.cpp's per-tensor rules (--type), or per-layer mixed precision
     chosen from measured sensitivity to hit a size (--target-bpw / --target-size)."""

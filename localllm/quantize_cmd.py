@@ -8,12 +8,16 @@ Inputs:
   tensor whose chosen type is its stored type is copied byte for byte.
 - a Hugging Face safetensors folder: tensors are renamed to GGUF names (localllm.weights.HF_NAMES),
   q/k rows permuted for the llama architecture (Llama and Mistral) as convert_hf_to_gguf.py does, and
-  the architecture keys written as the converter writes them. Limitation: the tokenizer is not built
-  from tokenizer.json. convert_hf_to_gguf names the pre-tokenizer (tokenizer.ggml.pre) by hashing the
-  tokenizer's output and looking the hash up in its own table of known models; without that table the
-  name would be a guess, and a wrong guess silently changes how text is split. So the tokenizer
-  metadata is copied from a GGUF of the same model (`tokenizer_from`, e.g. one of llama.cpp's
-  vocab-only files); without one, safetensors input is refused.
+  the architecture keys written as the converter writes them. The tokenizer metadata is built from
+  the folder's tokenizer files as the converter builds it (localllm.hf_to_gguf): byte-level BPE from
+  tokenizer.json ("gpt2"), SentencePiece from tokenizer.model ("llama"); merges, special ids, add_bos
+  and the chat template via gguf.SpecialVocab. convert_hf_to_gguf names the pre-tokenizer
+  (tokenizer.ggml.pre) by hashing the tokenizer's output against its own table; localllm instead
+  requires tokenizer.json's pre-tokenizer regexes to be exactly those of a known name
+  (tokenizer.pretok.PRE_TOKENIZERS), and the built tokenizer to reproduce tokenizer.json's ids on a
+  fixed multi-script text; otherwise the folder is refused. `tokenizer_from` (optional, an override):
+  copy the tokenizer.* keys from a GGUF of the same model instead (e.g. one of llama.cpp's vocab-only
+  files).
 
 Types: a preset (quantize.presets) picks each tensor's type, `--tensor-type REGEX=TYPE` overrides it,
 and rows that do not split into blocks of the chosen type fall back (quantize.plan).
@@ -398,11 +402,6 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
         cfg = config_from_hf(hp)
     except (json.JSONDecodeError, KeyError) as e:
         raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
-    if tokenizer_from is None:
-        raise LocalLLMError(
-            f"{folder} is a safetensors folder: pass --tokenizer-from FILE.gguf (a GGUF of the same model) "
-            "for its tokenizer; localllm does not derive tokenizer.ggml.pre from tokenizer.json"
-        )
     arch = gguf_arch(cfg.arch)
     model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
     files = safetensors_files(folder)
@@ -423,7 +422,12 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
                     tensors.append(_hf_tensor(path, key, name, tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))
         except SafetensorError as e:
             raise LocalLLMError(f"cannot read {path}: {e}") from None
-    tok_kv = tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size)
+    if tokenizer_from is not None:
+        tok_kv = tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size)
+    else:
+        from .hf_to_gguf import hf_tokenizer_metadata
+
+        tok_kv = hf_tokenizer_metadata(folder, cfg.vocab_size)
     return Source(folder, files, arch, model, tensors, lambda: hf_metadata(hp, cfg, folder, arch) | tok_kv,
                   gguf.GGUF_DEFAULT_ALIGNMENT)
 

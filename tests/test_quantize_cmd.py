@@ -312,6 +312,7 @@ def test_errors(small, tmp_path):
     assert_one_error(invoke(odd, out, "--type", "Q8_0"), "unsupported type IQ4_NL")
     hf = tmp_path / "hf"
     tm.write_hf_folder(SMALL, hf)
+    (hf / "tokenizer.json").unlink()  # no tokenizer to build the metadata from
     assert_one_error(invoke(hf, out, "--type", "Q8_0"), "--tokenizer-from")
     assert not out.exists()
 
