@@ -54,6 +54,17 @@ def split_model_prompt(args: list[str]) -> tuple[str | None, str]:
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda or mps"
 DTYPE_HELP = "weights' dtype: float32/bfloat16/float16 on cpu (default float16), bfloat16/float16 on cuda"
+# Options shared by several commands (one definition each; defaults from localllm/settings.py).
+OPT_TEMP = typer.Option(S.temperature, "--temp", help="sampling temperature; 0 is greedy")
+OPT_TOP_K = typer.Option(S.top_k, "--top-k", help="keep the k most likely tokens (0: off)")
+OPT_TOP_P = typer.Option(S.top_p, "--top-p", help="nucleus sampling mass (1: off)")
+OPT_MIN_P = typer.Option(S.min_p, "--min-p", help="drop tokens below this share of the top one (0: off)")
+OPT_REPEAT_PENALTY = typer.Option(S.repeat_penalty, "--repeat-penalty", help="penalty for recent tokens (1: off)")
+OPT_REPEAT_LAST_N = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised")
+OPT_SEED = typer.Option(S.seed, "--seed", help="random seed (same seed, same output)")
+OPT_CTX = typer.Option(G.ctx, "--ctx", help="context size in tokens (capped at the model's)")
+OPT_DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
+OPT_DTYPE = typer.Option(None, "--dtype", help=DTYPE_HELP)
 
 
 @app.command()
@@ -61,17 +72,17 @@ DTYPE_HELP = "weights' dtype: float32/bfloat16/float16 on cpu (default float16),
 def complete(
     args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="model path or name (default: smollm2-135m), then the prompt"),
     max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens to generate"),
-    temp: float = typer.Option(S.temperature, "--temp", help="sampling temperature; 0 is greedy"),
-    top_k: int = typer.Option(S.top_k, "--top-k", help="keep the k most likely tokens (0: off)"),
-    top_p: float = typer.Option(S.top_p, "--top-p", help="nucleus sampling mass (1: off)"),
-    min_p: float = typer.Option(S.min_p, "--min-p", help="drop tokens below this share of the top one (0: off)"),
-    repeat_penalty: float = typer.Option(S.repeat_penalty, "--repeat-penalty", help="penalty for recent tokens (1: off)"),
-    repeat_last_n: int = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised"),
-    seed: Optional[int] = typer.Option(S.seed, "--seed", help="random seed (same seed, same output)"),
-    ctx: int = typer.Option(G.ctx, "--ctx", help="context size in tokens (capped at the model's)"),
+    temp: float = OPT_TEMP,
+    top_k: int = OPT_TOP_K,
+    top_p: float = OPT_TOP_P,
+    min_p: float = OPT_MIN_P,
+    repeat_penalty: float = OPT_REPEAT_PENALTY,
+    repeat_last_n: int = OPT_REPEAT_LAST_N,
+    seed: Optional[int] = OPT_SEED,
+    ctx: int = OPT_CTX,
     stop: List[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="print load time and speeds on stderr"),
 ):
     """Stream the continuation of PROMPT to stdout."""
@@ -145,16 +156,16 @@ def chat(
         None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"
     ),
     max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens per reply"),
-    temp: float = typer.Option(S.temperature, "--temp", help="sampling temperature; 0 is greedy"),
-    top_k: int = typer.Option(S.top_k, "--top-k", help="keep the k most likely tokens (0: off)"),
-    top_p: float = typer.Option(S.top_p, "--top-p", help="nucleus sampling mass (1: off)"),
-    min_p: float = typer.Option(S.min_p, "--min-p", help="drop tokens below this share of the top one (0: off)"),
-    repeat_penalty: float = typer.Option(S.repeat_penalty, "--repeat-penalty", help="penalty for recent tokens (1: off)"),
-    repeat_last_n: int = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised"),
-    seed: Optional[int] = typer.Option(S.seed, "--seed", help="random seed (same seed, same output)"),
-    ctx: int = typer.Option(G.ctx, "--ctx", help="context size in tokens (capped at the model's)"),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    temp: float = OPT_TEMP,
+    top_k: int = OPT_TOP_K,
+    top_p: float = OPT_TOP_P,
+    min_p: float = OPT_MIN_P,
+    repeat_penalty: float = OPT_REPEAT_PENALTY,
+    repeat_last_n: int = OPT_REPEAT_LAST_N,
+    seed: Optional[int] = OPT_SEED,
+    ctx: int = OPT_CTX,
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="print speeds after each reply on stderr"),
 ):
     """Chat with a model using its own chat template. Reads one message per line when stdin is not a terminal."""
@@ -230,8 +241,8 @@ def perplexity(
     ),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="evaluate at most N chunks (default: all the text holds)"),
     batch: int = typer.Option(1, "--batch", "-b", help="chunks per forward pass"),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
 ):
     """Perplexity of a model over a text, as llama.cpp's perplexity computes it (ctx-token chunks, second
     halves scored), and with --kld-base its KL divergence from a base model."""
@@ -297,8 +308,8 @@ def bench(
     reps: int = typer.Option(3, "-r", "--repetitions", help="repetitions of each test"),
     depth: str = typer.Option("0", "--depth", "-d", help="tokens already in the context, comma-separated"),
     output: str = typer.Option("md", "-o", "--output", help="md, json or csv"),
-    device: str = typer.Option("auto", "--device", help=DEVICE_HELP),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
 ):
     """Prompt-processing and generation speed, with the share of the roofline measured in-process."""
     from localllm.bench import run_bench

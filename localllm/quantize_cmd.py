@@ -50,7 +50,7 @@ from .errors import LocalLLMError
 from .gguf_file import open_gguf
 from .registry import resolve_model
 from .progress import stage_progress
-from .weights import hf_name, safetensors_files
+from .weights import hf_tensor_names, safetensors_files
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -392,7 +392,7 @@ def gguf_arch(hf_arch: str) -> str:
 
 
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import safe_open
 
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
@@ -409,19 +409,10 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     if cfg.rope_scaling is not None:
         freqs = torch.from_numpy(converter_rope_freqs(hp, cfg.head_dim))
         tensors.append(_memory_tensor("rope_freqs.weight", freqs))
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    name = hf_name(key)
-                    if name is None:
-                        if key.endswith("rotary_emb.inv_freq"):
-                            continue
-                        raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
-                    sl = f.get_slice(key)
-                    tensors.append(_hf_tensor(path, key, name, tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))
-        except SafetensorError as e:
-            raise LocalLLMError(f"cannot read {path}: {e}") from None
+    for path, key, name in hf_tensor_names(folder):
+        with safe_open(str(path), framework="pt") as f:
+            sl = f.get_slice(key)
+            tensors.append(_hf_tensor(path, key, name, tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))
     if tokenizer_from is not None:
         tok_kv = tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size)
     else:

@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import gguf
 import numpy as np
@@ -137,20 +138,29 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def hf_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+def hf_tensor_names(folder: Path) -> Iterator[tuple[Path, str, str]]:
+    """(file, checkpoint key, GGUF name) of every tensor of a safetensors folder, by HF_NAMES."""
     from safetensors import SafetensorError, safe_open
 
-    out = {}
     for path in safetensors_files(folder):
         try:
             with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    ours = hf_name(name)
-                    if ours is None:
-                        if name.endswith("rotary_emb.inv_freq"):
-                            continue
-                        raise LocalLLMError(f"unknown tensor {name!r} in {path.name}")
-                    out[to_module_name(ours)] = f.get_tensor(name)
+                keys = list(f.keys())
         except SafetensorError as e:
             raise LocalLLMError(f"cannot read {path}: {e}") from None
+        for key in keys:
+            name = hf_name(key)
+            if name is None and not key.endswith("rotary_emb.inv_freq"):  # a cached buffer, not a weight
+                raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
+            if name is not None:
+                yield path, key, name
+
+
+def hf_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    out = {}
+    for path, key, name in hf_tensor_names(folder):
+        with safe_open(str(path), framework="pt") as f:
+            out[to_module_name(name)] = f.get_tensor(key)
     return out

@@ -101,15 +101,7 @@ class Tokenizer:
         otherwise they are tokenized as plain text. User-defined tokens are always matched whole,
         as llama.cpp and HF tokenizers both do."""
         ids = [self.bos_id] if add_bos and self.bos_id is not None else []
-        after_special = True  # llama.cpp SPM: a text piece at the start or after a special token
-        for frag in split_special(text, self._specials, parse_special):
-            if isinstance(frag, int):
-                ids.append(frag)
-                after_special = True
-            else:
-                ids.extend(self._encode_text(frag, after_special))
-                after_special = False
-        return ids
+        return ids + self._encode_fragments(split_special(text, self._specials, parse_special))
 
     def encode_protected(self, text: str, protected: list[tuple[int, int]]) -> list[int]:
         """Like encode(text, parse_special=True), except that special tokens are not parsed inside
@@ -123,9 +115,13 @@ class Tokenizer:
             # Inside a span only user-defined tokens match (as encode(parse_special=False) does).
             frags += split_special(text[start:end], self._specials, False)
             pos = max(pos, end)
+        return self._encode_fragments(_merge_text(frags))
+
+    def _encode_fragments(self, frags: list) -> list[int]:
+        """Ids of split_special's output: special ids as they are, text pieces tokenized."""
         ids: list[int] = []
-        after_special = True
-        for frag in _merge_text(frags):
+        after_special = True  # llama.cpp SPM: a text piece at the start or after a special token
+        for frag in frags:
             if isinstance(frag, int):
                 ids.append(frag)
                 after_special = True
