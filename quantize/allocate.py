@@ -97,4 +97,20 @@ def allocate(options: Sequence[Sequence[Option]], budget: int) -> list[int]:
             hi = mid
     under = _upgrade(options, _pick(options, hi), budget)
     over = _upgrade(options, _downgrade(options, _pick(options, lo), budget), budget)
-    return min(under, over, key=lambda c: _loss(options, c))
+    return _fill(options, min(under, over, key=lambda c: _loss(options, c)), budget)
+
+
+def _fill(options: Sequence[Sequence[Option]], choice: list[int], budget: int) -> list[int]:
+    """Spend bytes still left on moves that do not raise the loss, largest first, so the file lands at
+    the size asked for even where the least-loss plan is smaller (e.g. a type that reproduces a tensor
+    exactly already costs 0): the loss stays the least found, the size comes close to the budget."""
+    left = budget - _size(options, choice)
+    while True:
+        moves = [(o.nbytes - opts[choice[t]].nbytes, t, i) for t, opts in enumerate(options)
+                 for i, o in enumerate(opts) if 0 < o.nbytes - opts[choice[t]].nbytes <= left
+                 and o.loss <= opts[choice[t]].loss]
+        if not moves:
+            return choice
+        extra, t, i = max(moves)
+        left -= extra
+        choice[t] = i
