@@ -107,8 +107,11 @@ def file_size(path: Path) -> int:
     return path.stat().st_size
 
 
-def load_model(spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model."""
+def load_model(
+    spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None
+) -> LoadedModel:
+    """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model.
+    keep_quantized: see place_quantized (False: dense weights on every device, e.g. for calibration)."""
     path = resolve_model(spec)
     if path.is_dir():
         cfg, state, types, tok = read_hf_folder(path)
@@ -116,7 +119,7 @@ def load_model(spec: str | None, device: str = "cpu", dtype: torch.dtype = torch
         f = open_gguf(path)
         cfg, state, types = read_gguf_model(f, device)
         tok = load_gguf_tokenizer(f.metadata)
-    model = build_model(cfg, state, device, dtype)
+    model = build_model(cfg, state, device, dtype, keep_quantized)
     return LoadedModel(model, tok, cfg, path, types, file_size(path))
 
 

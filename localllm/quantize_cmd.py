@@ -50,7 +50,7 @@ from .errors import LocalLLMError
 from .gguf_file import open_gguf
 from .registry import resolve_model
 from .progress import stage_progress
-from .weights import hf_tensor_names, safetensors_files
+from .weights import gguf_tensor, hf_tensor_names, safetensors_files
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -164,7 +164,7 @@ def mixed_plan(src: Source, path: Path, target_bpw: float | None, target_size: i
     else:
         budget, align = int(target_bpw * sum(math.prod(t.shape) for t in infos) / 8), 1
     text = read_text(calib) if calib else calibration_text()
-    lm = load_model(str(path), device, torch.float32)
+    lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
     with stage_progress(progress) as report:
         mp = plan_mixed(lm, infos, budget, text, imatrix, report, align, overridden(infos, overrides))
     if imatrix is None and imatrix_file is not None:
@@ -217,7 +217,7 @@ def measure_imatrix(path: Path, calib: str | None, device: str, save_to: str | P
     from .load import load_model
     from .mixed import CALIB_CHUNKS, CALIB_CTX
 
-    lm = load_model(str(path), device, torch.float32)
+    lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
     text = read_text(calib) if calib else calibration_text()
     chunks = calibration_chunks(lm.tokenizer, text, CALIB_CTX, CALIB_CHUNKS)
     imat = collect_imatrix(lm.model, chunks)
@@ -347,7 +347,7 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
         return torch.from_numpy(values if values.flags.writeable else values.copy())
 
     def read() -> torch.Tensor:
-        return decode(rows_2d()).reshape(shape)
+        return gguf_tensor(t)  # the loader's decoding: the gguf package's values, torch-fast
 
     def read_rows(idx: torch.Tensor) -> torch.Tensor:
         return decode(rows_2d()[idx.numpy()])
