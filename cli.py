@@ -13,9 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from localllm.errors import LocalLLMError
+from localllm.settings import DEFAULT_DRAFT as D
+from localllm.settings import DEFAULT_CPU as C
 from localllm.settings import DEFAULT_GENERATION as G
 from localllm.settings import DEFAULT_SAMPLING as S
-from localllm.settings import GenerationSettings, SamplingSettings
+from localllm.settings import DraftSettings, GenerationSettings, SamplingSettings
 
 app = typer.Typer(
     help="Run local LLMs (GGUF or safetensors): complete, inspect, tokenize.",
@@ -53,7 +55,8 @@ def split_model_prompt(args: list[str]) -> tuple[str | None, str]:
 
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda or mps"
-DTYPE_HELP = "weights' dtype: float32/bfloat16/float16 on cpu (default float16), bfloat16/float16 on cuda"
+DTYPE_HELP = ("weights' dtype: float32/bfloat16/float16 on cpu (default float16), bfloat16/float16 on cuda; "
+              "on cpu a GGUF file keeps its quantized blocks and computes in float32")
 # Options shared by several commands (one definition each; defaults from localllm/settings.py).
 OPT_TEMP = typer.Option(S.temperature, "--temp", help="sampling temperature; 0 is greedy")
 OPT_TOP_K = typer.Option(S.top_k, "--top-k", help="keep the k most likely tokens (0: off)")
@@ -65,6 +68,23 @@ OPT_SEED = typer.Option(S.seed, "--seed", help="random seed (same seed, same out
 OPT_CTX = typer.Option(G.ctx, "--ctx", help="context size in tokens (capped at the model's)")
 OPT_DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
 OPT_DTYPE = typer.Option(None, "--dtype", help=DTYPE_HELP)
+OPT_THREADS = typer.Option(C.threads, "-t", "--threads", help="CPU threads (default: the physical cores)")
+# Speculative decoding (localllm/speculative.py).
+OPT_DRAFT = typer.Option(D.draft, "--draft", metavar="MODEL", help="speculative decoding with this draft model (path or name, same vocabulary), or self:TYPE: the model itself quantized in memory to TYPE (e.g. self:Q4_0)")
+OPT_DRAFT_MAX = typer.Option(D.max_draft, "--draft-max", metavar="K", help="tokens drafted per target pass (default: adaptive, from the recent acceptance rate)")
+OPT_DRAFT_MIN_P = typer.Option(D.min_p, "--draft-min-p", metavar="P", help="stop drafting when the draft gives its token a probability below P (0: off)")
+OPT_DRAFT_DTYPE = typer.Option(D.dtype, "--draft-dtype", help="the draft model's weights' dtype (default: the device's)")
+OPT_LOOKUP = typer.Option(D.lookup, "--lookup", metavar="N", help="speculative decoding by prompt lookup, no draft model: what followed the last N ids (N down to 1) earlier in the prompt or the text (0: off)")
+
+
+def draft_settings(draft: str | None, draft_max: int | None, draft_min_p: float, draft_dtype: str | None,
+                   lookup: int) -> DraftSettings:
+    """The options -> settings, checked before any model loads."""
+    from localllm.draft import check_draft
+
+    ds = DraftSettings(draft=draft, lookup=lookup, max_draft=draft_max, min_p=draft_min_p, dtype=draft_dtype)
+    check_draft(ds)
+    return ds
 
 
 @app.command()
@@ -83,19 +103,34 @@ def complete(
     stop: List[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="print load time and speeds on stderr"),
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
 ):
     """Stream the continuation of PROMPT to stdout."""
+    from localllm.device import set_threads
+
+    set_threads(threads)
+
     from localllm.generate import Stats
     from localllm.runner import complete as run_complete
-    from localllm.runner import describe_stats, timed_open
+    from localllm.runner import describe_stats, timed_drafter, timed_open
+    from localllm.speculative import SpecStats
 
     model, prompt = split_model_prompt(args)
     sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     gen = GenerationSettings(max_tokens=max_tokens, ctx=ctx, stop=tuple(stop))
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     lm, load_s = timed_open(model, device, dtype)
-    stats = Stats()
-    for piece in run_complete(lm, prompt, gen, sampling, stats):
+    drafter, draft_s = timed_drafter(lm, ds, sampling)
+    load_s += draft_s
+    stats = SpecStats() if drafter else Stats()
+    plain_steps = D.plain_steps if verbose else 0
+    for piece in run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -166,24 +201,38 @@ def chat(
     ctx: int = OPT_CTX,
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="print speeds after each reply on stderr"),
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
 ):
     """Chat with a model using its own chat template. Reads one message per line when stdin is not a terminal."""
+    from localllm.device import set_threads
+
+    set_threads(threads)
+
     from localllm.chat import ChatSession
     from localllm.chat_template import resolve_template
     from localllm.repl import interactive, scripted
-    from localllm.runner import describe_stats, timed_open
+    from localllm.runner import describe_stats, timed_drafter, timed_open
 
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     lm, load_s = timed_open(model, device, dtype)
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
     if notice:
         err.print(f"[yellow]note:[/yellow] {notice}")
     sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    drafter, draft_s = timed_drafter(lm, ds, sampling)
+    load_s += draft_s
     session = ChatSession(
         lm, template, GenerationSettings(max_tokens=max_tokens, ctx=ctx), sampling, system,
         notify=lambda text: err.print(f"[yellow]note:[/yellow] {text}", highlight=False),
+        drafter=drafter, draft=ds, plain_steps=D.plain_steps if verbose else 0,
     )
     after = (lambda: err.print(describe_stats(session.last, load_s), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
     if sys.stdin.isatty():
@@ -243,9 +292,14 @@ def perplexity(
     batch: int = typer.Option(1, "--batch", "-b", help="chunks per forward pass"),
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
 ):
     """Perplexity of a model over a text, as llama.cpp's perplexity computes it (ctx-token chunks, second
     halves scored), and with --kld-base its KL divergence from a base model."""
+    from localllm.device import set_threads
+
+    set_threads(threads)
+
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -310,9 +364,22 @@ def bench(
     output: str = typer.Option("md", "-o", "--output", help="md, json or csv"),
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
 ):
-    """Prompt-processing and generation speed, with the share of the roofline measured in-process."""
+    """Prompt-processing and generation speed, with the share of the roofline measured in-process.
+    With --draft or --lookup: greedy generation with speculative decoding against plain decoding, both
+    measured in this run (acceptance rate, tokens per target pass, speedup, and whether the ids agree)."""
+    from localllm.device import set_threads
+
+    set_threads(threads)
+
     from localllm.bench import run_bench
+    from localllm.spec_bench import run_spec_bench
 
     ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
     flat = lambda xs: [y.strip() for x in xs for y in x.split(",") if y.strip()]  # noqa: E731
@@ -320,8 +387,13 @@ def bench(
         raise LocalLLMError("give a MODEL or --synthetic PRESET")
     if output not in ("md", "json", "csv"):
         raise LocalLLMError(f"unknown output format {output!r} (md, json or csv)")
-    text = run_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), ints(depth), reps,
-                     device, dtype, output)
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
+    if ds.draft is not None or ds.lookup:
+        text = run_spec_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), reps, device, dtype,
+                              ds, output)
+    else:
+        text = run_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), ints(depth), reps,
+                         device, dtype, output)
     sys.stdout.write(text)
 
 

@@ -10,7 +10,7 @@
    against the same weights on the CPU in fp32 (prefill and 6 decode steps);
 3. a sweep of the matvec kernels' tile configs at 8B shapes (GB/s of weight bytes; K split as in
    decode), cuBLAS for bf16;
-   the best configs go to DIR/gemv_configs.json (LOCALLLM_GEMV_CONFIGS=that file uses them).
+   the best configs go to DIR/gemv_configs.json (to copy into triton_gemv.CONFIGS).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def check_logits() -> list[str]:
     from localllm.synthetic import synthetic_state
     from localllm.weights import QuantizedTensor
 
-    out = ["| shape | type | prefill logits rel err | decode steps rel err (max) | top-1 agree |", "| --- | --- | --- | --- | --- |"]
+    out = ["| shape | type | prefill logits rel err | prefill graph replay equal | decode steps rel err (max) | top-1 agree |",
+           "| --- | --- | --- | --- | --- | --- |"]
     for preset in ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b"):
         cfg = shape_preset(preset)
         for wtype in ("bf16", "Q8_0", "Q4_K_M", "Q4_0"):
@@ -114,13 +115,15 @@ def check_logits() -> list[str]:
             ids = torch.randint(0, cfg.vocab_size, (20,), generator=torch.Generator().manual_seed(1)).tolist()
             cg, cc = make_cache(cfg, 32, dtype=torch.bfloat16, device=DEV), make_cache(cfg, 32)
             lg, lc = prefill(gpu, cg, ids[:14]), prefill(cpu, cc, ids[:14])
+            replays = [prefill(gpu, cg, ids[:14]) for _ in range(3)]  # 2nd: captured, 3rd: replayed
+            same = all(torch.equal(r, lg) for r in replays)
             e_pre, errs, agree = rel(lg.float().cpu(), lc), [], 0
             for t in ids[14:]:
                 lg = decode_one(gpu, cg, torch.tensor(t, device=DEV)).float().cpu()
                 lc = decode_one(cpu, cc, torch.tensor(t))
                 errs.append(rel(lg, lc))
                 agree += int(lg.argmax() == lc.argmax())
-            out.append(f"| {preset} | {wtype} | {e_pre:.1e} | {max(errs):.1e} | {agree}/{len(errs)} |")
+            out.append(f"| {preset} | {wtype} | {e_pre:.1e} | {same} | {max(errs):.1e} | {agree}/{len(errs)} |")
             del gpu, cpu, state, cpu_state
             torch.cuda.empty_cache()
     return out

@@ -1,7 +1,8 @@
 """Where a CUDA decode step's time goes: per-kernel GPU time of one step (eager, so every kernel is
-seen) against the replayed CUDA graph's time per token, for synthetic models.
+seen) against the replayed CUDA graph's time per token, for synthetic models; with --prefill, the
+same for one prefill of --ctx tokens (wall time against the sum of its kernels' GPU time).
 
-    python bench/decode_profile.py llama-3.1-8b:bf16 llama-3.1-8b:Q4_K_M [--ctx 640]
+    python bench/decode_profile.py llama-3.1-8b:bf16 llama-3.1-8b:Q4_K_M [--ctx 640] [--prefill]
 """
 
 from __future__ import annotations
@@ -29,6 +30,41 @@ def step_time(dec: GraphDecoder, token: torch.Tensor, n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def kernel_table(prof, title: str) -> None:
+    per = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name[:60]][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            per[e.name[:60]][1] += 1
+    total = sum(v[0] for v in per.values())
+    print(f"\n### {title}; kernels {total / 1e3:.3f} ms (sum of GPU time); {sum(v[1] for v in per.values())} kernels")
+    print("| kernel | calls | us | share |\n| --- | ---: | ---: | ---: |")
+    for name, (us, calls) in sorted(per.items(), key=lambda kv: -kv[1][0])[:14]:
+        print(f"| {name} | {calls} | {us:.0f} | {us / total:.0%} |")
+
+
+def profile_prefill(preset: str, wtype: str, ctx: int) -> None:
+    cfg = shape_preset(preset)
+    model, _ = synthetic_model(cfg, wtype, "cuda", torch.bfloat16)
+    cache = make_cache(cfg, ctx + 64, dtype=torch.bfloat16, device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (ctx,)).tolist()
+    GraphDecoder(model, cache).step(prefill(model, cache, ids).argmax())  # as in `bench`: fused decode weights
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prefill(model, cache, ids)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        prefill(model, cache, ids)
+        torch.cuda.synchronize()
+    kernel_table(prof, f"{preset} {wtype} prefill {ctx}: wall {sorted(times)[3] * 1e3:.2f} ms (median of 6: "
+                 + ", ".join(f"{t * 1e3:.1f}" for t in times) + ")")
+    del model, cache
+    torch.cuda.empty_cache()
+
+
 def profile_one(preset: str, wtype: str, ctx: int) -> None:
     cfg = shape_preset(preset)
     model, _ = synthetic_model(cfg, wtype, "cuda", torch.bfloat16)
@@ -45,17 +81,7 @@ def profile_one(preset: str, wtype: str, ctx: int) -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eager.step(token)
         torch.cuda.synchronize()
-    per = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name[:60]][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            per[e.name[:60]][1] += 1
-    total = sum(v[0] for v in per.values())
-    print(f"\n### {preset} {wtype}: graph step {t_graph * 1e3:.3f} ms; kernels {total / 1e3:.3f} ms "
-          f"(sum of GPU time, eager step); {sum(v[1] for v in per.values())} kernels")
-    print("| kernel | calls | us | share |\n| --- | ---: | ---: | ---: |")
-    for name, (us, calls) in sorted(per.items(), key=lambda kv: -kv[1][0])[:12]:
-        print(f"| {name} | {calls} | {us:.0f} | {us / total:.0%} |")
+    kernel_table(prof, f"{preset} {wtype}: graph step {t_graph * 1e3:.3f} ms, eager step")
     del model, cache, graph, eager
     torch.cuda.empty_cache()
 
@@ -64,11 +90,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="PRESET:TYPE")
     ap.add_argument("--ctx", type=int, default=640)
+    ap.add_argument("--prefill", action="store_true", help="profile a prefill of --ctx tokens instead")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}")
     for case in args.cases:
         preset, wtype = case.split(":")
-        profile_one(preset, wtype, args.ctx)
+        (profile_prefill if args.prefill else profile_one)(preset, wtype, args.ctx)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ Dense weights (torch tensors):
   weights at ~22 GB/s (twice bf16, and fp32 at ~12 GB), but its fp16 matrix-matrix product is
   ~5x slower than fp32. So fp16 weights serve decode (one row) directly and are widened to fp32 for
   prefill, where the matmul is compute-bound and the widening costs little. CUDA: cuBLAS.
-Quantized weights (kernels.qweight.QWeight, CUDA only; the CPU loader decodes them to dense):
-  few rows (decode): the fused dequantize + matrix-vector Triton kernel (kernels/triton_gemv.py);
+Quantized weights as the file's blocks (kernels.cpu.BlockQWeight, CPU and MPS): kernels/cpu.py.
+Quantized weights (kernels.qweight.QWeight, CUDA):
+  few rows (decode): Q8_0/Q4_0/Q4_K/Q6_K take integer dot products against x quantized to int8
+  (kernels/triton_q8.py); the other kernel types the fused dequantize + matrix-vector Triton kernel
+  (kernels/triton_gemv.py);
   many rows (prefill): dequantize to the activation dtype with Triton, then a tensor-core matmul.
   Types without a kernel (Q5_0, Q5_1, Q2_K, Q3_K) are decoded by the torch reference, then multiplied.
 """
@@ -16,7 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .qweight import QWeight
+from .cpu import BlockQWeight
+from .cpu import qlinear as cpu_qlinear
+from .qweight import INT_DOT_TYPES, QWeight
 
 # At most this many rows of x go through the matrix-vector kernel; more are a matmul.
 GEMV_MAX_ROWS = 4
@@ -34,8 +39,15 @@ def linear(x: torch.Tensor, w: torch.Tensor | QWeight, b: torch.Tensor | None = 
 
 
 def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(w, BlockQWeight):  # the file's blocks on CPU (C++ kernels) or MPS (torch decoding)
+        return cpu_qlinear(x, w, b)
     rows = x.numel() // x.shape[-1]
     if w.has_kernel and rows <= GEMV_MAX_ROWS and x.device.type == "cuda":
+        if w.qtype in INT_DOT_TYPES:
+            from .triton_q8 import gemv_q8, quantize_act
+
+            y = gemv_q8(quantize_act(x.reshape(rows, -1)), w, bias=b, act_dtype=x.dtype)
+            return y.reshape(*x.shape[:-1], w.shape[0])
         from .triton_gemv import gemv
 
         y = gemv(x.reshape(rows, -1), w, bias=b, act_dtype=x.dtype)
@@ -55,15 +67,23 @@ def fused_linear(
     use_triton: bool = True,
     split: int | None = 1,
     inplace: bool = False,
+    xq: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """A decode step's projection with its neighbours: x (1, K) ->
     [residual +] W @ RMSNorm(x) (norm=(weight, eps)) + bias, or with glu (rows of w interleaved
     gate/up) silu(gate) * up. The Triton kernel does it in one pass (kernels/triton_gemv.gemv, which
-    also takes split and inplace); otherwise the same torch ops as model.py."""
+    also takes split and inplace; kernels.triton_q8.gemv_q8 for INT_DOT_TYPES, with x quantized by
+    quantize_act, norm fused, unless `xq` brings that quantized x already); otherwise the same torch
+    ops as model.py."""
+    nw, eps = norm if norm is not None else (None, 0.0)
+    if use_triton and isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
+        from .triton_q8 import gemv_q8, quantize_act
+
+        return gemv_q8(xq or quantize_act(x, nw, eps), w, bias=bias, residual=residual, glu=glu, act_dtype=act_dtype,
+                       out_dtype=out_dtype, split=split, inplace=inplace)
     if use_triton and (not isinstance(w, QWeight) or w.has_kernel):
         from .triton_gemv import gemv
 
-        nw, eps = norm if norm is not None else (None, 0.0)
         return gemv(x, w, bias=bias, residual=residual, norm_weight=nw, eps=eps, glu=glu, act_dtype=act_dtype,
                     out_dtype=out_dtype, split=split, inplace=inplace)
     if norm is not None:

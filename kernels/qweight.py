@@ -30,6 +30,14 @@ Q = gguf.GGMLQuantizationType
 
 # Types with fused Triton kernels (kernels/triton_gemv.py); the rest are decoded to dense per product.
 KERNEL_TYPES = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K))
+# Types whose decode products take integer dot products against int8 activations (kernels/triton_q8.py),
+# with each planar field's elements per unit of values (a Q8_0/Q4_0 block of 32, a 64-value chunk of a
+# Q4_K super-block, a 128-value half of a Q6_K one) in the block-major layout; 1: per 16/32/256 values.
+BLOCK_MAJOR = {
+    Q.Q8_0: {"qs": 32, "d": 1}, Q.Q4_0: {"qs": 16, "d": 1},
+    Q.Q4_K: {"qs": 32, "d": 1, "dmin": 1, "sc": 1, "mn": 1}, Q.Q6_K: {"ql": 64, "qh": 32, "sc": 1, "d": 1},
+}
+INT_DOT_TYPES = frozenset(BLOCK_MAJOR)
 QUANTIZED_TYPES = frozenset(t for t in BLOCK_SIZES if t not in (Q.F32, Q.F16, Q.BF16))
 
 
@@ -70,11 +78,16 @@ def planar_fields(raw: torch.Tensor, qtype: Q) -> dict[str, torch.Tensor]:
 
 @dataclass
 class QWeight:
-    """A (N, K) weight of GGUF type `qtype`, held as `parts` (planar fields, see the module doc)."""
+    """A (N, K) weight of GGUF type `qtype`, held as `parts` (planar fields, see the module doc).
+
+    blocks: the fields are block-major, each (X / c, N, c) for c of BLOCK_MAJOR (a field of the table
+    above transposed by units): a warp's threads then read consecutive rows of one unit, one contiguous
+    run, and share its x values (kernels/triton_q8.py). The bytes are the same, reordered."""
 
     qtype: Q
     shape: tuple[int, int]
     parts: dict[str, torch.Tensor]
+    blocks: bool = False
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, qtype: Q) -> "QWeight":
@@ -95,20 +108,41 @@ class QWeight:
     def has_kernel(self) -> bool:
         return self.qtype in KERNEL_TYPES
 
+    def to_blocks(self) -> "QWeight":
+        """The block-major form (INT_DOT_TYPES); others, and a weight in that form already, as they are."""
+        if self.blocks or self.qtype not in BLOCK_MAJOR:
+            return self
+        n = self.shape[0]
+        parts = {k: v.reshape(n, -1, BLOCK_MAJOR[self.qtype][k]).transpose(0, 1).contiguous()
+                 for k, v in self.parts.items()}
+        return QWeight(self.qtype, self.shape, parts, blocks=True)
+
+    def to_rows(self) -> "QWeight":
+        """The row-major planar form (a copy when block-major)."""
+        if not self.blocks:
+            return self
+        parts = {k: v.transpose(0, 1).reshape(self.shape[0], -1).contiguous() for k, v in self.parts.items()}
+        return QWeight(self.qtype, self.shape, parts)
+
     def rows(self, start: int, stop: int, step: int = 1) -> "QWeight":
-        """Rows start:stop:step as views (every field is row-major (N, ...); kernels take row strides)."""
-        parts = {k: v[start:stop:step] for k, v in self.parts.items()}
-        return QWeight(self.qtype, (len(range(start, stop, step)), self.shape[1]), parts)
+        """Rows start:stop:step as views (the row axis of every field: 0, or 1 when block-major;
+        kernels take row strides)."""
+        parts = {k: v[:, start:stop:step] if self.blocks else v[start:stop:step] for k, v in self.parts.items()}
+        return QWeight(self.qtype, (len(range(start, stop, step)), self.shape[1]), parts, self.blocks)
 
     @staticmethod
     def cat(ws: list["QWeight"], interleave: bool = False) -> "QWeight":
         """Stack weights of one type and K along rows (fused q|k|v), or interleave their rows
         (a0, b0, a1, b1, ...: fused gate/up for the GLU epilogue; all of one shape)."""
-        qtype, k = ws[0].qtype, ws[0].shape[1]
-        assert all(w.qtype == qtype and w.shape[1] == k for w in ws)
-        join = (lambda ts: torch.stack(ts, 1).flatten(0, 1)) if interleave else torch.cat
+        qtype, k, blocks = ws[0].qtype, ws[0].shape[1], ws[0].blocks
+        assert all(w.qtype == qtype and w.shape[1] == k and w.blocks == blocks for w in ws)
+        axis = 1 if blocks else 0  # the row axis
+        if interleave:
+            join = lambda ts: torch.stack(ts, axis + 1).flatten(axis, axis + 1)  # noqa: E731
+        else:
+            join = lambda ts: torch.cat(ts, axis)  # noqa: E731
         parts = {name: join([w.parts[name] for w in ws]) for name in ws[0].parts}
-        return QWeight(qtype, (sum(w.shape[0] for w in ws), k), parts)
+        return QWeight(qtype, (sum(w.shape[0] for w in ws), k), parts, blocks)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) dense values: Triton's decoder for kernel types, the torch reference for the rest."""
@@ -116,4 +150,4 @@ class QWeight:
             return dequantize_torch(self.parts["raw"], self.qtype).to(dtype)
         from .triton_gemv import dequantize
 
-        return dequantize(self, dtype)
+        return dequantize(self.to_rows(), dtype)

@@ -6,9 +6,11 @@ rope_store: qkv (1, (H + 2 Hkv) D) -> q rotated (H, D); k rotated and v written 
 rmsnorm: x (1, C) fp32 -> weight * (x * rstd).to(dtype), as fp32 holding dtype values: model.RMSNorm.
 decode_attention: q (H, D) against cache rows [0, pos] of k, v (Hkv, S, D) -> (1, H D). Must match
   F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale 1/sqrt(D)),
-  computed with an online softmax in fp32, split over chunks of CHUNK rows (one program per head
-  and chunk, then a combine kernel: one load step per program, not a long dependent loop). `pos` is
-  a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the capacity S.
+  computed with an online softmax in fp32, split over chunks of CHUNK rows (one program per kv head
+  and chunk, its GQA group of query heads on tensor cores with q rounded to the cache dtype; or one
+  per query head; then a combine kernel: one load step per program, not a long dependent loop).
+  `pos` is a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the
+  capacity S.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_gemv import PDL, _pdl_wait
+from .triton_q8 import _store_blocks, act_buffers
+
 
 @triton.jit
-def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr):
+def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEAR: tl.constexpr):
     i = tl.arange(0, HALF)
     x1 = tl.load(src + i).to(tl.float32)
     x2 = tl.load(src + HALF + i).to(tl.float32)
+    if CLEAR:  # src is a split-K accumulator: leave it zero for the next step's atomic adds
+        tl.store(src + i, tl.zeros_like(x1).to(src.dtype.element_ty))
+        tl.store(src + HALF + i, tl.zeros_like(x2).to(src.dtype.element_ty))
     if ROTATE:
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
@@ -38,8 +46,9 @@ def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr):
 
 @triton.jit
 def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head_stride, H, HKV,
-                       D: tl.constexpr):
+                       D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
     """Program j < H: q head j; j < H + Hkv: k head; else v head (grid: H + 2 Hkv)."""
+    _pdl_wait(PDL)
     j = tl.program_id(0)
     pos = tl.load(pos_ptr)
     half = tl.arange(0, D // 2)
@@ -48,18 +57,20 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
     s = tl.sin(ang)
     src = qkv_ptr + j * D
     if j < H:
-        _rotate_store(src, q_ptr + j * D, c, s, D // 2, True)
+        _rotate_store(src, q_ptr + j * D, c, s, D // 2, True, CLEAR)
     elif j < H + HKV:
-        _rotate_store(src, k_ptr + (j - H) * head_stride + pos * D, c, s, D // 2, True)
+        _rotate_store(src, k_ptr + (j - H) * head_stride + pos * D, c, s, D // 2, True, CLEAR)
     else:
-        _rotate_store(src, v_ptr + (j - H - HKV) * head_stride + pos * D, c, s, D // 2, False)
+        _rotate_store(src, v_ptr + (j - H - HKV) * head_stride + pos * D, c, s, D // 2, False, CLEAR)
 
 
 @triton.jit
 def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
-                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr):
+                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program (h, c): query head h over cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos] ->
     ws[h, c] = (unnormalised sum of p v (D), running max m, sum of p l)."""
+    _pdl_wait(PDL)
     h = tl.program_id(0)
     c = tl.program_id(1)
     kv = (h // GROUP).to(tl.int64) * head_stride
@@ -89,8 +100,61 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scal
 
 
 @triton.jit
-def _attn_combine_kernel(ws_ptr, out_ptr, NSPLIT, D: tl.constexpr, NS: tl.constexpr):
-    """out[h] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m) (empty chunks: m = -inf)."""
+def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
+                             GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                             CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    """Program (kv head j, chunk c): the GROUP query heads of kv head j over cache rows [c CHUNK,
+    (c + 1) CHUNK) ∩ [0, pos] at once -> ws rows as _attn_partial_kernel's. Each k, v row is loaded
+    once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
+    rounded to the cache dtype for that product, as prefill's SDPA takes it."""
+    _pdl_wait(PDL)
+    j = tl.program_id(0)
+    c = tl.program_id(1)
+    kv = j.to(tl.int64) * head_stride
+    n = tl.minimum(tl.load(pos_ptr) + 1, (c + 1) * CHUNK)
+    d = tl.arange(0, D)
+    g = tl.arange(0, GP)
+    gmask = g < GROUP
+    heads = j * GROUP + g
+    ty = k_ptr.dtype.element_ty
+    q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+         * scale).to(ty)
+    m_i = tl.full((GP,), float("-inf"), tl.float32)
+    l_i = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, D), tl.float32)
+    for s0 in range(c * CHUNK, n, BLOCK_S):
+        rows = s0 + tl.arange(0, BLOCK_S)
+        valid = rows < n
+        offs = kv + rows[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        if IEEE:
+            pv = tl.dot(p.to(ty), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(ty), v)
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    base = ws_ptr + (heads * NSPLIT + c) * (D + 2)
+    tl.store(base[:, None] + d[None, :], acc, mask=gmask[:, None])
+    tl.store(base + D, m_i, mask=gmask)
+    tl.store(base + D + 1, l_i, mask=gmask)
+
+
+@triton.jit
+def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.constexpr, NS: tl.constexpr,
+                         QUANT: tl.constexpr, PDL: tl.constexpr):
+    """out[h] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m) (empty chunks: m = -inf).
+    QUANT: also quantize.act's int8 form of the rounded out (head h is D / 32 whole blocks)."""
+    _pdl_wait(PDL)
     h = tl.program_id(0)
     c = tl.arange(0, NS)
     valid = c < NSPLIT
@@ -100,13 +164,18 @@ def _attn_combine_kernel(ws_ptr, out_ptr, NSPLIT, D: tl.constexpr, NS: tl.conste
     wgt = tl.exp(m - tl.max(m, 0))
     d = tl.arange(0, D)
     acc = tl.load(base[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    out = tl.sum(acc * wgt[:, None], 0) / tl.sum(l * wgt, 0)
-    tl.store(out_ptr + h * D + d, out.to(out_ptr.dtype.element_ty))
+    out = (tl.sum(acc * wgt[:, None], 0) / tl.sum(l * wgt, 0)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + h * D + d, out)
+    if QUANT:
+        b = h * (D // 32) + tl.arange(0, D // 32)
+        v = tl.reshape(out.to(tl.float32), (D // 32, 32))
+        _store_blocks(v, b, (b >= 0)[:, None], q_ptr, d_ptr, s_ptr, tl.num_programs(0) * D, D // 32)
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One program: out = round(w * round(x * rstd)), rounding to w's dtype as model.RMSNorm does."""
+    _pdl_wait(PDL)
     c = tl.arange(0, BLOCK)
     mask = c < C
     x = tl.load(x_ptr + c, mask=mask, other=0.0).to(tl.float32)
@@ -121,26 +190,41 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (1, C) -> (1, C) fp32 (values of weight's dtype); feeds the quantized matvec without a prologue."""
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     c = x.shape[-1]
-    _rmsnorm_kernel[(1,)](x, weight, out, c, eps, BLOCK=triton.next_power_of_2(c), num_warps=8)
+    _rmsnorm_kernel[(1,)](x, weight, out, c, eps, BLOCK=triton.next_power_of_2(c), PDL=PDL, num_warps=8,
+                          launch_pdl=PDL)
     return out
 
 
-def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
-    """qkv (1, (H + 2 Hkv) D) contiguous; k_cache, v_cache (Hkv, S, D) of one layer -> q (H, D)."""
+def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,
+               clear: bool = False) -> torch.Tensor:
+    """qkv (1, (H + 2 Hkv) D) contiguous; k_cache, v_cache (Hkv, S, D) of one layer -> q (H, D).
+    clear: zero qkv once read (an accumulator of split-K products)."""
     q = torch.empty((n_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     grid = (n_heads + 2 * n_kv,)
     _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(0), n_heads, n_kv,
-                             D=head_dim, num_warps=1)
+                             D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1, launch_pdl=PDL)
     return q
 
 
-def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64) -> torch.Tensor:
-    """q (H, D), caches (Hkv, S, D) -> (1, H D) in q's dtype (bf16 when q is fp32 from a split gemv)."""
+def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quantize: bool = False,
+                     gqa: bool = True):
+    """q (H, D), caches (Hkv, S, D) -> (1, H D) in the cache's dtype; with quantize, also its int8 form
+    (kernels.triton_q8.quantize_act's (q, d, s), for an integer-dot output projection)."""
     h, d = q.shape
     nsplit = triton.cdiv(k_cache.shape[1], chunk)
     ws = torch.empty((h, nsplit, d + 2), dtype=torch.float32, device=q.device)
-    _attn_partial_kernel[(h, nsplit)](q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d), nsplit,
-                                      GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, num_warps=4)
+    if gqa and d >= 16 and chunk >= 16:  # one program per kv head and chunk, its query heads on tensor cores
+        group = h // n_kv
+        _attn_partial_gqa_kernel[(n_kv, nsplit)](
+            q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d), nsplit, GROUP=group,
+            GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
+            IEEE=k_cache.dtype == torch.float32, PDL=PDL, num_warps=4, launch_pdl=PDL)
+    else:
+        _attn_partial_kernel[(h, nsplit)](q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d),
+                                          nsplit, GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
+                                          PDL=PDL, num_warps=4, launch_pdl=PDL)
     out = torch.empty((1, h * d), dtype=k_cache.dtype, device=q.device)
-    _attn_combine_kernel[(h,)](ws, out, nsplit, D=d, NS=triton.next_power_of_2(nsplit), num_warps=4)
-    return out
+    xq = act_buffers(1, h * d, q.device) if quantize else (out, out, out)
+    _attn_combine_kernel[(h,)](ws, out, *xq, nsplit, D=d, NS=triton.next_power_of_2(nsplit), QUANT=quantize,
+                               PDL=PDL, num_warps=4, launch_pdl=PDL)
+    return (out, xq) if quantize else out

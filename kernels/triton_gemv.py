@@ -41,15 +41,31 @@ FIELDS = {
 # bench/cuda_check.py's sweep at Llama 3.1 8B shapes on an H200 (2026-11-26).
 CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),
            Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4)}
-if os.environ.get("LOCALLLM_GEMV_CONFIGS"):  # a file written by bench/cuda_check.py's sweep
-    import json
-
-    with open(os.environ["LOCALLLM_GEMV_CONFIGS"]) as _f:
-        CONFIGS.update({int(k): tuple(v) for k, v in json.load(_f).items()})
 # The CPU interpreter (tests) pays per program, not per element: few large programs.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRET:
     CONFIGS = {fmt: (64, 8, 4) for fmt in CONFIGS}
+
+
+def _pdl_available() -> bool:
+    """Programmatic dependent launch: Hopper or newer, and a Triton that launches with it."""
+    if INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        return False
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return hasattr(tl.extra.cuda, "gdc_wait") and "launch_pdl" in CUDAOptions.__dataclass_fields__
+
+
+# Decode-step kernels launch with programmatic dependent launch where it exists: a kernel's programs
+# may be scheduled while the kernel before it drains (inside the step's CUDA graph too), and each
+# waits (griddepcontrol.wait, _pdl_wait first thing) until that kernel's writes are complete.
+PDL = _pdl_available()
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -169,12 +185,13 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, P0, P1, P2,
                  S0, S1, S2, S3, S4, S5, N, K, x_stride, out_stride, eps, groups_per_split,
                  FMT: tl.constexpr, W: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, NORM: tl.constexpr,
                  GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
-                 SPLIT: tl.constexpr):
+                 SPLIT: tl.constexpr, PDL: tl.constexpr):
     """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of one x row m (grid: (N / BN, M, SPLIT)).
 
     GLU: rows come in (gate, up) pairs; out[m, n / 2] = silu(gate) * up, each rounded like F.silu.
     SPLIT > 1: program z sums groups [z, z + 1) * groups_per_split and atomically adds its partial sum
     into out, which holds the residual (or zeros) already; no rounding then."""
+    _pdl_wait(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     m = tl.program_id(1)
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -198,6 +215,16 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, P0, P1, P2,
     y = tl.sum(tl.sum(acc, 2), 1)
     if NORM:
         y = y * _rstd(xrow, K, eps, 1024)
+    _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS, HAS_RES,
+              ROUND, SPLIT)
+
+
+@triton.jit
+def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT: tl.constexpr, BN: tl.constexpr,
+              GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
+              SPLIT: tl.constexpr):
+    """y (BN,) fp32 sums of rows `rows` of x row m -> out: + bias, rounded, GLU or + residual; with
+    SPLIT > 1 an atomic fp32 add of the partial sum (out holds the residual or zeros already)."""
     if HAS_BIAS:
         if tl.program_id(2) == 0:
             y += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -268,35 +295,54 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     act = act_dtype or (norm_weight.dtype if norm_weight is not None else x.dtype)
     bn, g, warps = config or CONFIGS[fmt]
     bn = max(bn, 2) if glu else bn
-    groups = k // (2 * WIDTH[fmt])
-    split = 1 if glu or INTERPRET and split is None else split or auto_split(triton.cdiv(n, bn), groups, g, x.device)
-    per_split = triton.cdiv(triton.cdiv(groups, split), g) * g
-    split = triton.cdiv(groups, per_split)
-    if split > 1 or inplace:
-        out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        if split > 1 and residual is not None and not inplace:
-            out.copy_(residual)
-        assert out.dtype == torch.float32 and out.is_contiguous()
-    else:
-        out_dtype = out_dtype or (residual.dtype if residual is not None else act)
-        out = torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=x.device)
-    act_ref = torch.empty(1, dtype=act, device=x.device)
-    grid = (triton.cdiv(n, bn), m, split)
+    split, per_split, out, act_ref, grid = plan(m, n, bn, k // (2 * WIDTH[fmt]), g, glu, split, residual, inplace,
+                                                out_dtype, act, x.device)
     _gemv_kernel[grid](
         x, out, bias if bias is not None else out, residual if residual is not None else out,
         norm_weight if norm_weight is not None else x, act_ref, *ptrs, *strides,
         n, k, x.stride(0), out.stride(0), eps, per_split,
         FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, NORM=norm_weight is not None, GLU=glu,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act != torch.float32,
-        SPLIT=split, num_warps=warps,
+        SPLIT=split, PDL=PDL, num_warps=warps, launch_pdl=PDL,
     )
     return out
 
 
+def plan(m: int, n: int, bn: int, units: int, per_iter: int, glu: bool, split: int | None,
+         residual: torch.Tensor | None, inplace: bool, out_dtype: torch.dtype | None, act: torch.dtype, device):
+    """A product's launch: -> (parts of K, units per part, output buffer, a tensor of the activation
+    dtype (its dtype tells the kernel how to round), grid (N / bn, M, parts))."""
+    split, per_split = split_k(split, glu, triton.cdiv(n, bn), units, per_iter, device)
+    out = output(m, n, split, glu, residual, inplace, out_dtype or (residual.dtype if residual is not None else act),
+                 device)
+    return split, per_split, out, torch.empty(1, dtype=act, device=device), (triton.cdiv(n, bn), m, split)
+
+
+def split_k(split: int | None, glu: bool, programs: int, groups: int, g: int, device: torch.device) -> tuple[int, int]:
+    """-> (parts of K, groups per part), each part a multiple of the g groups an iteration takes.
+    split None: chosen from the grid size (auto_split); GLU epilogues need whole rows (no split)."""
+    split = 1 if glu or INTERPRET and split is None else split or auto_split(programs, groups, g, device)
+    per_split = triton.cdiv(triton.cdiv(groups, split), g) * g
+    return triton.cdiv(groups, per_split), per_split
+
+
+def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None, inplace: bool,
+           out_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The product's output buffer: the residual itself (inplace), an fp32 buffer holding the residual
+    or zeros (split K: parts add atomically), else a new (m, n or n / 2) tensor of out_dtype."""
+    if split > 1 or inplace:
+        out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=device)
+        if split > 1 and residual is not None and not inplace:
+            out.copy_(residual)
+        assert out.dtype == torch.float32 and out.is_contiguous()
+        return out
+    return torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=device)
+
+
 def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
     """Parts of K so that the grid fills the GPU in several waves (few long rows: down projections).
-    LOCALLLM_SPLIT=0 turns splitting off."""
-    if device.type != "cuda" or os.environ.get("LOCALLLM_SPLIT") == "0":
+    """
+    if device.type != "cuda":
         return 1
     target = 64 * torch.cuda.get_device_properties(device).multi_processor_count
     split = 1

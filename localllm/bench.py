@@ -26,6 +26,7 @@ from kernels.qweight import QWeight
 from .cache import make_cache
 from .generate import decode_one, prefill
 from .model import Linear, Transformer
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -33,6 +34,7 @@ class BenchModel:
     name: str
     model: Transformer
     types: Counter  # weight type -> tensor count
+    tokenizer: Tokenizer | None = None  # a file's (a draft model's vocabulary is checked against it)
 
 
 @dataclass
@@ -162,7 +164,8 @@ def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict) ->
         for p in prompts:
             for n in gens:
                 cache = make_cache(model.cfg, depth + p + n + 1, dtype=model.token_embd.weight.dtype, device=device)
-                one_run(model, p, min(n, 2), depth, cache, seed=-1)  # warm-up: compile, capture, cuBLAS plans
+                for _ in range(2):  # warm-up: compile, cuBLAS plans, capture (a prefill shape's second run)
+                    one_run(model, p, min(n, 2), depth, cache, seed=-1)
                 runs = [one_run(model, p, n, depth, cache, seed=r) for r in range(reps)]
                 at = f" @ d{depth}" if depth else ""
                 if (p, depth) not in seen_pp:
@@ -217,7 +220,7 @@ def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device
     dev = pick_device(device)
     for spec in specs:
         lm = open_model(spec, dev, dtype)
-        yield BenchModel(lm.path.name, lm.model, lm.tensor_types)
+        yield BenchModel(lm.path.name, lm.model, lm.tensor_types, lm.tokenizer)
         del lm
         free_memory(dev)
     for preset in presets:

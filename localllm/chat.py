@@ -19,7 +19,8 @@ from .errors import LocalLLMError
 from .generate import Stats, generate, stream_text
 from .load import LoadedModel
 from .sampling import Sampler
-from .settings import GenerationSettings, SamplingSettings
+from .settings import DEFAULT_DRAFT, DraftSettings, GenerationSettings, SamplingSettings
+from .speculative import Drafter, SpecStats, generate_speculative
 from .tokenizer import Tokenizer
 
 
@@ -53,6 +54,9 @@ class ChatSession:
     cache: KVCache | None = None
     cached: list[int] = field(default_factory=list)  # the ids whose k/v fill cache rows [0, len)
     last: Stats = field(default_factory=Stats)
+    drafter: Drafter | None = None  # speculative decoding (draft.open_drafter), with these settings:
+    draft: DraftSettings = DEFAULT_DRAFT
+    plain_steps: int = 0  # see generate_speculative
 
     def __post_init__(self):
         if self.cache is None:
@@ -99,11 +103,18 @@ class ChatSession:
         self.messages, ids = self.fit(self.messages + [{"role": "user", "content": text}])
         reuse = min(common_prefix(self.cached, ids), len(ids) - 1)
         self.cache.length = reuse
-        self.last = Stats()
         produced: list[int] = []
-        tokens = generate(
-            self.lm.model, self.cache, ids, self.sampler, self.gen.max_tokens, self.lm.tokenizer.stop_ids, self.last, reuse
-        )
+        if self.drafter is not None:
+            self.last = SpecStats()
+            tokens = generate_speculative(
+                self.lm.model, self.cache, ids, self.sampler, self.drafter, self.gen.max_tokens,
+                self.lm.tokenizer.stop_ids, self.last, reuse, self.draft, self.plain_steps,
+            )
+        else:
+            self.last = Stats()
+            tokens = generate(
+                self.lm.model, self.cache, ids, self.sampler, self.gen.max_tokens, self.lm.tokenizer.stop_ids, self.last, reuse
+            )
         try:
             for piece in stream_text(self.lm.tokenizer, _collect(tokens, produced), self.gen.stop):
                 yield piece

@@ -2,33 +2,37 @@
 
 A step (one token at position cache.length) per layer is four fused kernels and two small ones:
   qkv = W_qkv @ RMSNorm(x)             (gemv with the norm fused, q|k|v fused into one weight;
-                                        quantized weights: a separate norm kernel first)
+                                        Q4_1/Q5_K weights: a separate norm kernel first)
   (the residual projections split K over more programs, summing by fp32 atomics: x += W a in place)
   rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py)
   a = attention(q, cache[:pos+1])      (split over 64-row chunks, then combined)
   x = x + W_o @ a                      (gemv with the residual add fused)
   a = silu(g) * u, [g|u] = W_gate|up @ RMSNorm(x)   (gate/up rows interleaved, silu*mul in the epilogue)
   x = x + W_down @ a                   (gemv with the residual add fused)
-then logits = W_out @ RMSNorm(x) in fp32. Every kernel matches the module ops of model.py (its
-reference) within rounding: bench/cuda_check.py measures it against the CPU fp32 model.
+then logits = W_out @ RMSNorm(x) in fp32. Q8_0/Q4_0/Q4_K/Q6_K weights take integer dot products
+(kernels/triton_q8.py): x is quantized to int8 first (the norm, or silu(gate) * up, fused into that
+pass), and q|k|v and gate|up are split over K into fp32 accumulators. Every kernel matches the
+module ops of model.py (its reference) within rounding, plus Q8_0's rounding of the activations for
+integer-dot weights: bench/cuda_check.py measures it against the CPU fp32 model.
 """
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
 from kernels.linear import fused_linear
-from kernels.qweight import QWeight
+from kernels.qweight import INT_DOT_TYPES, QWeight
 from kernels.triton_decode import decode_attention, rmsnorm, rope_store
+from kernels.triton_q8 import quantize_act
 
 from .cache import KVCache
 from .model import Linear, Transformer
 
-# Dense weights in the decode step: our fused Triton matvec ("triton") or cuBLAS plus torch ops ("torch").
-DENSE_GEMV = os.environ.get("LOCALLLM_DENSE_GEMV", "triton")
+# Dense weights in the decode step: our fused Triton matvec ("triton"; measured faster) or cuBLAS plus
+# torch ops ("torch").
+DENSE_GEMV = "triton"
 
 
 def fuse_rows(linears: list[Linear], interleave: bool = False) -> torch.Tensor | QWeight | None:
@@ -57,13 +61,31 @@ def fuse_rows(linears: list[Linear], interleave: bool = False) -> torch.Tensor |
     return fused
 
 
+def int_dot(w) -> bool:
+    """w is a QWeight taking the integer-dot kernels (kernels/triton_q8.py)."""
+    return isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES
+
+
+def fuse_blocks(model: Transformer) -> None:
+    """Once per model on CUDA: q|k|v stacked and gate/up interleaved into one weight each (Attention.
+    fused_qkv, Block.fused_gate_up), for the decode step's kernels and prefill's products alike."""
+    if getattr(model, "_fused", False):
+        return
+    for blk in model.blk:
+        a = blk.attn
+        qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
+        bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
+        a.fused_qkv = (qkv, bias) if qkv is not None else None
+        blk.fused_gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
+    model._fused = True
+
+
 class LayerWeights:
     def __init__(self, blk):
         a = blk.attn
         self.attn, self.blk = a, blk
-        self.qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
-        self.qkv_bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
-        self.gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
+        self.qkv, self.qkv_bias = a.fused_qkv if a.fused_qkv is not None else (None, None)
+        self.gate_up = blk.fused_gate_up
 
 
 class GraphDecoder:
@@ -73,21 +95,26 @@ class GraphDecoder:
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph = model, cache, cfg, use_graph
         dev = cache.k.device
+        fuse_blocks(model)
         self.layers = [LayerWeights(b) for b in model.blk]
         exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=dev).float() / cfg.head_dim
         self.inv_freq = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
         self.act = model.token_embd.weight.dtype
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        # fp32 accumulators of the integer-dot products split over K (atomic adds): q|k|v (zeroed
+        # every step) and interleaved gate/up sums (zeroed by the kernel that reads them).
+        self.qkv_acc = torch.zeros(1, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.float32, device=dev)
+        self.gu_acc = torch.zeros(1, 2 * cfg.ffn_dim, dtype=torch.float32, device=dev)
         self.expected_len = -1
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
     def _lin(self, x, w, norm=None, **kw) -> torch.Tensor:
         quantized = isinstance(w, QWeight)
-        if quantized and w.has_kernel and norm is not None:
-            # Quantized matvecs are bound by instructions, not bytes: normalise once (a small kernel)
-            # instead of in every program's prologue (the dense one keeps the free fused prologue).
+        if quantized and w.has_kernel and norm is not None and w.qtype not in INT_DOT_TYPES and "xq" not in kw:
+            # Float-decoding matvecs are bound by instructions: normalise once (a small kernel) instead
+            # of in every program's prologue. (Integer-dot ones fuse the norm into quantizing x.)
             x, norm = rmsnorm(x, *norm), None
         use_triton = quantized or DENSE_GEMV == "triton"
         return fused_linear(x, w, norm=norm, act_dtype=self.act, use_triton=use_triton, **kw)
@@ -95,22 +122,51 @@ class GraphDecoder:
     def _attention(self, x: torch.Tensor, i: int, L: LayerWeights) -> torch.Tensor:
         cfg, a = self.cfg, L.attn
         norm = (L.blk.attn_norm.weight, cfg.norm_eps)
-        if L.qkv is not None:
-            qkv = self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm)  # split measured slower here (zeroing)
+        ms = (a.attn_q, a.attn_k, a.attn_v)
+        acc = all(int_dot(m.w) for m in ms) or (isinstance(L.qkv, torch.Tensor) and DENSE_GEMV == "triton")
+        if acc:
+            # Products split over K for enough warps, summed into the fp32 accumulator (zero here:
+            # rope_store clears it as it reads); separate integer-dot products (Q4_K_M's Q6_K attn_v)
+            # share one quantized x.
+            qkv = self.qkv_acc
+            if L.qkv is not None:
+                self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm, residual=qkv, inplace=True, split=None)
+            else:
+                xq, start = quantize_act(x, *norm), 0
+                for m in ms:
+                    n = m.w.shape[0]
+                    self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, xq=xq)
+                    start += n
+        elif L.qkv is not None:
+            qkv = self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm)
         else:
-            qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in (a.attn_q, a.attn_k, a.attn_v)], -1)
+            qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in ms], -1)
         if cfg.qk_norm:
             q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
             q = a.attn_q_norm(q.view(cfg.n_heads, cfg.head_dim)).reshape(1, -1)
             k = a.attn_k_norm(k.view(cfg.n_kv_heads, cfg.head_dim)).reshape(1, -1)
             qkv = torch.cat((q, k, v), -1)
+            if acc:
+                self.qkv_acc.zero_()
         kc, vc = self.cache.k[i, 0], self.cache.v[i, 0]
-        q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+        q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                       clear=qkv is self.qkv_acc)
+        d32 = cfg.head_dim // 32
+        if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
+            # the output projection's int8 input comes from the attention's combine kernel
+            att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True)
+            return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True, xq=xq)
         att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads)
         return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
+        if int_dot(L.gate_up) and int_dot(b.ffn_down.w):
+            # gate/up sums split over K into the accumulator; silu(gate) * up is formed (and the
+            # accumulator cleared) by the kernel that quantizes the down projection's input.
+            self._lin(x, L.gate_up, norm=norm, residual=self.gu_acc, inplace=True, split=None)
+            xq = quantize_act(self.gu_acc, glu_dtype=self.act)
+            return self._lin(x, b.ffn_down.w, residual=x, split=None, inplace=True, xq=xq)
         if L.gate_up is not None:  # silu(gate) * up in the epilogue, fp32 holding activation-dtype values
             a = self._lin(x, L.gate_up, norm=norm, glu=True, out_dtype=torch.float32)
         else:
@@ -164,10 +220,16 @@ class GraphDecoder:
         return self.logits
 
 
+def held_for(model: Transformer, attr: str, cache: KVCache, make):
+    """model.<attr>, an object built by make(model, cache) for this cache; one kept: a new cache
+    replaces it (and frees its graph)."""
+    obj = getattr(model, attr, None)
+    if obj is None or obj.cache is not cache:
+        obj = make(model, cache)
+        setattr(model, attr, obj)
+    return obj
+
+
 def decoder_for(model: Transformer, cache: KVCache) -> GraphDecoder:
     """The model's decoder for this cache (one kept at a time: a new cache replaces the graph)."""
-    dec = getattr(model, "_graph_decoder", None)
-    if dec is None or dec.cache is not cache:
-        dec = GraphDecoder(model, cache)
-        model._graph_decoder = dec
-    return dec
+    return held_for(model, "_graph_decoder", cache, GraphDecoder)

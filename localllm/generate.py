@@ -40,9 +40,15 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def prefill(model: Transformer, cache: KVCache, ids: list[int], start: int = 0) -> torch.Tensor:
-    """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,)."""
+    """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,).
+
+    On CUDA a prompt shape seen before replays a captured graph (cuda_prefill.py)."""
     device = model.token_embd.weight.device
     tokens = torch.tensor([ids], dtype=torch.long, device=device)
+    if device.type == "cuda":
+        from .cuda_prefill import prefill_graph_for
+
+        return prefill_graph_for(model, cache).run(tokens, start)[0, -1]
     return model(tokens, cache, start, last_only=True)[0, -1]
 
 
@@ -68,6 +74,13 @@ def check_fits(prompt_len: int, cache: KVCache) -> None:
         )
 
 
+def check_prompt(prompt_len: int, cache: KVCache, reuse: int) -> None:
+    """The prompt fits, and `reuse` (ids already cached) leaves at least one id to run."""
+    check_fits(prompt_len, cache)
+    if not 0 <= reuse < prompt_len:
+        raise ValueError(f"reuse={reuse} must leave at least one of {prompt_len} prompt tokens to prefill")
+
+
 def generate(
     model: Transformer,
     cache: KVCache,
@@ -83,9 +96,7 @@ def generate(
     The first `reuse` prompt tokens are already in the cache (a chat's earlier turns): only
     prompt[reuse:] is prefilled. On return cache.length counts the prompt plus the fed generated ids.
     """
-    check_fits(len(prompt), cache)
-    if not 0 <= reuse < len(prompt):
-        raise ValueError(f"reuse={reuse} must leave at least one of {len(prompt)} prompt tokens to prefill")
+    check_prompt(len(prompt), cache, reuse)
     stats = stats if stats is not None else Stats()
     device = model.token_embd.weight.device
     stop = set(stop_ids)

@@ -17,6 +17,8 @@ import gguf
 import numpy as np
 
 from .errors import LocalLLMError
+from .gguf_cache import Header, read_header, write_header
+from .settings import DEFAULT_CPU
 
 GGUF_MAGIC = b"GGUF"
 
@@ -64,6 +66,22 @@ class _CheckedReader(gguf.GGUFReader):
     a numpy view/reshape error, a tensor type id that is not a ggml type as an enum ValueError.
     """
 
+    def __init__(self, path: Path, cached: Header | None):
+        self.cached = cached  # set before the parse, which calls _build_fields
+        self.kv_end = 0
+        # "c" (copy-on-write): numpy arrays that torch can wrap without a copy; the file is never written.
+        super().__init__(path, "c")
+
+    def _build_fields(self, offs, count):
+        if self.cached is None:
+            self.kv_end = super()._build_fields(offs, count)
+            return self.kv_end
+        # A cached key/value section: gguf parses only the alignment field (its __init__ reads it).
+        if self.cached.alignment_offset is not None:
+            super()._build_fields(self.cached.alignment_offset, 1)
+        self.kv_end = self.cached.kv_end
+        return self.kv_end
+
     def _get(self, offset, dtype, count=1, override_order=None):
         end = int(offset) + np.dtype(dtype).itemsize * int(count)
         if end > len(self.data):
@@ -95,12 +113,14 @@ def _check_tensor_info(field: gguf.ReaderField, data_start: int, file_size: int)
         )
 
 
-def open_gguf(path: str | Path) -> GGUFFile:
-    """Open and validate a GGUF file; raise LocalLLMError with one line naming any problem."""
+def open_gguf(path: str | Path, cache_dir: Path | None = DEFAULT_CPU.cache_dir) -> GGUFFile:
+    """Open and validate a GGUF file; raise LocalLLMError with one line naming any problem.
+    cache_dir: where a large key/value section is cached once parsed (localllm/gguf_cache.py); None: never."""
     path = Path(path)
     _check_magic(path)
+    cached = read_header(path, cache_dir) if cache_dir is not None else None
     try:
-        reader = _CheckedReader(path, "r")
+        reader = _CheckedReader(path, cached)
     except _PastEnd as e:
         end, size = e.args
         raise LocalLLMError(
@@ -113,7 +133,11 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise LocalLLMError(f"cannot read GGUF file {path}: {_reason(e)}") from None
     except NotImplementedError as e:
         raise LocalLLMError(f"unsupported GGUF file {path}: {_reason(e)}") from None
-    return GGUFFile(path, read_metadata_fields(reader), {t.name: t for t in reader.tensors})
+    metadata = cached.metadata if cached is not None else read_metadata_fields(reader)
+    if cached is None and cache_dir is not None and reader.kv_end >= DEFAULT_CPU.header_cache_min_bytes:
+        align = reader.fields.get("general.alignment")
+        write_header(path, cache_dir, Header(metadata, reader.kv_end, None if align is None else int(align.offset)))
+    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
 
 
 def _reason(e: Exception) -> str:

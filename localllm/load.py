@@ -9,14 +9,16 @@ from pathlib import Path
 
 import torch
 
+from kernels.cpu import BlockQWeight, load_extension, pack_for_cpu
 from kernels.qweight import QUANTIZED_TYPES, QWeight
 from quantize.decode import dequantize_torch
 
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
-from .model import Transformer, llama3_rope_factors
+from .model import QEmbedding, Transformer, llama3_rope_factors
 from .registry import resolve_model
+from .settings import DEFAULT_CPU
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
 
@@ -31,32 +33,49 @@ class LoadedModel:
     file_bytes: int
 
 
-def place_quantized(model: Transformer, state: dict, device: str, keep: bool | None = None) -> None:
+def place_quantized(
+    model: Transformer, state: dict, device: str, keep: bool | None = None, raw: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> None:
     """The one pass that decides where quantized linear weights live, by the checkpoint's tensor types.
 
-    On CUDA each QuantizedTensor becomes a QWeight held by its Linear (quantized on the GPU, run by the
+    raw (load_model's choice on CPU and MPS): each QuantizedTensor stays as the file's blocks in a
+    BlockQWeight (kernels/cpu.py: C++ kernels on the CPU, torch decoding on MPS), token_embd included.
+    Otherwise on CUDA each becomes a QWeight held by its Linear (quantized on the GPU, run by the
     fused kernels of kernels/); elsewhere it is decoded to dense float here (gguf's values exactly).
     keep overrides the choice (tests run the kernels on the CPU under TRITON_INTERPRET).
     """
     keep = torch.device(device).type == "cuda" if keep is None else keep
+    on_cpu = raw and torch.device(device).type == "cpu"
+    ext = load_extension(DEFAULT_CPU.cache_dir) if on_cpu else None  # None: the torch fallback
     for name, value in list(state.items()):
         if not isinstance(value, QuantizedTensor):
             continue
-        if keep:
+        if raw:
+            qw = pack_for_cpu(BlockQWeight.from_blocks(value.data.to(device), value.qtype, dtype), ext)
+            if name == "token_embd.weight":
+                model.token_embd = QEmbedding(qw)
+            else:
+                model.get_submodule(name.removesuffix(".weight")).set_quantized(qw)
+            del state[name]
+        elif keep:
             module = model.get_submodule(name.removesuffix(".weight"))
-            module.set_quantized(QWeight.from_raw(value.data.to(device), value.qtype))
+            # block-major where the integer-dot decode kernels read it (kernels/triton_q8.py)
+            module.set_quantized(QWeight.from_raw(value.data.to(device), value.qtype).to_blocks())
             del state[name]
         else:
             state[name] = dequantize_torch(value.data, value.qtype)
 
 
 def build_model(
-    cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype, keep_quantized: bool | None = None
+    cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype, keep_quantized: bool | None = None,
+    raw_blocks: bool = False,
 ) -> Transformer:
-    """Build on the meta device, then assign the checkpoint tensors (one materialisation only)."""
+    """Build on the meta device, then assign the checkpoint tensors (one materialisation only).
+    raw_blocks: quantized tensors stay as the file's blocks (see place_quantized)."""
     with torch.device("meta"):
         model = Transformer(cfg)
-    place_quantized(model, state, device, keep_quantized)
+    place_quantized(model, state, device, keep_quantized, raw_blocks, dtype)
     state.setdefault("rope_freqs", llama3_rope_factors(cfg))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -76,10 +95,15 @@ def build_model(
     return model.eval()
 
 
-def read_gguf_model(f: GGUFFile, device: str = "cpu") -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
-    """On CUDA quantized linear weights stay in their blocks (see place_quantized)."""
+def read_gguf_model(
+    f: GGUFFile, device: str = "cpu", raw: bool = False
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+    """On CUDA quantized linear weights stay in their blocks (see place_quantized); with raw (CPU,
+    MPS) the quantized embedding too, as views of the file's mapping."""
     cfg = config_from_gguf(f.metadata, set(f.tensors))
     types = Counter(t.tensor_type.name for t in f.tensors.values())
+    if raw:
+        return cfg, gguf_state_dict(f, cfg, QUANTIZED_TYPES, keep_embedding=True), types
     keep = QUANTIZED_TYPES if torch.device(device).type == "cuda" else frozenset()
     return cfg, gguf_state_dict(f, cfg, keep), types
 
@@ -111,15 +135,23 @@ def load_model(
     spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None
 ) -> LoadedModel:
     """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model.
-    keep_quantized: see place_quantized (False: dense weights on every device, e.g. for calibration)."""
+    keep_quantized: see place_quantized (False: dense weights on every device, e.g. for calibration).
+    A quantized GGUF file on CPU or MPS keeps its blocks (BlockQWeight); on the CPU its kernels compute
+    in fp32, so the model's dense tensors (norms, biases) and the KV cache are float32 whatever dtype
+    says. F32/F16/BF16 tensors are decoded to dense as before."""
     path = resolve_model(spec)
+    raw = False
     if path.is_dir():
         cfg, state, types, tok = read_hf_folder(path)
     else:
         f = open_gguf(path)
-        cfg, state, types = read_gguf_model(f, device)
+        quantized = any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values())
+        raw = quantized and keep_quantized is None and torch.device(device).type in ("cpu", "mps")
+        cfg, state, types = read_gguf_model(f, device, raw)
         tok = load_gguf_tokenizer(f.metadata)
-    model = build_model(cfg, state, device, dtype, keep_quantized)
+    if raw and torch.device(device).type == "cpu":
+        dtype = torch.float32
+    model = build_model(cfg, state, device, dtype, keep_quantized, raw)
     return LoadedModel(model, tok, cfg, path, types, file_size(path))
 
 

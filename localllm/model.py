@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import BlockQWeight, embed
 from kernels.linear import linear
 from kernels.qweight import QWeight
 
@@ -51,6 +52,18 @@ class Linear(nn.Module):
         return linear(x, self.w, self.bias)
 
 
+class QEmbedding(nn.Module):
+    """token_embd kept as the file's blocks (CPU and MPS, load.place_quantized): a lookup decodes only
+    the rows it needs (dequantize_torch's values); `weight` also serves the tied output product."""
+
+    def __init__(self, weight: BlockQWeight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return embed(self.weight, tokens)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -59,7 +72,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 and scale after casting to the weights' dtype, as transformers'
-        # LlamaRMSNorm does; x may be the fp32 residual stream.
+        # LlamaRMSNorm does; x may be the fp32 residual stream. CUDA: one Triton kernel, same rounding.
+        if x.is_cuda:
+            from kernels.triton_prefill import rmsnorm_rows
+
+            return rmsnorm_rows(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(self.weight.dtype)
@@ -76,9 +93,10 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     """Per-frequency divisors for Llama 3.x rope scaling; must match transformers' _compute_llama3_parameters."""
     rs = cfg.rope_scaling
     d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    # On the CPU even when built under torch.device("meta"): meta arange imports torch._dynamo (~2 s).
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
     if rs is None:
-        return torch.ones(d // 2)
+        return torch.ones(d // 2, device="cpu")
     wavelen = 2 * math.pi / inv_freq
     low_wavelen = rs.original_context / rs.low_freq_factor
     high_wavelen = rs.original_context / rs.high_freq_factor
@@ -100,9 +118,42 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.attn_q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.attn_k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        # CUDA: (q|k|v weight, bias) fused into one product, its rows viewed by attn_q/k/v (set by
+        # cuda_decode.fuse_blocks; None where the three differ in kind or type)
+        self.fused_qkv: tuple | None = None
 
     def forward(self, x, layer: int, cache: KVCache, start: int, cos, sin, mask):
         # x: (B, T, C) -> (B, T, C); writes this step's k/v into cache rows [start, start + T).
+        cfg, (B, T, _) = self.cfg, x.shape
+        if x.is_cuda and cache.k.dtype == x.dtype:
+            q, keys, values = self._project_cuda(x, layer, cache, start, cos, sin)
+        else:
+            q, keys, values = self._project(x, layer, cache, start, cos, sin)
+        # keys/values: (B, Hkv, start + T, D); mask None means plain causal from position 0.
+        y = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
+        )
+        return self.attn_output(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
+
+    def _project_cuda(self, x, layer: int, cache: KVCache, start: int, cos, sin):
+        """As _project, with rope and the cache writes in one Triton kernel (kernels/triton_prefill.py)."""
+        from kernels.triton_prefill import rope_cache
+
+        cfg, (B, T, _) = self.cfg, x.shape
+        if self.fused_qkv is not None:
+            qkv = linear(x, *self.fused_qkv)
+            q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
+        else:
+            q, k, v = self.attn_q(x), self.attn_k(x), self.attn_v(x)
+        if cfg.qk_norm:
+            q = self.attn_q_norm(q.view(B, T, cfg.n_heads, cfg.head_dim))
+            k = self.attn_k_norm(k.view(B, T, cfg.n_kv_heads, cfg.head_dim))
+        return rope_cache(q.reshape(B, T, -1), k.reshape(B, T, -1), v, cache.k[layer], cache.v[layer], start, cos,
+                          sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+
+    def _project(self, x, layer: int, cache: KVCache, start: int, cos, sin):
+        """x (B, T, C) -> q (B, H, T, D) rotated, and the cache's k, v (B, Hkv, start + T, D) with this
+        step's rows written."""
         cfg, (B, T, _) = self.cfg, x.shape
         q = self.attn_q(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
         k = self.attn_k(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
@@ -111,11 +162,7 @@ class Attention(nn.Module):
             q, k = self.attn_q_norm(q), self.attn_k_norm(k)
         q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
         keys, values = cache.update(layer, start, k, v)
-        # keys/values: (B, Hkv, start + T, D); mask None means plain causal from position 0.
-        y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
-        )
-        return self.attn_output(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
+        return q, keys, values
 
 
 class Block(nn.Module):
@@ -127,10 +174,18 @@ class Block(nn.Module):
         self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        # CUDA: gate/up rows interleaved in one weight (cuda_decode.fuse_blocks), or None
+        self.fused_gate_up = None
 
     def forward(self, x, layer, cache, start, cos, sin, mask):
         x = x + self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
         h = self.ffn_norm(x)
+        if h.is_cuda:
+            from kernels.triton_prefill import silu_mul
+
+            if self.fused_gate_up is not None:  # one product, then silu(gate) * up of its interleaved pairs
+                return x + self.ffn_down(silu_mul(linear(h, self.fused_gate_up)))
+            return x + self.ffn_down(silu_mul(self.ffn_gate(h), self.ffn_up(h)))
         return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
 
 
@@ -138,7 +193,8 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.token_embd = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # _weight: no random init (on the meta device that init alone imports torch._dynamo: ~2 s of load)
+        self.token_embd = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim))
         self.blk = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         if not cfg.tied_output:
@@ -160,6 +216,18 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
         """tokens: (B, T) at positions [start, start + T) -> logits (B, T, V) in fp32 ((B, 1, V) with last_only)."""
         T = tokens.shape[1]
+        if T == 1 and tokens.device.type == "cpu":
+            from .cpu_decode import decoder_for  # one C++ call per token where the weights allow it
+
+            decoder = decoder_for(self, cache)
+            if decoder is not None:
+                logits = decoder.step(int(tokens[0, 0]), start, cache)
+                cache.length = start + 1
+                return logits.view(1, 1, -1)
+        if tokens.is_cuda:
+            from .cuda_decode import fuse_blocks  # q|k|v and gate/up as one product each
+
+            fuse_blocks(self)
         positions = torch.arange(start, start + T, device=tokens.device)
         cos, sin = self.rope_tables(positions)
         mask = None

@@ -7,10 +7,12 @@ from typing import Iterator
 
 from .cache import make_cache
 from .device import pick_device, pick_dtype
+from .draft import open_drafter
 from .generate import Stats, generate, stream_text
 from .load import LoadedModel, load_model
 from .sampling import Sampler
-from .settings import DEFAULT_GENERATION, DEFAULT_SAMPLING, GenerationSettings, SamplingSettings
+from .settings import DEFAULT_DRAFT, DEFAULT_GENERATION, DEFAULT_SAMPLING, DraftSettings, GenerationSettings, SamplingSettings
+from .speculative import Drafter, SpecStats, describe_speculative, generate_speculative
 
 
 def open_model(spec: str | None, device: str = "auto", dtype: str | None = None) -> LoadedModel:
@@ -33,13 +35,22 @@ def complete(
     gen: GenerationSettings = DEFAULT_GENERATION,
     sampling: SamplingSettings = DEFAULT_SAMPLING,
     stats: Stats | None = None,
+    drafter: Drafter | None = None,
+    draft: DraftSettings = DEFAULT_DRAFT,
+    plain_steps: int = 0,
 ) -> Iterator[str]:
-    """Stream the continuation of `prompt` as text pieces."""
+    """Stream the continuation of `prompt` as text pieces; with a drafter (draft.open_drafter), by
+    speculative decoding (stats: a SpecStats; draft: how many to draft; plain_steps: see
+    generate_speculative)."""
     ids = encode_prompt(lm, prompt)
     device = lm.model.token_embd.weight.device
     cache = make_cache(lm.config, context_size(lm, gen.ctx), dtype=lm.model.token_embd.weight.dtype, device=device)
     sampler = Sampler(sampling, device)
-    tokens = generate(lm.model, cache, ids, sampler, gen.max_tokens, lm.tokenizer.stop_ids, stats)
+    if drafter is not None:
+        tokens = generate_speculative(lm.model, cache, ids, sampler, drafter, gen.max_tokens, lm.tokenizer.stop_ids,
+                                      stats, settings=draft, plain_steps=plain_steps)
+    else:
+        tokens = generate(lm.model, cache, ids, sampler, gen.max_tokens, lm.tokenizer.stop_ids, stats)
     return stream_text(lm.tokenizer, tokens, gen.stop)
 
 
@@ -49,9 +60,16 @@ def timed_open(spec: str | None, device: str, dtype: str | None) -> tuple[Loaded
     return lm, time.perf_counter() - t0
 
 
+def timed_drafter(lm: LoadedModel, ds: DraftSettings, sampling: SamplingSettings) -> tuple[Drafter | None, float]:
+    t0 = time.perf_counter()
+    drafter = open_drafter(lm.model, lm.tokenizer, ds, sampling)
+    return drafter, time.perf_counter() - t0
+
+
 def describe_stats(stats: Stats, load_seconds: float) -> str:
-    return (
+    line = (
         f"load {load_seconds:.2f} s | prompt {stats.prompt_tokens} tokens, {stats.prompt_tps():.1f} tokens/s"
         f" | generated {stats.generated_tokens} tokens, {stats.generate_tps():.1f} tokens/s"
     )
+    return line + "\n" + describe_speculative(stats) if isinstance(stats, SpecStats) else line
 

@@ -110,21 +110,30 @@ class Sampler:
         else:
             self.generator.manual_seed(settings.seed)
 
-    def probs(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
-        """The distribution this sampler draws from (one-hot when greedy)."""
+    def process(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """The logits after every transform of the chain (removed tokens at -inf)."""
         for t in self.transforms:
             logits = t(logits, history)
+        return logits
+
+    def probs(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """The distribution this sampler draws from (one-hot when greedy): speculative decoding
+        compares the target's and the draft's, each processed by the same chain."""
+        logits = self.process(logits, history)
         if self.settings.temperature <= 0:
             return torch.nn.functional.one_hot(logits.argmax(), logits.numel()).float()
         return logits.softmax(-1)
 
     def __call__(self, logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         """-> a 0-d int64 tensor on the logits' device."""
-        for t in self.transforms:
-            logits = t(logits, history)
+        logits = self.process(logits, history)
         if self.settings.temperature <= 0:
             return logits.argmax()
-        probs = logits.softmax(-1)
-        # Exponential-race sampling (argmax of p / E, E ~ Exp(1)) draws from probs without a host sync.
-        race = torch.empty_like(probs).exponential_(generator=self.generator)
-        return (probs / race).argmax()
+        return draw(logits.softmax(-1), self.generator)
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One id with probability proportional to weights (V,) >= 0, not necessarily normalised, without a
+    host sync: exponential race, the argmax of w / E with E ~ Exp(1)."""
+    race = torch.empty_like(weights).exponential_(generator=generator)
+    return (weights / race).argmax()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -23,5 +24,35 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()  # stop strings (end-of-turn tokens always stop)
 
 
+@dataclass(frozen=True)
+class DraftSettings:
+    """Speculative decoding (localllm/speculative.py): a draft model or prompt lookup proposes tokens,
+    the target verifies them in one pass."""
+
+    draft: str | None = None  # a model (path or name), or "self:TYPE": the target quantized in memory
+    lookup: int = 0  # prompt lookup instead of a draft model: longest n-gram matched (0: off)
+    max_draft: int | None = None  # tokens drafted per target pass; None: adaptive (below)
+    min_p: float = 0.0  # stop drafting when the draft's softmax gives its token less than this (0: off)
+    dtype: str | None = None  # the draft's weights' dtype; None: the device's default (device.py)
+    # Adaptive K: K maximises the expected tokens per unit of cost, (1 - a^(K+1)) / ((1 - a)(1 + c K)),
+    # for a the recent acceptance rate (a running mean) and c the cost of one drafted token relative to
+    # a target pass.
+    most_k: int = 16
+    start_acceptance: float = 0.8
+    acceptance_memory: float = 0.7  # weight of the past in the running mean, per target pass
+    draft_cost: float = 0.4  # a draft model's step / the target's (the Q4_1 file in fp16 / the fp32 base: 0.41)
+    lookup_cost: float = 0.05  # prompt lookup: only the verify pass grows with each drafted token
+    plain_steps: int = 8  # plain decode steps timed for --verbose's "speedup over plain decoding"
+
+
+@dataclass(frozen=True)
+class CpuSettings:
+    threads: int | None = None  # None: the physical cores (kernels.cpu.physical_cores)
+    cache_dir: Path = Path.home() / ".cache" / "localllm"  # the built C++ kernels, parsed GGUF headers
+    header_cache_min_bytes: int = 1 << 20  # GGUF metadata at least this big is parsed once, then cached
+
+
 DEFAULT_SAMPLING = SamplingSettings()
 DEFAULT_GENERATION = GenerationSettings()
+DEFAULT_DRAFT = DraftSettings()
+DEFAULT_CPU = CpuSettings()

@@ -102,13 +102,16 @@ def gguf_tensor(t: gguf.ReaderTensor) -> torch.Tensor:
 
 
 def gguf_state_dict(
-    f: GGUFFile, cfg: ModelConfig, keep_quantized: frozenset = frozenset()
+    f: GGUFFile, cfg: ModelConfig, keep_quantized: frozenset = frozenset(), keep_embedding: bool = False
 ) -> dict[str, torch.Tensor | QuantizedTensor]:
-    """Every tensor decoded to float, except linear weights of a type in keep_quantized: QuantizedTensor."""
+    """Every tensor decoded to float, except linear weights (and token_embd with keep_embedding) of a
+    type in keep_quantized: QuantizedTensor, uint8 (rows, row bytes) viewing the file's mapping (no copy)."""
     out = {}
     for name, t in f.tensors.items():
-        if t.tensor_type in keep_quantized and name != "token_embd.weight" and len(t.shape) == 2:
-            w = QuantizedTensor(t.tensor_type, torch.from_numpy(np.array(t.data, dtype=np.uint8)))
+        keep = keep_embedding or name != "token_embd.weight"
+        if t.tensor_type in keep_quantized and keep and len(t.shape) == 2:
+            raw = t.data.view(np.uint8).reshape(t.data.shape[0], -1)  # F16/BF16 data is typed: view as bytes
+            w = QuantizedTensor(t.tensor_type, torch.from_numpy(raw))
         else:
             w = gguf_tensor(t)
         if cfg.arch in PERMUTED_QK_ARCHS and name.endswith(("attn_q.weight", "attn_k.weight")):

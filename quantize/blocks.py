@@ -93,6 +93,8 @@ def block_error(xb: torch.Tensor, qw: torch.Tensor | None, qtype: Q, data: torch
 
 def pick_best(xb: torch.Tensor, qw: torch.Tensor | None, qtype: Q, candidates: list[torch.Tensor]) -> torch.Tensor:
     """Per block, the candidate whose decoded values have the least (weighted) squared error; the first on ties."""
+    if len(candidates) == 1:  # nothing to choose (e.g. Q4_0 without an imatrix): skip decoding it
+        return candidates[0]
     best, best_err = candidates[0], block_error(xb, qw, qtype, candidates[0])
     for data in candidates[1:]:
         err = block_error(xb, qw, qtype, data)

@@ -31,10 +31,12 @@ def default_path() -> Path:
 
 @pytest.fixture(scope="session")
 def default_lm(default_path):
-    """Our fp32 CPU load of the default model (shared: loading takes seconds)."""
+    """Our fp32 CPU reference load of the default model, weights decoded to dense float32 (shared:
+    loading takes seconds). `localllm` itself keeps them quantized on the CPU: tests/test_cpu_kernels.py
+    checks that path against this one."""
     from localllm.load import load_model
 
-    return load_model(str(default_path), "cpu", torch.float32)
+    return load_model(str(default_path), "cpu", torch.float32, keep_quantized=False)
 
 
 class TinyModels:
@@ -100,3 +102,14 @@ def default_greedy(default_lm):
         hook.remove()
     assert len(ids) == GREEDY_TOKENS, f"stopped early after {len(ids)} tokens"
     return prompt, ids, torch.stack(seen[: len(ids)])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of small forward passes (`pytestmark = usefixtures("one_thread")`):
+    on the shared 2-core machine, with other processes busy, two spinning OpenMP threads made them
+    5-20x slower than one (measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -102,14 +102,7 @@ def test_imatrix_matches_transformers_activations(tiny, case):
         torch.testing.assert_close(v.double(), ref[name], rtol=1e-4, atol=1e-7, msg=name)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: on the shared 2-core machine, with other processes busy, two
-    spinning OpenMP threads made these forward passes 5-20x slower than one (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: small passes run faster on one thread
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,113 @@
+"""localllm against llama.cpp on the CPU: the same GGUF file, prompt length, thread count and token counts.
+
+    python bench/vs_llamacpp.py [MODEL ...] [-t THREADS] [-p 512] [-n 128] [-r 3]
+
+llama.cpp runs through llama-cpp-python, built from source into a cached virtual environment
+(bench/llamacpp_env.py: about 6 minutes on 2 cores the first time). Both sides are timed the way
+llama-bench does: ppP = a P-token prompt into an empty context, tgN = N single-token steps from an
+empty context (each step feeds the previous step's argmax), after one warm-up of each; the mean
+over repetitions is printed, with the ratio localllm / llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from llamacpp_env import run_llamacpp
+from localllm.cache import make_cache
+from localllm.load import load_model
+from localllm.registry import resolve_model
+
+# Runs inside the llama.cpp venv: argv = path, threads, prompt length, generated tokens, repetitions.
+LLAMA_CODE = r"""
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+
+path, threads, p, n, reps = sys.argv[1], *map(int, sys.argv[2:])
+llm = Llama(model_path=path, n_ctx=p + n + 8, n_batch=p, n_ubatch=p, n_threads=threads,
+            n_threads_batch=threads, verbose=False)
+prompt = np.random.default_rng(0).integers(100, llm.n_vocab() - 100, p).tolist()
+
+def pp():
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    return p / (time.perf_counter() - t)
+
+def tg():
+    llm.reset()
+    token = prompt[0]
+    t = time.perf_counter()
+    for _ in range(n):
+        llm.eval([token])
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return n / (time.perf_counter() - t)
+
+pp(), tg()  # warm-up
+print(json.dumps({"pp": [pp() for _ in range(reps)], "tg": [tg() for _ in range(reps)]}))
+"""
+
+
+def localllm_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict[str, list[float]]:
+    torch.set_num_threads(threads)
+    lm = load_model(str(path), "cpu")
+    model, cfg = lm.model, lm.config
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, cfg.vocab_size - 100, (1, p), generator=g)
+    cache = make_cache(cfg, p + n + 8, dtype=model.token_embd.weight.dtype)
+
+    @torch.inference_mode()
+    def pp() -> float:
+        t = time.perf_counter()
+        model(prompt, cache, 0, last_only=True)
+        return p / (time.perf_counter() - t)
+
+    @torch.inference_mode()
+    def tg() -> float:
+        token = prompt[:, :1]
+        t = time.perf_counter()
+        for i in range(n):
+            token = model(token, cache, i)[:, -1].argmax(-1, keepdim=True)
+        return n / (time.perf_counter() - t)
+
+    pp(), tg()  # warm-up (and the C++ kernels' build, the first time)
+    return {"pp": [pp() for _ in range(reps)], "tg": [tg() for _ in range(reps)]}
+
+
+def llamacpp_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict[str, list[float]]:
+    out = run_llamacpp(LLAMA_CODE, str(path), str(threads), str(p), str(n), str(reps))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    from kernels.cpu import physical_cores
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", default=[None], help="GGUF files or model names (default: the default model)")
+    ap.add_argument("-t", "--threads", type=int, default=physical_cores())
+    ap.add_argument("-p", "--prompt", type=int, default=512)
+    ap.add_argument("-n", "--gen", type=int, default=128)
+    ap.add_argument("-r", "--reps", type=int, default=3)
+    args = ap.parse_args()
+    print(f"threads {args.threads}; tokens/s, mean ± sd over {args.reps} runs")
+    print("| model | test | llama.cpp | localllm | ratio |\n| --- | --- | ---: | ---: | ---: |")
+    for spec in args.models:
+        path = resolve_model(spec)
+        theirs = llamacpp_speeds(path, args.threads, args.prompt, args.gen, args.reps)
+        ours = localllm_speeds(path, args.threads, args.prompt, args.gen, args.reps)
+        for key, name in (("pp", f"pp{args.prompt}"), ("tg", f"tg{args.gen}")):
+            a, b = theirs[key], ours[key]
+            ratio = statistics.mean(b) / statistics.mean(a)
+            print(f"| {path.name} | {name} | {statistics.mean(a):.1f} ± {statistics.pstdev(a):.1f} "
+                  f"| {statistics.mean(b):.1f} ± {statistics.pstdev(b):.1f} | {ratio:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

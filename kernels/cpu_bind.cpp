@@ -1,0 +1,108 @@
+// Python bindings of the CPU kernels (built by kernels/cpu.py with torch.utils.cpp_extension).
+// Tensors arrive checked by cpu.py: contiguous, on the CPU, uint8 blocks or fp32 values.
+#include <torch/extension.h>
+
+#include "cpu_decode.h"
+#include "cpu_quant.h"
+#include "cpu_tiles.h"
+
+namespace {
+
+// A weight as the kernels see it: w uint8, (N, row bytes) GGUF blocks or dense rows, or 1-D tiles.
+lq::Mat mat(const at::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool tiled) {
+  const int64_t row_bytes = tiled ? 0 : w.size(1);
+  return lq::Mat{static_cast<int>(qtype), static_cast<const uint8_t*>(w.data_ptr()), N, K, row_bytes, tiled};
+}
+
+// x (T, K) fp32 @ w.T -> (T, N) fp32 (x rounded to int16 per 32 values unless w is dense).
+at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool tiled,
+                   int64_t threads) {
+  const int64_t T = x.size(0), G = K / 32;
+  at::Tensor y = at::empty({T, N}, x.options());
+  auto q = at::empty({T, K}, at::kShort);
+  auto d = at::empty({T, G}, at::kFloat), hs = at::empty({T, G, 2}, at::kFloat);
+  auto sums = at::empty({T, G, 2}, at::kInt);
+  lq::quantize_x(x.data_ptr<float>(), T, K, q.data_ptr<int16_t>(), d.data_ptr<float>(), hs.data_ptr<float>(),
+                 sums.data_ptr<int32_t>(), static_cast<int>(threads));
+  lq::QX qx{q.data_ptr<int16_t>(), d.data_ptr<float>(), hs.data_ptr<float>(), sums.data_ptr<int32_t>(), T, K};
+  lq::mat_matmul(mat(w, qtype, N, K, tiled), qx, x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(threads));
+  return y;
+}
+
+// Rows [n0, n1) of w -> (n1 - n0, K) fp32, equal to quantize.decode.dequantize_torch.
+at::Tensor dequantize(const at::Tensor& w, int64_t qtype, int64_t N, int64_t K, bool tiled, int64_t n0, int64_t n1,
+                      int64_t threads) {
+  at::Tensor out = at::empty({n1 - n0, K}, at::kFloat);
+  const lq::Mat m = mat(w, qtype, N, K, tiled);
+  if (n0 == 0 && n1 == N) {
+    lq::mat_dequantize_all(m, out.data_ptr<float>(), static_cast<int>(threads));
+  } else {
+    lq::mat_dequantize(m, n0, n1, out.data_ptr<float>());
+  }
+  return out;
+}
+
+// raw (N, row bytes) GGUF blocks -> 1-D uint8 tiles (cpu_tiles.h); empty where the type is not tiled.
+at::Tensor repack(const at::Tensor& raw, int64_t qtype, int64_t K, int64_t threads) {
+  const lq::TileKind k = lq::tile_kind(static_cast<int>(qtype));
+  if (!k.bits) return at::empty({0}, at::kByte);
+  const int64_t N = raw.size(0);
+  at::Tensor tiles = at::empty({(N + 7) / 8 * (K / 32) * k.group_bytes()}, at::kByte);
+  lq::repack(static_cast<int>(qtype), raw.data_ptr<uint8_t>(), N, raw.size(1), K, tiles.data_ptr<uint8_t>(),
+             static_cast<int>(threads));
+  return tiles;
+}
+
+const float* ptr_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+// Holds the tensors (so the pointers stay valid) and the model's layout; see cpu.py CpuDecoder.
+struct Decoder {
+  std::vector<at::Tensor> keep;
+  lq::ModelW m;
+
+  // dims: dim, ffn, H, Hkv, D. mats: per layer q k v o gate up down, then embd, out (as qmatmul
+  // takes them; F32 weights viewed as bytes); qtypes, Ns, Ks and tiled alike. vecs: per layer
+  // attn_norm ffn_norm q_norm k_norm bq bk bv (empty when absent), then output_norm.
+  Decoder(std::vector<int64_t> dims, double eps, std::vector<at::Tensor> mats, std::vector<int64_t> qtypes,
+          std::vector<int64_t> Ns, std::vector<int64_t> Ks, std::vector<bool> tiled, std::vector<at::Tensor> vecs) {
+    keep = mats;
+    keep.insert(keep.end(), vecs.begin(), vecs.end());
+    m.dim = dims[0], m.ffn = dims[1], m.H = dims[2], m.Hkv = dims[3], m.D = dims[4];
+    m.eps = static_cast<float>(eps);
+    const size_t L = (mats.size() - 2) / 7;
+    for (size_t l = 0; l < L; l++) {
+      auto M = [&](size_t i) {
+        const size_t j = 7 * l + i;
+        return mat(mats[j], qtypes[j], Ns[j], Ks[j], tiled[j]);
+      };
+      auto V = [&](size_t i) { return ptr_or_null(vecs[7 * l + i]); };
+      lq::LayerW w{M(0), M(1), M(2), M(3), M(4), M(5), M(6), V(0), V(1), V(2), V(3), V(4), V(5), V(6)};
+      m.layers.push_back(w);
+    }
+    m.embd = mat(mats[7 * L], qtypes[7 * L], Ns[7 * L], Ks[7 * L], tiled[7 * L]);
+    m.out = mat(mats[7 * L + 1], qtypes[7 * L + 1], Ns[7 * L + 1], Ks[7 * L + 1], tiled[7 * L + 1]);
+    m.out_norm = vecs[7 * L].data_ptr<float>();
+  }
+
+  // k, v: (L, 1, Hkv, S, D) fp32 cache; cos, sin: (D/2,) rope rows of pos -> logits (V,).
+  at::Tensor step(int64_t token, int64_t pos, at::Tensor& k, at::Tensor& v, const at::Tensor& cos,
+                  const at::Tensor& sin, int64_t threads) {
+    at::Tensor logits = at::empty({m.out.N}, at::kFloat);
+    lq::Cache c{k.data_ptr<float>(), v.data_ptr<float>(), k.size(3)};
+    lq::decode_step(m, token, pos, c, cos.data_ptr<float>(), sin.data_ptr<float>(), logits.data_ptr<float>(),
+                    static_cast<int>(threads));
+    return logits;
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  mod.def("qmatmul", &qmatmul);
+  mod.def("dequantize", &dequantize);
+  mod.def("repack", &repack);
+  pybind11::class_<Decoder>(mod, "Decoder")
+      .def(pybind11::init<std::vector<int64_t>, double, std::vector<at::Tensor>, std::vector<int64_t>,
+                          std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, std::vector<at::Tensor>>())
+      .def("step", &Decoder::step);
+}

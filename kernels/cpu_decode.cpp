@@ -1,0 +1,179 @@
+// The decode step of cpu_decode.h. Reference: localllm/model.py Transformer.forward for one token
+// (RMSNorm in fp32, neox rope, causal attention with grouped kv heads, SiLU GLU, fp32 residual);
+// tests/test_cpu_kernels.py checks its logits against that forward and greedy output for 64 tokens.
+#include "cpu_decode.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <utility>
+
+#include "cpu_quant.h"
+
+namespace lq {
+namespace {
+
+// Buffers of one step, reused across steps (one decoder runs at a time per thread).
+struct Scratch {
+  std::vector<float> x, xn, tmp, q, k, v, att, gate, up, scores, xd, xhs;
+  std::vector<int16_t> xq;
+  std::vector<int32_t> xl;
+};
+
+Scratch& scratch(const ModelW& m, int64_t S) {
+  thread_local Scratch s;
+  const int64_t C = m.dim, widest = std::max({m.dim, m.ffn, m.H * m.D}), G = widest / 32;
+  s.x.resize(C), s.xn.resize(C), s.tmp.resize(C);
+  s.q.resize(m.H * m.D), s.k.resize(m.Hkv * m.D), s.v.resize(m.Hkv * m.D), s.att.resize(m.H * m.D);
+  s.gate.resize(m.ffn), s.up.resize(m.ffn), s.scores.resize(m.H * S);
+  s.xq.resize(widest), s.xd.resize(G), s.xhs.resize(2 * G), s.xl.resize(2 * G);
+  return s;
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  return hsum(acc);
+}
+
+// x' (first half, second half) = (x1 cos - x2 sin, x2 cos + x1 sin): model.rope_rotate.
+void rope(float* x, int64_t D, const float* cos, const float* sin) {
+  const int64_t h = D / 2;
+  for (int64_t i = 0; i < h; i++) {
+    const float a = x[i], b = x[i + h];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + h] = b * cos[i] + a * sin[i];
+  }
+}
+
+// Rows of several weights that share the input x, split over the team (inside the parallel region).
+void products(std::initializer_list<std::pair<const Mat*, float*>> jobs, const QX& qx, const float* xf) {
+  constexpr int64_t chunk = 16;  // a multiple of the 8-row tiles
+  int64_t total = 0;
+  for (const auto& j : jobs) total += (j.first->N + chunk - 1) / chunk;
+#pragma omp for schedule(static)
+  for (int64_t c = 0; c < total; c++) {
+    int64_t first = c;
+    for (const auto& j : jobs) {
+      const Mat& m = *j.first;
+      const int64_t chunks = (m.N + chunk - 1) / chunk;
+      if (first >= chunks) {
+        first -= chunks;
+        continue;
+      }
+      const int64_t n0 = first * chunk, n1 = std::min(m.N, n0 + chunk);
+      mat_rows(m, n0, n1, qx, xf, j.second, m.N);
+      break;
+    }
+  }
+}
+
+void quantize(const float* x, int64_t K, Scratch& s, QX& qx) {
+  quantize_x(x, 1, K, s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), 1);
+  qx = QX{s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), 1, K};
+}
+
+void add_bias(float* y, const float* b, int64_t n) {
+  if (b) for (int64_t i = 0; i < n; i++) y[i] += b[i];
+}
+
+// One query head over cache rows [0, pos]: softmax(q k^T / sqrt(D)) v.
+void attend(const float* q, const float* kc, const float* vc, int64_t pos, int64_t D, float* scores, float* out) {
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  float mx = -INFINITY;
+  for (int64_t t = 0; t <= pos; t++) {
+    scores[t] = dot(q, kc + t * D, D) * scale;
+    mx = std::max(mx, scores[t]);
+  }
+  float sum = 0.f;
+  for (int64_t t = 0; t <= pos; t++) {
+    scores[t] = std::exp(scores[t] - mx);
+    sum += scores[t];
+  }
+  for (int64_t d = 0; d < D; d++) out[d] = 0.f;
+  for (int64_t t = 0; t <= pos; t++) {
+    const float p = scores[t] / sum;
+    for (int64_t d = 0; d < D; d++) out[d] += p * vc[t * D + d];
+  }
+}
+
+}  // namespace
+
+void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, const float* cos, const float* sin,
+                 float* logits, int threads) {
+  Scratch& s = scratch(m, c.S);
+  const int64_t C = m.dim, H = m.H, Hkv = m.Hkv, D = m.D, F = m.ffn, S = c.S;
+  float *x = s.x.data(), *xn = s.xn.data(), *tmp = s.tmp.data();
+  float *q = s.q.data(), *k = s.k.data(), *v = s.v.data(), *att = s.att.data();
+  float *gate = s.gate.data(), *up = s.up.data();
+  mat_dequantize(m.embd, token, token + 1, x);
+  QX qx{};
+#pragma omp parallel num_threads(threads)
+  {
+    for (const LayerW& w : m.layers) {
+      const int64_t l = &w - m.layers.data();
+      float* kc = c.k + l * Hkv * S * D;
+      float* vc = c.v + l * Hkv * S * D;
+#pragma omp single
+      {
+        rmsnorm(x, w.attn_norm, C, m.eps, xn);
+        quantize(xn, C, s, qx);
+      }
+      products({{&w.q, q}, {&w.k, k}, {&w.v, v}}, qx, xn);
+#pragma omp single
+      {
+        add_bias(q, w.bq, H * D), add_bias(k, w.bk, Hkv * D), add_bias(v, w.bv, Hkv * D);
+        for (int64_t h = 0; h < H; h++) {
+          if (w.q_norm) rmsnorm(q + h * D, w.q_norm, D, m.eps, q + h * D);
+          rope(q + h * D, D, cos, sin);
+        }
+        for (int64_t h = 0; h < Hkv; h++) {
+          if (w.k_norm) rmsnorm(k + h * D, w.k_norm, D, m.eps, k + h * D);
+          rope(k + h * D, D, cos, sin);
+          std::copy(k + h * D, k + (h + 1) * D, kc + (h * S + pos) * D);
+          std::copy(v + h * D, v + (h + 1) * D, vc + (h * S + pos) * D);
+        }
+      }
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < H; h++) {
+        const int64_t hk = h / (H / Hkv);  // grouped-query attention: H / Hkv query heads per kv head
+        attend(q + h * D, kc + hk * S * D, vc + hk * S * D, pos, D, s.scores.data() + h * S, att + h * D);
+      }
+#pragma omp single
+      quantize(att, H * D, s, qx);
+      products({{&w.o, tmp}}, qx, att);
+#pragma omp single
+      {
+        for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+        rmsnorm(x, w.ffn_norm, C, m.eps, xn);
+        quantize(xn, C, s, qx);
+      }
+      products({{&w.gate, gate}, {&w.up, up}}, qx, xn);
+#pragma omp single
+      {
+        for (int64_t i = 0; i < F; i++) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+        quantize(gate, F, s, qx);
+      }
+      products({{&w.down, tmp}}, qx, gate);
+#pragma omp single
+      for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+    }
+#pragma omp single
+    {
+      rmsnorm(x, m.out_norm, C, m.eps, xn);
+      quantize(xn, C, s, qx);
+    }
+    products({{&m.out, logits}}, qx, xn);
+  }
+}
+
+}  // namespace lq

@@ -1,0 +1,251 @@
+// Repacking GGUF blocks into 8-row tiles, and the products and decoding that read them (cpu_tiles.h).
+// Reference: every value equals quantize.decode.dequantize_torch of the original blocks
+// (tests/test_cpu_kernels.py decodes tiles back and compares bit for bit).
+#include "cpu_tiles.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu_quant.h"
+#include "cpu_simd.h"
+
+namespace lq {
+namespace {
+
+// The 8 quant vectors of a tile-group (vector i: rows 0..7 x values 4i..4i+3, unsigned); with Z,
+// of the tile-groups at a and b side by side.
+template <class V, int BITS>
+inline void unpack(const uint8_t* a, const uint8_t* b, typename V::I v[8]) {
+  if constexpr (BITS == 8) {
+    for (int i = 0; i < 8; i++) v[i] = V::load(a + 32 * i, b + 32 * i);
+  } else {
+    const auto low = V::set8(0x0F);
+    for (int i = 0; i < 4; i++) {
+      const auto q = V::load(a + 32 * i, b + 32 * i);
+      v[i] = V::band(q, low);
+      v[i + 4] = V::band(V::shr4(q), low);
+    }
+    if constexpr (BITS == 5) {
+      for (int i = 0; i < 8; i++) v[i] = V::bor(v[i], V::fifth_bits(a + 128 + 4 * i, b + 128 + 4 * i));
+    }
+  }
+}
+
+template <bool S32>
+inline void store_scales(uint8_t* p, const float v[8]) {
+  for (int r = 0; r < 8; r++) {
+    if constexpr (S32) {
+      std::memcpy(p + 4 * r, &v[r], 4);
+    } else {
+      const uint16_t h = _cvtss_sh(v[r], 0);  // exact: the value came from an fp16 field
+      std::memcpy(p + 2 * r, &h, 2);
+    }
+  }
+}
+
+template <int QT>
+void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, int64_t tile, uint8_t* tiles) {
+  constexpr TileKind k = tile_kind(QT);
+  const int64_t G = K / 32;
+  alignas(32) uint8_t u[8][32];
+  uint8_t vec[8][32];
+  for (int64_t g = 0; g < G; g++) {
+    uint8_t* dst = tiles + (tile * G + g) * k.group_bytes();
+    float s[2][8] = {}, m[8] = {};
+    for (int r = 0; r < 8; r++) {
+      const int64_t n = tile * 8 + r;
+      if (n >= N) {
+        std::memset(u[r], 0, 32);
+        continue;
+      }
+      Group gr;
+      gr.m[0] = gr.m[1] = 0.f;
+      row_group<QT>(raw + n * row_bytes, static_cast<int>(g), gr);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u[r]), gr.u);
+      s[0][r] = gr.s[0], s[1][r] = gr.s[1], m[r] = gr.m[0];
+    }
+    for (int i = 0; i < 8; i++)
+      for (int r = 0; r < 8; r++)
+        for (int j = 0; j < 4; j++) vec[i][4 * r + j] = u[r][4 * i + j];
+    if constexpr (k.bits == 8) {
+      std::memcpy(dst, vec, 256);
+    } else {
+      for (int p = 0; p < 4; p++)
+        for (int b = 0; b < 32; b++) dst[32 * p + b] = (vec[p][b] & 0xF) | ((vec[p + 4][b] & 0xF) << 4);
+      if constexpr (k.bits == 5) {
+        for (int i = 0; i < 8; i++) {
+          uint32_t word = 0;
+          for (int b = 0; b < 32; b++) word |= static_cast<uint32_t>((vec[i][b] >> 4) & 1) << b;
+          std::memcpy(dst + 128 + 4 * i, &word, 4);
+        }
+      }
+    }
+    uint8_t* sp = dst + k.quant_bytes();
+    store_scales<k.s32>(sp, s[0]);
+    if constexpr (k.halves) store_scales<k.s32>(sp + k.scale_bytes() / 2, s[1]);
+    if constexpr (k.has_min) store_scales<k.s32>(sp + k.scale_bytes(), m);
+  }
+}
+
+// One group's integer row sums (values 0..15, 16..31) into the fp32 accumulator: s * d * sum (a scale a
+// half, or one for both) plus m * d * sum(x) for formats with a min term.
+template <class V, TileKind k>
+inline typename V::F accumulate(const typename V::I half[2], typename V::F s0, typename V::F s1, typename V::F m,
+                                const QX& x, int64_t ti, typename V::F acc) {
+  const auto dx = V::fset(x.d[ti]);
+  if constexpr (k.halves) {
+    acc = V::fmadd(V::to_float(half[0]), V::mul(s0, dx), acc);
+    acc = V::fmadd(V::to_float(half[1]), V::mul(s1, dx), acc);
+  } else {
+    acc = V::fmadd(V::to_float(V::add(half[0], half[1])), V::mul(s0, dx), acc);
+  }
+  if constexpr (k.has_min) acc = V::fmadd(m, V::fset(x.half_sums[2 * ti] + x.half_sums[2 * ti + 1]), acc);
+  return acc;
+}
+
+// acc[t] (lane r = row r of the tile, or of the pair with Z) for NT rows of x from t0, over every group.
+// Vector i holds 4 values of each row; widened to int16, its low and high 8 bytes of each 128-bit
+// lane (rows 0,1 / 4,5 and 2,3 / 6,7) multiply x's 4 values (broadcast as 64 bits) in 2 lanes a row.
+template <class V, int QT, int NT>
+inline void tile_dot(const uint8_t* ta, const uint8_t* tb, const QX& x, int64_t t0, typename V::F acc[NT]) {
+  constexpr TileKind k = tile_kind(QT);
+  constexpr int sb = k.scale_bytes();
+  const int64_t G = x.K / 32;
+  for (int t = 0; t < NT; t++) acc[t] = V::fzero();
+  typename V::I v[8];
+  for (int64_t g = 0; g < G; g++) {
+    const uint8_t *pa = ta + g * k.group_bytes(), *pb = tb + g * k.group_bytes();
+    unpack<V, k.bits>(pa, pb, v);
+    typename V::I wl[8], wh[8];  // widened once, for every row of x
+    for (int i = 0; i < 8; i++) wl[i] = V::widen_lo(v[i]), wh[i] = V::widen_hi(v[i]);
+    const uint8_t *sa = pa + k.quant_bytes(), *sbp = pb + k.quant_bytes();
+    const auto s0 = V::template scales<k.s32>(sa, sbp);
+    auto s1 = s0, m = V::fzero();
+    if constexpr (k.halves) s1 = V::template scales<k.s32>(sa + sb / 2, sbp + sb / 2);
+    if constexpr (k.has_min) m = V::template scales<k.s32>(sa + sb, sbp + sb);
+    for (int t = 0; t < NT; t++) {
+      const int64_t ti = (t0 + t) * G + g;
+      const int16_t* xq = x.q + (t0 + t) * x.K + 32 * g;
+      typename V::I half[2];
+      for (int h = 0; h < 2; h++) {  // values 0..15, then 16..31
+        auto lo = V::zero(), hi = V::zero();
+        for (int i = 4 * h; i < 4 * h + 4; i++) {
+          int64_t four;
+          std::memcpy(&four, xq + 4 * i, 8);
+          const auto xb = V::set64(four);
+          lo = V::madd(lo, wl[i], xb);
+          hi = V::madd(hi, wh[i], xb);
+        }
+        half[h] = V::add(V::pair_sums(lo, hi), V::set32(-k.o * x.sums[2 * ti + h]));
+      }
+      acc[t] = accumulate<V, k>(half, s0, s1, m, x, ti, acc[t]);
+    }
+  }
+}
+
+// Rows of tiles a (and a + 1 with Z) for every row of x; `rows` of the V::rows lanes are stored.
+template <class V, int QT>
+void matmul_lanes(const uint8_t* ta, const uint8_t* tb, int64_t rows, const QX& x, float* y, int64_t ldy) {
+  alignas(64) float out[16];
+  auto emit = [&](typename V::F acc, int64_t t) {
+    V::store(out, acc);
+    std::copy(out, out + rows, y + t * ldy);
+  };
+  int64_t t = 0;
+  for (; t + V::nt <= x.T; t += V::nt) {  // the unpacked weights serve nt rows of x
+    typename V::F acc[V::nt];
+    tile_dot<V, QT, V::nt>(ta, tb, x, t, acc);
+    for (int j = 0; j < V::nt; j++) emit(acc[j], t + j);
+  }
+  for (; t < x.T; t++) {
+    typename V::F acc[1];
+    tile_dot<V, QT, 1>(ta, tb, x, t, acc);
+    emit(acc[0], t);
+  }
+}
+
+template <int QT>
+void matmul_tiles(const uint8_t* tiles, int64_t N, int64_t K, int64_t tile0, int64_t tile1, const QX& x, float* y,
+                  int64_t ldy) {
+  const int64_t tile_bytes = (K / 32) * tile_kind(QT).group_bytes();
+  int64_t tile = tile0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  // Pairs for several rows of x (prompts); one row (decode) measured faster 8 rows at a time.
+  for (; x.T > 1 && tile + 2 <= tile1; tile += 2) {
+    const uint8_t* ta = tiles + tile * tile_bytes;
+    matmul_lanes<Z, QT>(ta, ta + tile_bytes, std::min<int64_t>(16, N - 8 * tile), x, y + 8 * tile, ldy);
+  }
+#endif
+  for (; tile < tile1; tile++) {
+    const uint8_t* ta = tiles + tile * tile_bytes;
+    matmul_lanes<Y, QT>(ta, ta, std::min<int64_t>(8, N - 8 * tile), x, y + 8 * tile, ldy);
+  }
+}
+
+template <int QT>
+void dequantize_tiles(const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, float* out) {
+  constexpr TileKind k = tile_kind(QT);
+  const int64_t G = K / 32;
+  alignas(32) uint8_t u[8][32], row[32];
+  alignas(32) float s[2][8], m[8];
+  __m256i v[8];
+  for (int64_t tile = n0 / 8; tile * 8 < n1; tile++) {
+    for (int64_t g = 0; g < G; g++) {
+      const uint8_t* p = tiles + (tile * G + g) * k.group_bytes();
+      unpack<Y, k.bits>(p, p, v);
+      for (int i = 0; i < 8; i++) _mm256_store_si256(reinterpret_cast<__m256i*>(u[i]), v[i]);
+      const uint8_t* sp = p + k.quant_bytes();
+      _mm256_store_ps(s[0], Y::scales<k.s32>(sp, sp));
+      _mm256_store_ps(s[1], Y::scales<k.s32>(sp + (k.halves ? k.scale_bytes() / 2 : 0), sp));
+      if constexpr (k.has_min) _mm256_store_ps(m, Y::scales<k.s32>(sp + k.scale_bytes(), sp));
+      for (int r = 0; r < 8; r++) {
+        const int64_t n = tile * 8 + r;
+        if (n < n0 || n >= n1) continue;
+        for (int i = 0; i < 8; i++) std::memcpy(row + 4 * i, &u[i][4 * r], 4);  // row r's values in order
+        float* o = out + (n - n0) * K + 32 * g;
+        for (int c = 0; c < 4; c++) {  // 8 values at a time; c < 2: the first half's scale
+          const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * c));
+          const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(b8), _mm256_set1_epi32(k.o));
+          // s * (u - o), then + m: two roundings, as the reference (an fma would round once)
+          __m256 w = _mm256_mul_ps(_mm256_set1_ps(s[c / 2][r]), _mm256_cvtepi32_ps(q));
+          if constexpr (k.has_min) w = _mm256_add_ps(w, _mm256_set1_ps(m[r]));  // no "+ 0": keeps -0.0
+          _mm256_storeu_ps(o + 8 * c, w);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#define LQ_TILED(F, ...)                          \
+  switch (qtype) {                                \
+    case Q8_0: return F<Q8_0>(__VA_ARGS__);       \
+    case Q4_0: return F<Q4_0>(__VA_ARGS__);       \
+    case Q4_1: return F<Q4_1>(__VA_ARGS__);       \
+    case Q5_0: return F<Q5_0>(__VA_ARGS__);       \
+    case Q5_1: return F<Q5_1>(__VA_ARGS__);       \
+    case Q4_K: return F<Q4_K>(__VA_ARGS__);       \
+    case Q5_K: return F<Q5_K>(__VA_ARGS__);       \
+    case Q6_K: return F<Q6_K>(__VA_ARGS__);       \
+    default: return;                              \
+  }
+
+void repack(int qtype, const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, uint8_t* tiles, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t tile = 0; tile < (N + 7) / 8; tile++) {
+    [&]() { LQ_TILED(repack_tile, raw, N, row_bytes, K, tile, tiles) }();
+  }
+}
+
+void tile_matmul(int qtype, const uint8_t* tiles, int64_t N, int64_t K, int64_t tile0, int64_t tile1, const QX& x,
+                 float* y, int64_t ldy) {
+  LQ_TILED(matmul_tiles, tiles, N, K, tile0, tile1, x, y, ldy)
+}
+
+void tile_dequantize(int qtype, const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, float* out) {
+  LQ_TILED(dequantize_tiles, tiles, K, n0, n1, out)
+}
+
+}  // namespace lq

@@ -1,0 +1,58 @@
+// 8-row tiles: the layout the CPU repacks most GGUF formats into at load (kernels/cpu.py), so a few
+// integer dot-product instructions serve 8 weight rows at once, with one horizontal step a group:
+//
+// A (N, K) weight becomes ceil(N / 8) tiles x K / 32 groups, each tile-group (8 rows x 32 values)
+// stored contiguously, tile-major:
+//   quants  vector i (i = 0..7) holds, for rows r = 0..7, the 4 values 4i..4i+3 of row r (32 bytes),
+//           stored as  8 bits: the 8 vectors (256 bytes);
+//                      4 bits: 4 x 32 bytes, byte b of block p = vector p (low nibble), p + 4 (high);
+//                      5 bits: as 4 bits, then 8 x 4 bytes of 5th bits (bit b of word i: byte b of vector i)
+//   scales  s of rows 0..7 (fp16 where the file stores fp16 scales, else fp32 d * sc), twice (values
+//           0..15, 16..31) for formats with 16-value sub-blocks
+//   mins    m of rows 0..7 (same dtype), for formats with a min term
+// so w = s * (u - o) + m exactly as quantize.decode's decoders compute it (cpu_quant.h: Group).
+// Rows past N (the last tile) are zero. Sizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 equal the file's;
+// Q4_K +33%, Q5_K +27%, Q6_K +52% (fp32 scales per 32 or 16 values instead of 6/8-bit ones).
+#pragma once
+
+#include <cstdint>
+
+namespace lq {
+
+struct TileKind {
+  int bits;        // 4, 5 or 8 bits a quant
+  bool s32;        // fp32 scales (else fp16)
+  bool has_min;
+  bool halves;     // a scale per 16 values
+  int o;           // integer offset: w = s * (u - o) + m
+  constexpr int quant_bytes() const { return bits == 8 ? 256 : bits == 5 ? 160 : 128; }
+  constexpr int scale_bytes() const { return 8 * (s32 ? 4 : 2) * (halves ? 2 : 1); }
+  constexpr int group_bytes() const { return quant_bytes() + scale_bytes() + (has_min ? 8 * (s32 ? 4 : 2) : 0); }
+};
+
+// The kind a ggml type is repacked as; bits == 0: not tiled (kept as GGUF blocks).
+constexpr TileKind tile_kind(int qtype) {
+  switch (qtype) {
+    case 8: return {8, false, false, false, 128};  // Q8_0
+    case 2: return {4, false, false, false, 8};    // Q4_0
+    case 3: return {4, false, true, false, 0};     // Q4_1
+    case 6: return {5, false, false, false, 16};   // Q5_0
+    case 7: return {5, false, true, false, 0};     // Q5_1
+    case 12: return {4, true, true, false, 0};     // Q4_K
+    case 13: return {5, true, true, false, 0};     // Q5_K
+    case 14: return {8, true, false, true, 32};    // Q6_K
+    default: return {0, false, false, false, 0};   // Q2_K, Q3_K, dense: not tiled
+  }
+}
+
+// raw (N, row_bytes) GGUF blocks -> tiles (ceil(N/8) * K/32 * group_bytes bytes, see above).
+void repack(int qtype, const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, uint8_t* tiles, int threads);
+
+struct QX;
+// y[t * ldy + n] for rows n in [8 * t0, 8 * t1) (tiles t0..t1), every row t of x.
+void tile_matmul(int qtype, const uint8_t* tiles, int64_t N, int64_t K, int64_t tile0, int64_t tile1, const QX& x,
+                 float* y, int64_t ldy);
+// rows [n0, n1) -> out (n1 - n0, K) fp32, equal to dequantize_torch of the original blocks.
+void tile_dequantize(int qtype, const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, float* out);
+
+}  // namespace lq

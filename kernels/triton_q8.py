@@ -1,0 +1,278 @@
+"""Integer-dot matrix-vector products for Q8_0, Q4_0, Q4_K and Q6_K weights (decode, few rows).
+
+x is first quantized to int8 per 32 values (quantize/act.py, Q8_0's rule, plus sums over 16 values;
+RMSNorm can be fused into that pass). Then every 32-bit word of weight quants meets a word of four
+x int8s in one dp4a instruction (four products and their sum), and block scales are applied once per
+16-64 values: about one instruction per weight against ~7 for a float decode (kernels/triton_gemv.py),
+which is what keeps 4-bit products at memory speed. llama.cpp's CUDA matvec (mmvq) works the same way.
+
+Reference each product must match, within fp32 summation order:
+  dequantize_torch(W) @ dequantize_act(q_x, d_x)    (quantize/act.py),
+so the only error against W @ x is Q8_0's on the activations (measured by bench/cuda_check.py).
+
+Units: a program takes BN rows and walks K in units (Q8_0/Q4_0: a 32-value block; Q4_K: a 64-value
+chunk of a super-block, whose low nibbles are sub-block 2u and high nibbles 2u + 1; Q6_K: a 128-value
+half of a super-block). The weights are block-major (QWeight.to_blocks): the threads of a warp take
+consecutive rows of the same units, so their 16-byte word loads form one contiguous run and the x
+words they need are the same (a broadcast). Against a row-major layout, where every thread fetched
+its own x words, this took Llama 3.1 8B's gate/up Q4_0 product from 48% to 83% of copy bandwidth
+(H200, bench/kmajor_try.py).
+Under TRITON_INTERPRET (CPU tests) dp4a, an inline PTX instruction, is emulated by shifts: the integer
+sums are the same either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .qweight import INT_DOT_TYPES, Q, QWeight
+from .triton_gemv import INTERPRET, PDL, _epilogue, _pdl_wait, _rstd, plan
+
+# Weight fields per type (P0..P5; word fields viewed as int32) and values per unit.
+FIELDS = {
+    Q.Q8_0: ("qs", "d", None, None, None), Q.Q4_0: ("qs", "d", None, None, None),
+    Q.Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q.Q6_K: ("ql", "d", "qh", "sc", None),
+}
+WORDS = ("qs", "ql", "qh")
+FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
+UNIT = {Q.Q8_0: 32, Q.Q4_0: 32, Q.Q4_K: 64, Q.Q6_K: 128}
+TYPES = INT_DOT_TYPES
+assert set(FMT) == TYPES
+# (rows per program BN, units per iteration BK, warps): bench/q8_tune.py's sweep (H200).
+# Every product is also split over K (triton_gemv.auto_split) so that enough warps stream: 2026-11-26.
+CONFIGS = {Q.Q8_0: (32, 4, 1), Q.Q4_0: (32, 4, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
+if INTERPRET:  # the interpreter pays per program: few large ones
+    CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
+M4, M30 = tl.constexpr(0x0F0F0F0F), tl.constexpr(0x30303030)  # nibble and Q6_K high-bit masks
+
+
+@triton.jit
+def _dp4a(a, b, c, ASM: tl.constexpr):
+    """c + the sum of the four products of the signed bytes of a and b (int32 words)."""
+    if ASM:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for j in tl.static_range(4):
+            c += ((a << (24 - 8 * j)) >> 24) * ((b << (24 - 8 * j)) >> 24)
+        return c
+
+
+@triton.jit
+def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, eps, NORM: tl.constexpr,
+                      GLU: tl.constexpr, BLOCKS: tl.constexpr, RSTD_BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Row m, 32-value blocks [BLOCKS * j, BLOCKS * (j + 1)) of x (grid: (M, blocks / BLOCKS)) -> q, d, s
+    as quantize.act.quantize_act of x; NORM: of x * rstd(x) * norm weight, in fp32; GLU: x is (M, 2K)
+    fp32 sums of interleaved (gate, up) rows, the values are silu(gate) * up rounded like model.py's
+    modules in the activation dtype, and the sums are cleared (zeros) for the next accumulation."""
+    _pdl_wait(PDL)
+    m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    bmask = (b < K // 32)[:, None]
+    cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
+    if GLU:
+        ACT: tl.constexpr = act_ptr.dtype.element_ty
+        src = x_ptr + m * x_stride + 2 * cols
+        gate = tl.load(src, mask=bmask, other=0.0).to(ACT).to(tl.float32)
+        up = tl.load(src + 1, mask=bmask, other=0.0).to(ACT).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
+        v = (silu * up).to(ACT).to(tl.float32)
+        tl.store(src, tl.zeros_like(gate), mask=bmask)
+        tl.store(src + 1, tl.zeros_like(up), mask=bmask)
+    else:
+        v = tl.load(x_ptr + m * x_stride + cols, mask=bmask, other=0.0).to(tl.float32)
+    if NORM:
+        nw = tl.load(nw_ptr + cols, mask=bmask, other=0.0).to(tl.float32)
+        v = v * _rstd(x_ptr + m * x_stride, K, eps, RSTD_BLOCK) * nw
+    _store_blocks(v, b, bmask, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 16), K, BLOCKS)
+
+
+@triton.jit
+def _store_blocks(v, b, bmask, q_row, d_row, s_row, K, BLOCKS: tl.constexpr):
+    """v (BLOCKS, 32) fp32 values of 32-value blocks b of one row -> its q, d, s (quantize.act's rule)."""
+    d = tl.div_rn(tl.max(tl.abs(v), 1), 127.0)
+    inv = tl.where(d == 0, 0.0, tl.div_rn(1.0, tl.where(d == 0, 1.0, d)))
+    t = v * inv[:, None]
+    a = tl.abs(t)  # roundf(t), exactly as quantize.simple.round_away
+    f = tl.floor(a)
+    q = (f + tl.floor(2 * (a - f))).to(tl.int32)
+    q = tl.where(t < 0, -q, q)
+    cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
+    tl.store(q_row + cols, q.to(tl.int8), mask=bmask)
+    tl.store(d_row + b, d, mask=b < K // 32)
+    s = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), 2)
+    h = 2 * b[:, None] + tl.arange(0, 2)[None, :]
+    tl.store(s_row + h, s, mask=bmask)
+
+
+def act_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty (q int8 (m, k), d fp32 (m, k / 32), s int32 (m, k / 16)) for a quantized activation."""
+    return (torch.empty((m, k), dtype=torch.int8, device=device),
+            torch.empty((m, k // 32), dtype=torch.float32, device=device),
+            torch.empty((m, k // 16), dtype=torch.int32, device=device))
+
+
+@triton.jit
+def _ld(ptr, mask, EVEN: tl.constexpr):
+    """Load; masked (zeros outside) unless the tile is known to lie inside the tensors (EVEN)."""
+    if EVEN:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=mask, other=0)
+
+
+@triton.jit
+def _unit_sum(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd, xs, u3, r3, m3, um3,
+              ASM: tl.constexpr, EVEN: tl.constexpr):
+    """u3 (BK, 1, 1) units, r3 (1, BN, 1) row offsets (row * step) -> (BK, BN, 1) fp32 sums of W x over
+    each unit. Fields are block-major: P + unit * U + row * (elements per unit row) + e. xq: int32
+    words of the quantized x row (loaded (BK, 1, 4), the same for every thread), xd its block scales,
+    xs its 16-value sums. Word loads are (BK, BN, 4): one 16-byte vector per thread."""
+    j = tl.arange(0, 4)[None, None, :]
+    if FMT == 0:  # Q8_0: 8 words of int8 quants per block; w = d q
+        s = tl.zeros((u3.shape[0], r3.shape[1], 4), tl.int32)
+        for h in tl.static_range(2):
+            w = _ld(P0 + u3 * U0 + r3 * 8 + 4 * h + j, m3, EVEN)
+            s = _dp4a(w, _ld(xq + 8 * u3 + 4 * h + j, um3, EVEN), s, ASM)
+        d = _ld(P1 + u3 * U1 + r3, m3, EVEN).to(tl.float32)
+        return tl.sum(s, 2, keep_dims=True).to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
+    elif FMT == 1:  # Q4_0: 4 words of nibbles per block (low: values 0-15, high: 16-31); w = d (q - 8)
+        w = _ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN)
+        s = _dp4a(w & M4, _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
+        s = tl.sum(_dp4a((w >> 4) & M4, _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
+        sx = _ld(xs + 2 * u3, um3, EVEN) + _ld(xs + 2 * u3 + 1, um3, EVEN)
+        d = _ld(P1 + u3 * U1 + r3, m3, EVEN).to(tl.float32)
+        return (s - 8 * sx).to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
+    elif FMT == 2:  # Q4_K chunk u: 8 words; w = d sc q - dmin mn per 32-value sub-block (2u: low nibbles)
+        s_lo = tl.zeros((u3.shape[0], r3.shape[1], 4), tl.int32)
+        s_hi = s_lo
+        for h in tl.static_range(2):
+            w = _ld(P0 + u3 * U0 + r3 * 8 + 4 * h + j, m3, EVEN)
+            s_lo = _dp4a(w & M4, _ld(xq + 16 * u3 + 4 * h + j, um3, EVEN), s_lo, ASM)
+            s_hi = _dp4a((w >> 4) & M4, _ld(xq + 16 * u3 + 8 + 4 * h + j, um3, EVEN), s_hi, ASM)
+        d = _ld(P1 + (u3 // 4) * U1 + r3, m3, EVEN).to(tl.float32)
+        dmin = _ld(P2 + (u3 // 4) * U2 + r3, m3, EVEN).to(tl.float32)
+        y = tl.zeros(d.shape, tl.float32)
+        for h in tl.static_range(2):
+            s = tl.sum(s_lo if h == 0 else s_hi, 2, keep_dims=True)
+            sb = 2 * u3 + h
+            sc = _ld(P3 + sb * U3 + r3, m3, EVEN).to(tl.int32)
+            mn = _ld(P4 + sb * U4 + r3, m3, EVEN).to(tl.int32)
+            sx = _ld(xs + 2 * sb, um3, EVEN) + _ld(xs + 2 * sb + 1, um3, EVEN)
+            part = d * (s * sc).to(tl.float32) - dmin * (sx * mn).to(tl.float32)
+            y += part * _ld(xd + sb, um3, EVEN)
+        return y
+    else:  # Q6_K half u: ql words 4k + j and 8 + 4k + j, qh words 4k + j of the unit; w = d sc (q - 32)
+        d = _ld(P1 + (u3 // 2) * U1 + r3, m3, EVEN).to(tl.float32)
+        y = tl.zeros(d.shape, tl.float32)
+        for k in tl.static_range(2):  # k: the 16-value group of each quarter
+            ql_a = _ld(P0 + u3 * U0 + r3 * 16 + 4 * k + j, m3, EVEN)
+            ql_b = _ld(P0 + u3 * U0 + r3 * 16 + 8 + 4 * k + j, m3, EVEN)
+            qh = _ld(P2 + u3 * U2 + r3 * 8 + 4 * k + j, m3, EVEN)
+            for t in tl.static_range(4):  # quarter t: values 32t + 16k + 4j of the half
+                if t == 0:
+                    q = (ql_a & M4) | ((qh << 4) & M30)
+                elif t == 1:
+                    q = (ql_b & M4) | ((qh << 2) & M30)
+                elif t == 2:
+                    q = ((ql_a >> 4) & M4) | (qh & M30)
+                else:
+                    q = ((ql_b >> 4) & M4) | ((qh >> 2) & M30)
+                a = tl.sum(_dp4a(q, _ld(xq + 32 * u3 + 8 * t + 4 * k + j, um3, EVEN), tl.zeros_like(q), ASM), 2,
+                           keep_dims=True)
+                g = 8 * u3 + 2 * t + k
+                sc = _ld(P3 + g * U3 + r3, m3, EVEN).to(tl.int32)
+                y += (sc * (a - 32 * _ld(xs + g, um3, EVEN))).to(tl.float32) * _ld(xd + 4 * u3 + t, um3, EVEN)
+        return d * y
+
+
+@triton.jit(do_not_specialize=["step"])
+def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, P0, P1, P2, P3, P4,
+                    U0, U1, U2, U3, U4, step, N, K, out_stride, units_per_split, FMT: tl.constexpr,
+                    UNIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr,
+                    ASM: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of one x row m (grid: (N / BN, M, SPLIT)); each
+    iteration takes BK units of K. step: the fields' row step (2 for an interleaved view; kept a
+    runtime value so that the per-row scale loads keep the word tile's layout). The epilogue (bias,
+    GLU, residual, split-K atomics) is triton_gemv's. EVEN: N % BN == 0 and every BK-unit step exists.
+    (Prefetching the first steps' weights into L2 before the PDL wait was tried: slower, 2026-11-26.)"""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    u_lo = tl.program_id(2) * units_per_split
+    u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)
+    r3 = (rows * step)[None, :, None]
+    _pdl_wait(PDL)
+    ACT: tl.constexpr = act_ptr.dtype.element_ty
+    m = tl.program_id(1)
+    rmask = rows < N
+    m64 = m.to(tl.int64)
+    xq, xd, xs = xq_ptr + m64 * (K // 4), xd_ptr + m64 * (K // 32), xs_ptr + m64 * (K // 16)
+    acc = tl.zeros((BK, BN, 1), tl.float32)
+    for u0 in range(u_lo, u_hi, BK):
+        u3 = (u0 + tl.arange(0, BK))[:, None, None]
+        um3 = u3 < u_hi
+        m3 = rmask[None, :, None] & um3
+        acc += _unit_sum(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd, xs, u3, r3, m3, um3, ASM, EVEN)
+    y = tl.sum(tl.sum(acc, 2), 0)
+    _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS, HAS_RES,
+              ROUND, SPLIT)
+
+
+def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                 glu_dtype: torch.dtype | None = None, blocks: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (q int8 (M, K), d fp32 (M, K / 32), s int32 (M, K / 16)): quantize.act.quantize_act
+    of x, or of RMSNorm(x) (x * rstd * weight in fp32) with norm_weight. glu_dtype: x is instead the
+    fp32 (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer), the values are
+    silu(gate) * up rounded to glu_dtype as the modules round them, and x is zeroed as it is read."""
+    x = x if glu_dtype is not None else x.contiguous()
+    m, k = x.shape[0], x.shape[1] // (2 if glu_dtype is not None else 1)
+    assert glu_dtype is None or (x.dtype == torch.float32 and x.stride(1) == 1)
+    q, d, s = act_buffers(m, k, x.device)
+    act_ref = torch.empty(1, dtype=glu_dtype or torch.float32, device=x.device)
+    blocks = 64 if INTERPRET else blocks
+    grid = (m, triton.cdiv(k // 32, blocks))
+    _quant_act_kernel[grid](x, norm_weight if norm_weight is not None else x, act_ref, q, d, s, k, x.stride(0), eps,
+                            NORM=norm_weight is not None, GLU=glu_dtype is not None, BLOCKS=blocks,
+                            RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), PDL=PDL, num_warps=4, launch_pdl=PDL)
+    return q, d, s
+
+
+def weight_args(w: QWeight) -> tuple[list[torch.Tensor], list[int], int]:
+    """Block-major w -> the five field tensors (word fields viewed as int32, unused ones repeating the
+    first), their unit strides (elements) and the row step."""
+    assert w.blocks, "the integer-dot kernels take block-major weights (QWeight.to_blocks)"
+    ptrs = [w.parts[name].view(torch.int32) if name in WORDS else w.parts[name] if name else None
+            for name in FIELDS[w.qtype]]
+    ptrs = [p if p is not None else ptrs[0] for p in ptrs]
+    per_row = [p.shape[2] for p in ptrs]
+    steps = {p.stride(1) // c for p, c in zip(ptrs, per_row)}
+    assert all(p.stride(2) == 1 for p in ptrs) and len(steps) == 1, "fields need one row step, contiguous units"
+    return ptrs, [p.stride(0) for p in ptrs], steps.pop()
+
+
+def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bias: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None, glu: bool = False, act_dtype: torch.dtype = torch.bfloat16,
+            out_dtype: torch.dtype | None = None, config: tuple[int, int, int] | None = None,
+            split: int | None = 1, inplace: bool = False) -> torch.Tensor:
+    """xa = quantize_act(x) of x (M, K) -> (M, N) as triton_gemv.gemv (same bias / residual / glu /
+    split / inplace meaning), the product taken in integers; w block-major (QWeight.to_blocks)."""
+    q, d, s = xa
+    m, k = q.shape
+    n = w.shape[0]
+    assert w.shape[1] == k and w.qtype in TYPES
+    ptrs, strides, step = weight_args(w)
+    bn, bk, warps = config or CONFIGS[w.qtype]
+    bn = max(bn, 2) if glu else bn
+    units = k // UNIT[w.qtype]
+    split, per_split, out, act_ref, grid = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype,
+                                                act_dtype, q.device)
+    _q8_gemv_kernel[grid](
+        q.view(torch.int32), d, s, out, bias if bias is not None else out, residual if residual is not None else out,
+        act_ref, *ptrs, *strides, step, n, k, out.stride(0), per_split,
+        FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, GLU=glu, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=split, ASM=not INTERPRET,
+        EVEN=n % bn == 0 and units % bk == 0, PDL=PDL, num_warps=warps, launch_pdl=PDL,
+    )
+    return out

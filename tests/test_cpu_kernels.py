@@ -1,0 +1,176 @@
+"""The CPU kernels (kernels/cpu*.cpp) against their oracles.
+
+- decoding (file blocks and 8-row tiles): quantize.dequantize_torch, bit for bit;
+- products: the fp64 product of dequantize_torch's values with x rounded as the kernels round it
+  (int16 per 32 values; F32/F16/BF16 weights, and long inputs of untiled ones, take x as it is);
+- the one-call decode step: the dense reference model's forward with the same input rounding;
+- the default model: greedy output of the CPU path equal to the dense fp32 reference for 64 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import gguf
+import pytest
+import torch
+
+from kernels.cpu import QMATVEC_MAX_ROWS, BlockQWeight, dequantize_rows, embed, load_extension, pack_for_cpu, qlinear
+from localllm.cache import make_cache
+from localllm.cpu_decode import decoder_for
+from localllm.generate import generate
+from localllm.gguf_file import open_gguf
+from localllm.load import load_model
+from localllm.model import Linear
+from localllm.runner import encode_prompt
+from localllm.sampling import Sampler
+from localllm.settings import DEFAULT_CPU, SamplingSettings
+from quantize import dequantize_torch, quantize_tensor
+
+Q = gguf.GGMLQuantizationType
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]
+DENSE = (Q.F16, Q.BF16, Q.F32)
+
+
+def round_like_kernels(x: torch.Tensor) -> torch.Tensor:
+    """x (T, K) -> d * round(x / d) per 32 values, d = max|x| / 32767 (cpu_quant.cpp quantize_x)."""
+    b = x.reshape(x.shape[0], -1, 32)
+    d = b.abs().amax(-1, keepdim=True) / 32767
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(b * inv) * d).reshape(x.shape)
+
+
+def kernels():
+    return load_extension(DEFAULT_CPU.cache_dir)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def test_kernels_build():
+    assert kernels() is not None, "the C++ CPU kernels did not build"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_blocks_and_tiles_decode_and_multiply_like_the_reference(qtype):
+    g = torch.Generator().manual_seed(int(qtype))
+    N, K = 61, 512  # 61 rows: the last 8-row tile is partial
+    raw = torch.as_tensor(quantize_tensor(torch.randn(N, K, generator=g), qtype)).view(torch.uint8).reshape(N, -1)
+    ref = dequantize_torch(raw, qtype)
+    w = pack_for_cpu(BlockQWeight.from_blocks(raw, qtype, torch.float32), kernels())
+    assert torch.equal(dequantize_rows(w, 0, N), ref)
+    assert torch.equal(dequantize_rows(w, 13, 27), ref[13:27])
+    for T in (1, 3, QMATVEC_MAX_ROWS + 3):
+        x = torch.randn(T, K, generator=g)
+        gemm = qtype in DENSE or (T > QMATVEC_MAX_ROWS and not w.tiled)  # x as it is, fp32
+        xr = x if gemm else round_like_kernels(x)
+        assert rel(qlinear(x, w), xr.double() @ ref.double().T) < 2e-6
+
+
+def test_torch_fallback_reads_the_file_blocks():
+    """Without the kernels (no compiler, or MPS) the file's blocks are decoded by dequantize_torch."""
+    g = torch.Generator().manual_seed(5)
+    raw = torch.as_tensor(quantize_tensor(torch.randn(40, 64, generator=g), Q.Q5_1)).view(torch.uint8).reshape(40, -1)
+    w, ref = BlockQWeight.from_blocks(raw, Q.Q5_1, torch.float32), dequantize_torch(raw, Q.Q5_1)
+    tokens, x = torch.tensor([[3, 39, 3]]), torch.randn(2, 64, generator=g)
+    assert w.ext is None and torch.equal(embed(w, tokens), ref[tokens])
+    assert rel(qlinear(x, w), x.double() @ ref.double().T) < 1e-6
+
+
+def test_weights_are_held_once(default_path):
+    """The CPU load holds no more weight bytes than the file and no view of its mapping."""
+    lm = load_model(str(default_path), "cpu")
+    held = [w for m in lm.model.modules() for w in [getattr(m, "qweight", None)] if w is not None]
+    held.append(lm.model.token_embd.weight)
+    assert all(isinstance(w, BlockQWeight) and w.tiled for w in held)
+    f = open_gguf(default_path)
+    file_bytes = sum(int(t.n_bytes) for t in f.tensors.values())
+    assert sum(w.nbytes for w in held) <= file_bytes
+    assert all(w.data.untyped_storage().nbytes() == w.nbytes for w in held)  # own storage, not the mmap
+
+
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    return round_like_kernels(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
+def hooked_reference(ref, fast):
+    """Make ref's products see their input rounded as fast's kernels round it (quantized weights)."""
+    mods = dict(ref.named_modules())
+    for name, m in fast.named_modules():
+        if isinstance(m, Linear) and isinstance(m.w, BlockQWeight) and m.w.qtype not in DENSE:
+            mods[name].register_forward_pre_hook(lambda _m, a: (rounded(a[0]),))
+    # The head (output, or token_embd when tied) is multiplied by model.forward itself, fed by output_norm.
+    ref.output_norm.register_forward_hook(lambda _m, _a, out: rounded(out))
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "llama3"])
+def test_decode_step_matches_reference_forward(tiny, case):
+    """One C++ call per token gives the logits of the dense model's forward (inputs of quantized
+    products rounded alike), and fills the cache as the torch path does."""
+    path = str(tiny.gguf(case, Q.Q8_0))
+    fast = load_model(path, "cpu").model
+    ref = load_model(path, "cpu", torch.float32, keep_quantized=False).model
+    hooked_reference(ref, fast)
+    tokens = torch.randint(0, fast.cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
+    cache, ref_cache = make_cache(fast.cfg, 12), make_cache(fast.cfg, 12)
+    assert decoder_for(fast, cache) is not None
+    with torch.inference_mode():
+        fast(tokens[:, :6], cache, 0)
+        ref(tokens[:, :6], ref_cache, 0)
+        for i in range(6, 9):
+            got, want = fast(tokens[:, i:i + 1], cache, i), ref(tokens[:, i:i + 1], ref_cache, i)
+            assert rel(got, want) < 1e-4, f"step {i}"  # unrounded inputs: ~5e-3 with int8, ~2e-5 int16
+    assert rel(cache.k[:, :, :, :9], ref_cache.k[:, :, :, :9]) < 1e-4
+
+
+def greedy(lm, ids: list[int], n: int) -> list[int]:
+    cache = make_cache(lm.config, len(ids) + n + 1, dtype=lm.model.token_embd.weight.dtype)
+    return list(generate(lm.model, cache, ids, Sampler(SamplingSettings(temperature=0)), n))
+
+
+LONG_PROMPT = (  # ~130 tokens: a prompt past QMATVEC_MAX_ROWS, multiplied as a batch
+    "The old lighthouse keeper climbed the spiral stairs every evening at dusk, counting each of the "
+    "one hundred and twelve steps as his father had taught him. At the top he trimmed the wick, polished "
+    "the great lens until it gleamed, and wrote the weather in a leather book: wind from the north-east, "
+    "a grey swell, two fishing boats returning late. The village below had grown quiet over the years. "
+    "Children left for the cities, the cannery closed, and the ferry came only twice a week. Still he "
+    "kept the light burning, because a ship"
+)
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a time, there was a little",
+                                    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+                                    LONG_PROMPT], ids=["readme", "chat", "long"])
+def test_default_model_greedy_64_equals_reference(default_lm, default_path, prompt):
+    """The README prompt has a near tie at its 13th token (top-2 logits 0.003 apart): int8-rounded
+    activations, llama.cpp's, flip it; the int16 ones do not."""
+    cpu = load_model(str(default_path), "cpu")
+    ids = encode_prompt(cpu, prompt)
+    assert len(ids) > QMATVEC_MAX_ROWS or prompt != LONG_PROMPT
+    assert greedy(cpu, ids, 64) == greedy(default_lm, ids, 64)
+
+
+def test_gguf_header_cache(default_path, tiny, tmp_path):
+    """A large metadata section is parsed once: the second open reads the cache and gives the same
+    metadata and tensor table; a changed file is parsed again; a small section is never cached."""
+    path, cache_dir = tmp_path / "model.gguf", tmp_path / "cache"
+    shutil.copyfile(default_path, path)
+    first = open_gguf(path, cache_dir=cache_dir)
+    entries = list((cache_dir / "gguf").glob("*.json"))
+    assert len(entries) == 1
+    second = open_gguf(path, cache_dir=cache_dir)
+    assert second.metadata == first.metadata
+    table = lambda f: {n: (t.tensor_type, t.data.shape, t.data_offset) for n, t in f.tensors.items()}  # noqa: E731
+    assert table(second) == table(first)
+    # The cache is what the second open read: an edited entry shows through, until the file changes.
+    entry = json.loads(entries[0].read_text())
+    entry["metadata"]["general.name"] = "from the cache"
+    entries[0].write_text(json.dumps(entry))
+    assert open_gguf(path, cache_dir=cache_dir).metadata["general.name"] == "from the cache"
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert open_gguf(path, cache_dir=cache_dir).metadata == first.metadata
+    open_gguf(tiny.gguf("llama"), cache_dir=cache_dir)
+    assert len(list((cache_dir / "gguf").glob("*.json"))) == 1

@@ -1,0 +1,160 @@
+"""The integer-dot kernels (kernels/triton_q8.py) under Triton's interpreter, against their references:
+quantize.act.quantize_act (bit for bit) for the activation quantizer, which itself must be gguf's Q8_0;
+dequantize_torch(W) @ dequantize_act(q, d) (within fp32 summation order) for the products, with the
+epilogues of triton_gemv (bias, residual, GLU, split K). On the GPU the dp4a instruction replaces the
+interpreter's shift emulation; bench/cuda_check.py compares the two paths' results there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+for _name in ("kernels.triton_gemv", "kernels.triton_q8"):  # re-decorate if imported uninterpreted
+    if _name in sys.modules:
+        importlib.reload(sys.modules[_name])
+
+import gguf  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels import triton_q8  # noqa: E402
+from kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
+from quantize import dequantize_torch, quantize_tensor  # noqa: E402
+from quantize.act import dequantize_act, quantize_act  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_act_reference_is_ggufs_q8_0():
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)) * 5
+    x[0, :32] = 0.0  # an all-zero block: d = 0
+    q, d, s = quantize_act(x)
+    raw = gguf.quants.quantize(x.numpy(), Q.Q8_0).reshape(-1, 34)
+    assert np.array_equal(raw[:, 2:].view(np.int8).reshape(3, 256), q.numpy())
+    assert np.array_equal(raw[:, :2].view(np.float16).reshape(3, -1), d.half().numpy())
+    assert torch.equal(s, q.reshape(3, -1, 16).sum(-1).int())
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_quantize_act_kernel_matches_reference(norm):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 4096, generator=g) * 3
+    x[1, 64:96] = 0.0
+    nw = 1 + 0.1 * torch.randn(4096, generator=g) if norm else None
+    q, d, s = triton_q8.quantize_act(x, nw, 1e-5)
+    if norm:  # the kernel's rstd sums in another order: compare on the values it normalised with
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+    qr, dr, sr = quantize_act(x)
+    if norm:  # one rounding step apart at most, and rarely
+        assert (q.int() - qr.int()).abs().max() <= 1 and (q != qr).float().mean() < 1e-3
+        assert rel(d, dr) < 1e-6
+    else:
+        assert torch.equal(q, qr) and torch.equal(d, dr) and torch.equal(s, sr)
+
+
+@pytest.fixture(scope="module", params=sorted(INT_DOT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+def weight(request):
+    """(qtype, reference values (40, 512), QWeight); 40 rows: a partial row tile."""
+    g = torch.Generator().manual_seed(7)
+    raw = torch.from_numpy(quantize_tensor(torch.randn(40, 512, generator=g), request.param))
+    return request.param, dequantize_torch(raw, request.param), QWeight.from_raw(raw, request.param).to_blocks()
+
+
+def act(rows: int, seed: int) -> tuple[torch.Tensor, tuple, torch.Tensor]:
+    """x (rows, 512), its quantized form, and the values the products see."""
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(seed)) * 2
+    xa = quantize_act(x)
+    return x, xa, dequantize_act(xa[0], xa[1])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("config", [None, (8, 2, 4)], ids=["masked", "even"])
+def test_gemv_matches_reference(weight, rows, config):
+    qtype, ref, qw = weight
+    n = 32 if config else 40  # (8, 2, 4) divides 32 rows and 512 columns: the mask-free path
+    x, xa, xv = act(rows, rows)
+    got = triton_q8.gemv_q8(xa, qw.rows(0, n), act_dtype=torch.float32, config=config)
+    assert got.shape == (rows, n) and rel(got, xv.double() @ ref[:n].double().T) < 1e-6
+    assert rel(got, x @ ref[:n].T) < 2e-2  # what int8 activations cost against the float product
+
+
+def test_epilogues(weight):
+    """bias + residual in bf16 rounding; GLU on interleaved rows; K split by atomics, in place."""
+    qtype, ref, qw = weight
+    g = torch.Generator().manual_seed(4)
+    _, xa, xv = act(1, 5)
+    y = xv @ ref.T
+    b, res = torch.randn(40, generator=g), torch.randn(1, 40, generator=g)
+    got = triton_q8.gemv_q8(xa, qw, bias=b, residual=res, act_dtype=torch.bfloat16)
+    # bf16 rounding of y + b (the interpreter truncates to bf16): at most one bf16 step from the sum
+    step = 2.0 ** (torch.floor(torch.log2((y + b).abs())) - 7)
+    assert ((got - res - (y + b)).abs() <= step + 1e-6).all()
+    glu = triton_q8.gemv_q8(xa, qw, glu=True, act_dtype=torch.float32)
+    assert rel(glu, F.silu(y[:, 0::2]) * y[:, 1::2]) < 1e-5
+    acc = res.clone()
+    triton_q8.gemv_q8(xa, qw, residual=acc, act_dtype=torch.float32, split=2, inplace=True)
+    assert rel(acc, res + y) < 1e-6
+
+
+def test_fused_linear_takes_the_integer_path(weight):
+    """kernels.linear.fused_linear routes these types to gemv_q8 with the norm fused into quantize_act."""
+    from kernels.linear import fused_linear
+
+    qtype, ref, qw = weight
+    g = torch.Generator().manual_seed(8)
+    x, nw = torch.randn(1, 512, generator=g), 1 + 0.1 * torch.randn(512, generator=g)
+    got = fused_linear(x, qw, norm=(nw, 1e-5), act_dtype=torch.float32)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+    q, d, _ = quantize_act(h)
+    assert rel(got, dequantize_act(q, d) @ ref.T) < 1e-4
+
+
+def test_block_major_round_trip_and_views(weight):
+    """to_blocks reorders bytes only: back to rows, views, interleaved cat all decode to the reference."""
+    qtype, ref, qw = weight
+    assert qw.blocks and qw.nbytes == qw.to_rows().nbytes
+    assert torch.equal(qw.dequantize(torch.float32), ref)
+    fused = QWeight.cat([qw, qw.rows(0, 40)], interleave=True)
+    for i in (0, 1):
+        assert torch.equal(fused.rows(i, fused.shape[0], 2).dequantize(torch.float32), ref)
+    x, xa, xv = act(1, 9)
+    got = triton_q8.gemv_q8(xa, fused.rows(1, fused.shape[0], 2), act_dtype=torch.float32)
+    assert rel(got, xv.double() @ ref.double().T) < 1e-6
+
+
+def test_quantize_act_glu_reads_and_clears_the_sums():
+    """glu_dtype: interleaved (gate, up) fp32 sums -> quantize_act(silu(gate) * up) with the modules'
+    roundings (fp16 here: the interpreter truncates to bf16 where the GPU rounds); the sums buffer is
+    zero afterwards (ready for the next split-K accumulation)."""
+    sums = torch.randn(1, 2 * 256, generator=torch.Generator().manual_seed(3)) * 4
+    gate, up = sums[:, 0::2].half(), sums[:, 1::2].half()
+    want = quantize_act((F.silu(gate) * up).float())
+    got = triton_q8.quantize_act(sums, glu_dtype=torch.float16)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not sums.any()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0])
+def test_partial_unit_steps_read_nothing_past_k(qtype):
+    """K = 576 (SmolLM2): 18 blocks, not a multiple of the units per step. x's buffers continue past K
+    with NaN scales and random words: a product that read them would be NaN or wrong."""
+    g = torch.Generator().manual_seed(12)
+    raw = torch.from_numpy(quantize_tensor(torch.randn(40, 576, generator=g), qtype))
+    w, ref = QWeight.from_raw(raw, qtype).to_blocks(), dequantize_torch(raw, qtype)
+    q, d, s = quantize_act(torch.randn(1, 576, generator=g))
+    pad = 4 * 32 * 4
+    qp = torch.randint(-128, 128, (1, 576 + pad), generator=g, dtype=torch.int8)
+    dp = torch.full((1, (576 + pad) // 32), float("nan"))
+    sp = torch.randint(-1000, 1000, (1, (576 + pad) // 16), generator=g, dtype=torch.int32)
+    qp[:, :576], dp[:, :18], sp[:, :36] = q, d, s
+    got = triton_q8.gemv_q8((qp[:, :576], dp[:, :18], sp[:, :36]), w, act_dtype=torch.float32, config=(64, 4, 4))
+    assert rel(got, dequantize_act(q, d).double() @ ref.double().T) < 1e-6
