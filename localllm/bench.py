@@ -109,6 +109,12 @@ def weight_bytes_per_token(model: Transformer) -> int:
     return sum(nbytes(w) for w in linear_weights(model)) + norms + head
 
 
+def kv_bytes_per_token(cache, context: float) -> float:
+    """Bytes of KV cache a decode step reads at `context` positions: k and v of every layer."""
+    _, b, hkv, _, d = cache.k.shape
+    return 2 * cache.k.shape[0] * b * hkv * d * context * cache.k.element_size()
+
+
 def model_stats(model: Transformer) -> tuple[int, int]:
     """(bytes of weights held, parameter count): dense parameters plus quantized weights."""
     qws = [w for w in linear_weights(model) if isinstance(w, QWeight)]
@@ -176,7 +182,8 @@ def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict) ->
                                     achieved=rate / 1e12, unit="TFLOP/s", roofline_share=rate / roof["flops"]))
                 if n:
                     tps = mean_std([n / t for _, t in runs])
-                    bw = wbytes * tps[0]
+                    # the issue's speed limit: weights plus the KV cache read, at the mean context
+                    bw = (wbytes + kv_bytes_per_token(cache, depth + p + n / 2)) * tps[0]
                     rows.append(Row(**base, test=f"tg{n} after pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
                                     achieved=bw / 1e9, unit="GB/s", roofline_share=bw / roof["bandwidth"]))
                 del cache
