@@ -73,7 +73,7 @@ OPT_THREADS = typer.Option(C.threads, "-t", "--threads", help="CPU threads (defa
 OPT_DRAFT = typer.Option(D.draft, "--draft", metavar="MODEL", help="speculative decoding with this draft model (path or name, same vocabulary), or self:TYPE: the model itself quantized in memory to TYPE (e.g. self:Q4_0)")
 OPT_DRAFT_MAX = typer.Option(D.max_draft, "--draft-max", metavar="K", help="tokens drafted per target pass (default: adaptive, from the recent acceptance rate)")
 OPT_DRAFT_MIN_P = typer.Option(D.min_p, "--draft-min-p", metavar="P", help="stop drafting when the draft gives its token a probability below P (0: off)")
-OPT_DRAFT_DTYPE = typer.Option(D.dtype, "--draft-dtype", help="the draft model's weights' dtype (default: the device's)")
+OPT_DRAFT_DTYPE = typer.Option(D.dtype, "--draft-dtype", help="the draft model's dense weights' dtype (default: the device's; quantized weights on the CPU compute in float32)")
 OPT_LOOKUP = typer.Option(D.lookup, "--lookup", metavar="N", help="speculative decoding by prompt lookup, no draft model: what followed the last N ids (N down to 1) earlier in the prompt or the text (0: off)")
 
 

@@ -29,7 +29,7 @@ import torch
 
 from localllm.cache import make_cache
 from localllm.device import pick_device, pick_dtype
-from localllm.draft import ModelDrafter, open_drafter
+from localllm.draft import ModelDrafter, open_drafter, step_bytes
 from localllm.generate import decode_one, prefill
 from localllm.registry import shape_preset
 from localllm.sampling import Sampler
@@ -160,7 +160,7 @@ def main() -> None:
     for i in (-2, -1):
         rows[i] = (rows[i][0], rows[i][1], rows[i][1] / rows[0][1])
 
-    model_drafter = ModelDrafter(draft, Sampler(GREEDY, device), DEFAULT_DRAFT.min_p, DEFAULT_DRAFT.draft_cost)
+    model_drafter = ModelDrafter(draft, Sampler(GREEDY, device), DEFAULT_DRAFT.min_p, step_bytes(draft) / step_bytes(target))
     lookup_ds = DraftSettings(lookup=args.lookup)
     natural = random_prompt(tcfg.vocab_size, args.depth, 2)
     repetitive = (random_prompt(tcfg.vocab_size, 64, 3) * (args.depth // 64 + 1))[: args.depth]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import gguf
 import torch
 
 from kernels.qweight import QWeight
-from quantize import BLOCK_SIZES, SUPPORTED_TYPES, quantize_tensor
+from quantize import quantize_tensor
+from quantize.presets import FLOAT_TYPES, PRESETS, ModelShape, fallback, find_preset, preset_types
 
+from .bench import linear_weights, nbytes
 from .cache import KVCache, make_cache
 from .device import pick_dtype
 from .errors import LocalLLMError
@@ -22,13 +23,11 @@ from .model import Linear, Transformer
 from .sampling import Sampler, draw
 from .settings import DraftSettings, SamplingSettings
 from .speculative import Drafter, feed
-from .synthetic import FALLBACK, tensor_type
 from .tokenizer import Tokenizer
-from .weights import QuantizedTensor
+from .weights import QuantizedTensor, gguf_name
 
-Q = gguf.GGMLQuantizationType
 SELF = "self:"
-SELF_TYPES = sorted({t.name for t in SUPPORTED_TYPES} | {"Q4_K_M"})
+SELF_TYPES = list(PRESETS)  # those of `localllm quantize --type`
 VOCAB_CHECKED = 1000  # leading token texts compared (the whole table of a 150k vocabulary is slow to walk)
 
 
@@ -53,7 +52,7 @@ def check_draft(ds: DraftSettings) -> None:
     if ds.draft is None and not ds.lookup and (ds.max_draft is not None or ds.min_p > 0):
         raise LocalLLMError("--draft-max and --draft-min-p need a drafter: --draft MODEL, --draft self:TYPE or --lookup N")
     name = self_type(ds.draft)
-    if name is not None and name.upper() not in SELF_TYPES:
+    if name is not None and find_preset(name) is None:
         raise LocalLLMError(f"unknown type in --draft {ds.draft!r} (self:TYPE with TYPE one of {', '.join(SELF_TYPES)})")
 
 
@@ -79,28 +78,39 @@ def check_same_vocab(target: Tokenizer, draft: Tokenizer, name: str) -> None:
 # ---- draft models
 
 
-def self_draft(model: Transformer, type_name: str, dtype: torch.dtype) -> Transformer:
-    """The target with every linear weight quantized in memory to type_name (the encoders of quantize/;
-    K-quants fall back as llama.cpp does for rows not a multiple of 256; Q4_K_M is llama.cpp's mix),
-    then placed by load.build_model like a GGUF file's: quantized on CUDA, decoded to dense elsewhere.
-    The embedding and norms are the target's, in dtype (shared when it is the target's dtype)."""
-    cfg, device = model.cfg, model.token_embd.weight.device
-    state = dict(model.state_dict())  # dense tensors; a Linear holding a QWeight has no "weight" entry
-    if "token_embd.weight" not in state:  # an embedding kept quantized (a QWeight): dense for the draft
-        state["token_embd.weight"] = model.token_embd.weight.dequantize(torch.float32)
+def matrices(model: Transformer) -> dict[str, torch.Tensor | QWeight]:
+    """Module name -> every 2-D weight, dense or quantized: the linears, and the embedding."""
+    out = {}
     for name, module in model.named_modules():
-        if not isinstance(module, Linear):
-            continue
-        key, w = f"{name}.weight", module.w
-        dense = w.dequantize(torch.float32) if isinstance(w, QWeight) else w.detach().float()
-        qtype = tensor_type(key.replace(".attn.", "."), type_name, cfg)
-        if qtype in FALLBACK and dense.shape[1] % 256:
-            qtype = FALLBACK[qtype]
-        if qtype is None or dense.shape[1] % BLOCK_SIZES[qtype][0]:
-            state[key] = dense
-        else:
-            state[key] = QuantizedTensor(qtype, torch.from_numpy(quantize_tensor(dense, qtype)).to(device))
-    return build_model(cfg, state, str(device), dtype)
+        w = module.w if isinstance(module, Linear) else module.weight if name == "token_embd" else None
+        if w is not None:
+            out[f"{name}.weight"] = w
+    return out
+
+
+def dense(w: torch.Tensor | QWeight) -> torch.Tensor:
+    return w.dequantize(torch.float32) if isinstance(w, QWeight) else w.detach()
+
+
+def self_draft(model: Transformer, type_name: str, dtype: torch.dtype) -> Transformer:
+    """The target quantized in memory as `localllm quantize --type type_name` would write it (llama.cpp's
+    per-tensor rules: quantize/presets.py; the encoders of quantize/), then placed as load_model places
+    a file's weights: blocks for kernels/cpu.py on the CPU and MPS (the embedding too; on the CPU the
+    dense tensors are fp32, as its kernels compute in fp32), QWeights on CUDA (the embedding decoded,
+    as the loader decodes it there). Norms are the target's, in dtype (shared where it is the target's)."""
+    cfg, device = model.cfg, model.token_embd.weight.device
+    raw = device.type in ("cpu", "mps")
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith(".weight") or v.dim() == 1}
+    weights = matrices(model)
+    shape = ModelShape(cfg.arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    types = preset_types(find_preset(type_name), [(gguf_name(k), tuple(w.shape)) for k, w in weights.items()], shape)
+    for (name, w), qtype in zip(weights.items(), types):
+        qtype = None if qtype is None or (name == "token_embd.weight" and not raw) else fallback(qtype, w.shape[1])
+        if qtype is None or qtype in FLOAT_TYPES:
+            state[name] = dense(w)  # build_model casts it to dtype
+        else:  # one fp32 copy at a time (an 8B model's would not fit beside it)
+            state[name] = QuantizedTensor(qtype, torch.from_numpy(quantize_tensor(dense(w).float(), qtype)).to(device))
+    return build_model(cfg, state, str(device), torch.float32 if device.type == "cpu" else dtype, raw_blocks=raw)
 
 
 class ModelDrafter:
@@ -145,15 +155,17 @@ class ModelDrafter:
 
 
 def lookup_ids(history: torch.Tensor, ngram: int, k: int) -> list[int]:
-    """Up to k ids that followed the latest earlier occurrence of the last n ids of history (N,),
-    trying n = ngram down to 1; [] when none occurs."""
+    """Up to k ids that followed an earlier occurrence of the last n ids of history (N,), trying
+    n = ngram down to 1; [] when none occurs. The occurrence: the latest with k ids after it (the
+    freshest context), else the earliest (the most ids: the latest of a short cycle has only one or two)."""
     N = history.numel()
     for n in range(min(ngram, N - 1), 0, -1):
         # windows (N - n, n): history[i : i + n] for every i whose window has a following id
         windows = history[:-1].unfold(0, n, 1)
-        hits = (windows == history[-n:]).all(1).nonzero()
+        hits = (windows == history[-n:]).all(1).nonzero().flatten()
         if hits.numel():
-            i = int(hits[-1]) + n
+            whole = hits[hits + n + k <= N]
+            i = int(whole[-1] if whole.numel() else hits[0]) + n
             return history[i : i + k].tolist()
     return []
 
@@ -199,4 +211,12 @@ def open_drafter(
                                 f"{draft.cfg.vocab_size} logits, the target's {model.cfg.vocab_size}")
     # its own random stream: draws correlated with the target's acceptance tests would bias the output
     seed = None if sampling.seed is None else (sampling.seed + 1) % 2**63
-    return ModelDrafter(draft, Sampler(replace(sampling, seed=seed), device), ds.min_p, ds.draft_cost)
+    cost = step_bytes(draft) / step_bytes(model)
+    return ModelDrafter(draft, Sampler(replace(sampling, seed=seed), device), ds.min_p, cost)
+
+
+def step_bytes(model: Transformer) -> int:
+    """Weight bytes a decode step reads, about (every linear and the output head): decoding is bound by
+    reading them, so their ratio is a draft step's cost relative to the target's."""
+    head = [model.token_embd.weight] if model.cfg.tied_output else []
+    return sum(nbytes(w) for w in linear_weights(model) + head)

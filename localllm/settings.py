@@ -36,11 +36,10 @@ class DraftSettings:
     dtype: str | None = None  # the draft's weights' dtype; None: the device's default (device.py)
     # Adaptive K: K maximises the expected tokens per unit of cost, (1 - a^(K+1)) / ((1 - a)(1 + c K)),
     # for a the recent acceptance rate (a running mean) and c the cost of one drafted token relative to
-    # a target pass.
+    # a target pass: for a draft model the weight bytes of its step over the target's (draft.py).
     most_k: int = 16
     start_acceptance: float = 0.8
     acceptance_memory: float = 0.7  # weight of the past in the running mean, per target pass
-    draft_cost: float = 0.4  # a draft model's step / the target's (the Q4_1 file in fp16 / the fp32 base: 0.41)
     lookup_cost: float = 0.05  # prompt lookup: only the verify pass grows with each drafted token
     plain_steps: int = 8  # plain decode steps timed for --verbose's "speedup over plain decoding"
 

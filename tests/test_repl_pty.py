@@ -3,8 +3,9 @@
 In a pseudo-terminal (pexpect): multi-line input, two turns, Ctrl-C in the middle of a long reply (the
 session goes on and answers the next message), Ctrl-C at the prompt, /stats, /save (the JSON checked),
 /clear, /load, /help, and Ctrl-D leaving with exit code 0. One process serves every step (loading the
-model is the slow part), so it runs with -n 200: the story is long enough to be stopped for sure, and
-the factual answers end at the end-of-turn token well before that.
+model is the slow part), so it runs with -n 1500: the story is long enough to be stopped for sure (the
+CPU path writes ~250 tokens/s, so 200 could end before Ctrl-C lands), and the factual answers end at
+the end-of-turn token well before that.
 
 With stdin not a terminal: one message per line, one answer per line.
 """
@@ -57,7 +58,7 @@ def scripted_run(default_path, tmp_path_factory):
 def chat(default_path, tmp_path):
     # TERM=dumb: no colours and no bracketed-paste sequences between the text we match
     env = dict(os.environ, TERM="dumb", NO_COLOR="1")
-    child = pexpect.spawn(localllm_command(), ["chat", "--temp", "0", "-n", "200"], env=env, cwd=str(tmp_path),
+    child = pexpect.spawn(localllm_command(), ["chat", "--temp", "0", "-n", "1500"], env=env, cwd=str(tmp_path),
                           encoding="utf-8", timeout=REPLY_TIMEOUT, dimensions=(50, 200))
     child.logfile_read = log = open(tmp_path / "session.log", "w", encoding="utf-8")  # shown on failure
     try:
