@@ -64,7 +64,6 @@ def fused_linear(
     glu: bool = False,
     act_dtype: torch.dtype = torch.bfloat16,
     out_dtype: torch.dtype | None = None,
-    use_triton: bool = True,
     split: int | None = 1,
     inplace: bool = False,
     xq: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -73,15 +72,15 @@ def fused_linear(
     [residual +] W @ RMSNorm(x) (norm=(weight, eps)) + bias, or with glu (rows of w interleaved
     gate/up) silu(gate) * up. The Triton kernel does it in one pass (kernels/triton_gemv.gemv, which
     also takes split and inplace; kernels.triton_q8.gemv_q8 for INT_DOT_TYPES, with x quantized by
-    quantize_act, norm fused, unless `xq` brings that quantized x already); otherwise the same torch
-    ops as model.py."""
+    quantize_act, norm fused, unless `xq` brings that quantized x already); quantized types without
+    a kernel take the same torch ops as model.py."""
     nw, eps = norm if norm is not None else (None, 0.0)
-    if use_triton and isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
+    if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
         from .triton_q8 import gemv_q8, quantize_act
 
         return gemv_q8(xq or quantize_act(x, nw, eps), w, bias=bias, residual=residual, glu=glu, act_dtype=act_dtype,
                        out_dtype=out_dtype, split=split, inplace=inplace)
-    if use_triton and (not isinstance(w, QWeight) or w.has_kernel):
+    if not isinstance(w, QWeight) or w.has_kernel:
         from .triton_gemv import gemv
 
         return gemv(x, w, bias=bias, residual=residual, norm_weight=nw, eps=eps, glu=glu, act_dtype=act_dtype,

@@ -3,7 +3,6 @@
 rope_store: qkv (1, (H + 2 Hkv) D) -> q rotated (H, D); k rotated and v written into the cache rows at
   `pos`. Must match model.rope_rotate with model.rope_tables' angles (pos * inv_freq in fp32) and
   KVCache.update.
-rmsnorm: x (1, C) fp32 -> weight * (x * rstd).to(dtype), as fp32 holding dtype values: model.RMSNorm.
 decode_attention: q (H, D) against cache rows [0, pos] of k, v (Hkv, S, D) -> (1, H D). Must match
   F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale 1/sqrt(D)),
   computed with an online softmax in fp32, split over chunks of CHUNK rows (one program per kv head
@@ -170,29 +169,6 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.con
         b = h * (D // 32) + tl.arange(0, D // 32)
         v = tl.reshape(out.to(tl.float32), (D // 32, 32))
         _store_blocks(v, b, (b >= 0)[:, None], q_ptr, d_ptr, s_ptr, tl.num_programs(0) * D, D // 32)
-
-
-@triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One program: out = round(w * round(x * rstd)), rounding to w's dtype as model.RMSNorm does."""
-    _pdl_wait(PDL)
-    c = tl.arange(0, BLOCK)
-    mask = c < C
-    x = tl.load(x_ptr + c, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / C + eps)
-    w = tl.load(w_ptr + c, mask=mask, other=0.0)
-    ty = w_ptr.dtype.element_ty
-    h = ((x * rstd).to(ty).to(tl.float32) * w.to(tl.float32)).to(ty)
-    tl.store(out_ptr + c, h.to(tl.float32), mask=mask)
-
-
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (1, C) -> (1, C) fp32 (values of weight's dtype); feeds the quantized matvec without a prologue."""
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    c = x.shape[-1]
-    _rmsnorm_kernel[(1,)](x, weight, out, c, eps, BLOCK=triton.next_power_of_2(c), PDL=PDL, num_warps=8,
-                          launch_pdl=PDL)
-    return out
 
 
 def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,

@@ -17,9 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_gemv import PDL, _pdl_wait
+
 
 @triton.jit
-def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr):
+def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < C
@@ -31,12 +34,14 @@ def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr):
 
 
 def rmsnorm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (..., C) -> model.RMSNorm's output (..., C) in weight's dtype."""
+    """x (..., C) -> model.RMSNorm's output (..., C) in weight's dtype (also the decode step's norm
+    before a float-decoding quantized matvec: cuda_decode)."""
     x = x.contiguous()
     c = x.shape[-1]
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     block = triton.next_power_of_2(c)
-    _rmsnorm_rows_kernel[(x.numel() // c,)](x, weight, out, c, eps, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+    _rmsnorm_rows_kernel[(x.numel() // c,)](x, weight, out, c, eps, BLOCK=block, PDL=PDL,
+                                            num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
     return out
 
 

@@ -30,7 +30,7 @@ import triton.language as tl
 from .qweight import INT_DOT_TYPES, Q, QWeight
 from .triton_gemv import INTERPRET, PDL, _epilogue, _pdl_wait, _rstd, plan
 
-# Weight fields per type (P0..P5; word fields viewed as int32) and values per unit.
+# Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
 FIELDS = {
     Q.Q8_0: ("qs", "d", None, None, None), Q.Q4_0: ("qs", "d", None, None, None),
     Q.Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q.Q6_K: ("ql", "d", "qh", "sc", None),

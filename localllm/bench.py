@@ -4,8 +4,8 @@ Tests, for each prompt length p, generation length n and depth d of the grid:
   pp{p}: one prefill of p tokens after d tokens already in the cache (tokens/s; achieved TFLOP/s as
          2 x (linear parameters x p + head parameters) / time, against a bf16 (CPU: fp32) matmul measured here);
   tg{n}: n decode steps (greedy, batch 1) right after that prompt, context d + p (tokens/s; achieved
-         GB/s as weight bytes read per token x tokens/s, against a device-to-device copy measured here,
-         bytes read + written).
+         GB/s as (weight bytes + KV cache bytes at the mean context) read per token x tokens/s,
+         against a device-to-device copy measured here, bytes read + written).
 Each repetition gives one figure; rows show mean ± standard deviation over repetitions.
 """
 

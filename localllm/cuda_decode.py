@@ -24,16 +24,12 @@ import torch.nn.functional as F
 
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
-from kernels.triton_decode import decode_attention, rmsnorm, rope_store
+from kernels.triton_decode import decode_attention, rope_store
+from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act
 
 from .cache import KVCache
 from .model import Linear, Transformer
-
-# Dense weights in the decode step: our fused Triton matvec ("triton"; measured faster) or cuBLAS plus
-# torch ops ("torch").
-DENSE_GEMV = "triton"
-
 
 def fuse_rows(linears: list[Linear], interleave: bool = False) -> torch.Tensor | QWeight | None:
     """Stack the weights of Linears fed by the same input into one (sum N, K) weight (rows interleaved
@@ -102,8 +98,8 @@ class GraphDecoder:
         self.act = model.token_embd.weight.dtype
         self.token = torch.zeros(1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
-        # fp32 accumulators of the integer-dot products split over K (atomic adds): q|k|v (zeroed
-        # every step) and interleaved gate/up sums (zeroed by the kernel that reads them).
+        # fp32 accumulators of products split over K (atomic adds): q|k|v and interleaved gate/up
+        # sums, each zeroed by the kernel that reads it (rope_store, quantize_act's GLU form).
         self.qkv_acc = torch.zeros(1, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.float32, device=dev)
         self.gu_acc = torch.zeros(1, 2 * cfg.ffn_dim, dtype=torch.float32, device=dev)
         self.expected_len = -1
@@ -115,15 +111,14 @@ class GraphDecoder:
         if quantized and w.has_kernel and norm is not None and w.qtype not in INT_DOT_TYPES and "xq" not in kw:
             # Float-decoding matvecs are bound by instructions: normalise once (a small kernel) instead
             # of in every program's prologue. (Integer-dot ones fuse the norm into quantizing x.)
-            x, norm = rmsnorm(x, *norm), None
-        use_triton = quantized or DENSE_GEMV == "triton"
-        return fused_linear(x, w, norm=norm, act_dtype=self.act, use_triton=use_triton, **kw)
+            x, norm = rmsnorm_rows(x, *norm), None
+        return fused_linear(x, w, norm=norm, act_dtype=self.act, **kw)
 
     def _attention(self, x: torch.Tensor, i: int, L: LayerWeights) -> torch.Tensor:
         cfg, a = self.cfg, L.attn
         norm = (L.blk.attn_norm.weight, cfg.norm_eps)
         ms = (a.attn_q, a.attn_k, a.attn_v)
-        acc = all(int_dot(m.w) for m in ms) or (isinstance(L.qkv, torch.Tensor) and DENSE_GEMV == "triton")
+        acc = all(int_dot(m.w) for m in ms) or isinstance(L.qkv, torch.Tensor)
         if acc:
             # Products split over K for enough warps, summed into the fp32 accumulator (zero here:
             # rope_store clears it as it reads); separate integer-dot products (Q4_K_M's Q6_K attn_v)

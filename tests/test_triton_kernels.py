@@ -12,7 +12,7 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-for _name in ("kernels.triton_gemv", "kernels.triton_decode", "kernels.triton_q8"):  # re-decorate if imported uninterpreted
+for _name in ("kernels.triton_gemv", "kernels.triton_decode", "kernels.triton_q8", "kernels.triton_prefill"):  # re-decorate if imported uninterpreted
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
 
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from kernels import triton_decode, triton_gemv  # noqa: E402
+from kernels import triton_decode, triton_gemv, triton_prefill  # noqa: E402
 from kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
@@ -167,7 +167,7 @@ def test_rmsnorm_kernel_matches_module():
     x = torch.randn(1, 300, generator=g)
     norm = RMSNorm(300, 1e-5)
     norm.weight.data = 1 + 0.1 * torch.randn(300, generator=g)
-    assert rel(triton_decode.rmsnorm(x, norm.weight.data, 1e-5), norm(x).detach()) < 1e-6
+    assert rel(triton_prefill.rmsnorm_rows(x, norm.weight.data, 1e-5), norm(x).detach()) < 1e-6
 
 
 TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=256, n_heads=4, n_kv_heads=2, head_dim=64,
