@@ -9,9 +9,9 @@ import json
 import gguf
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import tiny_models as tm
+from cli_helpers import invoke_quantize as invoke
 from localllm.errors import LocalLLMError
 from localllm.hf_to_gguf import CHECK_TEXT, hf_tokenizer_metadata
 from localllm.load import load_model
@@ -40,12 +40,6 @@ def folder(tmp_path, name="hf", pre_tokenizer=None, normalizer=None):
 
 def fields(path) -> dict:
     return {k: f.contents() for k, f in gguf.GGUFReader(path).fields.items() if k.startswith("tokenizer.")}
-
-
-def invoke(*args):
-    from cli import app
-
-    return CliRunner().invoke(app, ["quantize", *[str(a) for a in args]], env={"COLUMNS": "200"})
 
 
 def test_quantize_without_tokenizer_from(tmp_path):

@@ -19,9 +19,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import tiny_models as tm
+from cli_helpers import assert_one_error
+from cli_helpers import invoke_quantize as invoke
 from localllm import evaluate as E
 from localllm import mixed
 from localllm.cache import make_cache
@@ -371,21 +372,6 @@ def test_mixed_beats_q4_k_m_at_its_size(loud, preset_q4km, sized_q4km):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
     return tm.write_gguf(SMALL, tmp_path_factory.mktemp("mixed-cli") / "small-f32.gguf")
-
-
-def invoke(*args):
-    from cli import app
-
-    result = CliRunner().invoke(app, ["quantize", *[str(a) for a in args]], env={"COLUMNS": "200"})
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result
-
-
-def assert_one_error(result, needle: str):
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
 
 
 def test_cli_imatrix_written_then_reused(small, tmp_path, monkeypatch):

@@ -17,9 +17,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import tiny_models as tm
+from cli_helpers import assert_one_error
+from cli_helpers import invoke_quantize as invoke
 from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
@@ -38,22 +39,6 @@ IDS = torch.tensor([[1, 5, 9, 30, 40, 100, 200, 300]])
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     return tm.write_gguf(SMALL, tmp_path_factory.mktemp("quantize") / "small-f32.gguf")
-
-
-def invoke(*args):
-    from cli import app
-
-    # wide, so that rich never folds a table row we parse
-    result = CliRunner().invoke(app, ["quantize", *[str(a) for a in args]], env={"COLUMNS": "200"})
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result
-
-
-def assert_one_error(result, needle: str):
-    assert result.exit_code != 0
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
 
 
 def fields(path_or_reader) -> dict:
