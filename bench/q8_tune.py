@@ -22,7 +22,7 @@ import time
 import gguf
 import torch
 
-from kernels import triton_q8
+from kernels import triton_gemv, triton_q8
 from kernels.qweight import QWeight
 from localllm.bench import copy_bandwidth, run_bench
 from quantize import dequantize_torch, quantize_tensor
@@ -30,6 +30,8 @@ from quantize.act import dequantize_act, quantize_act
 
 Q = gguf.GGMLQuantizationType
 DEV = "cuda"
+# split products' per-program counters, kept across calls as the decode step keeps them (triton_gemv.split_buffers)
+CNT = torch.zeros(triton_gemv.COUNTERS, dtype=torch.int32, device=DEV) if torch.cuda.is_available() else None
 TYPES = (Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K)
 CANDIDATES = {  # (BN rows, BK units per iteration, warps)
     Q.Q8_0: [(32, 4, 1), (64, 4, 2), (128, 4, 4), (64, 2, 2), (32, 8, 2), (64, 8, 4)],
@@ -134,7 +136,7 @@ def layer_case(qtype: Q, layer: list, min_bytes: int = 400 << 20):
                     out = acc[:, :w.shape[0]]
                     if not res and not glu:
                         out.zero_()
-                    triton_q8.gemv_q8(xa, w, residual=out, config=cfg, split=None, inplace=True)
+                    triton_q8.gemv_q8(xa, w, residual=out, config=cfg, split=None, inplace=True, counters=CNT)
                     if glu:
                         triton_q8.quantize_act(out, glu_dtype=torch.bfloat16)
         return run
@@ -144,8 +146,6 @@ def layer_case(qtype: Q, layer: list, min_bytes: int = 400 << 20):
 
 def breakdown(copy_gbs: float) -> list[str]:
     """Each kernel of an 8B layer alone (graph over weight copies): µs and share of copy bandwidth."""
-    from kernels import triton_gemv
-
     out = ["| type | kernel | µs | MB | share of copy |", "| --- | --- | ---: | ---: | ---: |"]
     for qtype in (Q.Q4_0, Q.Q8_0, None):
         for name, n, k, glu, res in LAYERS["8B"]:
@@ -163,9 +163,9 @@ def breakdown(copy_gbs: float) -> list[str]:
             r = torch.zeros(1, n, device=DEV)
             if qtype is None:
                 fn = lambda: [triton_gemv.gemv(x, w, residual=r if res else None, glu=glu, act_dtype=torch.bfloat16,
-                                               split=None if res else 1, inplace=res) for w in ws]
+                                               split=None if res else 1, inplace=res, counters=CNT) for w in ws]
             else:  # the decode step's form: split K, atomics into an fp32 accumulator
-                fn = lambda: [triton_q8.gemv_q8(xa, w, residual=r, split=None, inplace=True) for w in ws]
+                fn = lambda: [triton_q8.gemv_q8(xa, w, residual=r, split=None, inplace=True, counters=CNT) for w in ws]
             us = graph_time(fn) * 1000 / copies
             tname = qtype.name if qtype else "bf16"
             out.append(f"| {tname} | {name} {n}x{k} | {us:.1f} | {nb / 1e6:.1f} | {nb / us / 1e3 / copy_gbs:.0%} |")
@@ -187,7 +187,6 @@ def breakdown(copy_gbs: float) -> list[str]:
 
 def split_sweep(copy_gbs: float) -> None:
     """µs of each 8B product (Q4_0, Q8_0) for explicit K splits against the automatic choice."""
-    from kernels import triton_gemv
 
     for qtype in (Q.Q4_0, Q.Q8_0):
         for name, n, k, glu, res in LAYERS["8B"]:
@@ -203,7 +202,7 @@ def split_sweep(copy_gbs: float) -> None:
             for sp in (1, 2, 4, 8, 16, 32, 64):
                 if k // triton_q8.UNIT[qtype] < sp * bk:
                     continue
-                res_us[sp] = graph_time(lambda: [triton_q8.gemv_q8(xa, w, residual=r, split=sp, inplace=True)
+                res_us[sp] = graph_time(lambda: [triton_q8.gemv_q8(xa, w, residual=r, split=sp, inplace=True, counters=CNT)
                                                  for w in ws]) * 1000 / copies
             print(f"| {qtype.name} | {name} | auto {auto} | " + ", ".join(
                 f"{sp}: {t:.1f} µs ({w1.nbytes / t / 1e3 / copy_gbs:.0%})" for sp, t in res_us.items()) + " |", flush=True)

@@ -67,24 +67,25 @@ def fused_linear(
     split: int | None = 1,
     inplace: bool = False,
     xq: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A decode step's projection with its neighbours: x (1, K) ->
     [residual +] W @ RMSNorm(x) (norm=(weight, eps)) + bias, or with glu (rows of w interleaved
     gate/up) silu(gate) * up. The Triton kernel does it in one pass (kernels/triton_gemv.gemv, which
     also takes split and inplace; kernels.triton_q8.gemv_q8 for INT_DOT_TYPES, with x quantized by
     quantize_act, norm fused, unless `xq` brings that quantized x already); quantized types without
-    a kernel take the same torch ops as model.py."""
+    a kernel take the same torch ops as model.py. counters: split products' (kernels/triton_gemv.split_buffers)."""
     nw, eps = norm if norm is not None else (None, 0.0)
     if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
         from .triton_q8 import gemv_q8, quantize_act
 
         return gemv_q8(xq or quantize_act(x, nw, eps), w, bias=bias, residual=residual, glu=glu, act_dtype=act_dtype,
-                       out_dtype=out_dtype, split=split, inplace=inplace)
+                       out_dtype=out_dtype, split=split, inplace=inplace, counters=counters)
     if not isinstance(w, QWeight) or w.has_kernel:
         from .triton_gemv import gemv
 
         return gemv(x, w, bias=bias, residual=residual, norm_weight=nw, eps=eps, glu=glu, act_dtype=act_dtype,
-                    out_dtype=out_dtype, split=split, inplace=inplace)
+                    out_dtype=out_dtype, split=split, inplace=inplace, counters=counters)
     if norm is not None:
         xf = x.float()
         x = norm[0] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm[1])).to(norm[0].dtype)

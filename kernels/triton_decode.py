@@ -1,13 +1,15 @@
-"""Triton kernels of one batch-1 decode step around the KV cache (shapes for one layer).
+"""Triton kernels of the decode step around the KV cache (shapes for one layer), for T tokens at
+positions pos .. pos + T - 1 (T = 1: plain decoding; T > 1: speculative decoding's verify pass).
 
-rope_store: qkv (1, (H + 2 Hkv) D) -> q rotated (H, D); k rotated and v written into the cache rows at
-  `pos`. Must match model.rope_rotate with model.rope_tables' angles (pos * inv_freq in fp32) and
+rope_store: qkv (T, (H + 2 Hkv) D) -> q rotated (T H, D); k rotated and v written into the cache rows
+  pos + r. Must match model.rope_rotate with model.rope_tables' angles (pos * inv_freq in fp32) and
   KVCache.update.
-decode_attention: q (H, D) against cache rows [0, pos] of k, v (Hkv, S, D) -> (1, H D). Must match
-  F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale 1/sqrt(D)),
-  computed with an online softmax in fp32, split over chunks of CHUNK rows (one program per kv head
-  and chunk, its GQA group of query heads on tensor cores with q rounded to the cache dtype; or one
-  per query head; then a combine kernel: one load step per program, not a long dependent loop).
+decode_attention: q (T H, D), token r against cache rows [0, pos + r] of k, v (Hkv, S, D) -> (T, H D).
+  Must match F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale
+  1/sqrt(D)), computed with an online softmax in fp32, split over chunks of CHUNK rows (one program
+  per kv head and chunk, its GQA group of query heads on tensor cores with q rounded to the cache
+  dtype; or one per query head; then a combine kernel: one load step per program, not a long
+  dependent loop). Token r's row takes exactly the operations a one-token call at pos + r takes.
   `pos` is a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the
   capacity S.
 """
@@ -29,7 +31,7 @@ def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEA
     i = tl.arange(0, HALF)
     x1 = tl.load(src + i).to(tl.float32)
     x2 = tl.load(src + HALF + i).to(tl.float32)
-    if CLEAR:  # src is a split-K accumulator: leave it zero for the next step's atomic adds
+    if CLEAR:  # src is a split-K accumulator: leave it zero for the next step (parts add to it)
         tl.store(src + i, tl.zeros_like(x1).to(src.dtype.element_ty))
         tl.store(src + HALF + i, tl.zeros_like(x2).to(src.dtype.element_ty))
     if ROTATE:
@@ -46,10 +48,14 @@ def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEA
 @triton.jit
 def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head_stride, H, HKV,
                        D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
-    """Program j < H: q head j; j < H + Hkv: k head; else v head (grid: H + 2 Hkv)."""
+    """Program (j, r), token r at pos + r: j < H: q head j; j < H + Hkv: k head; else v head
+    (grid: (H + 2 Hkv, tokens))."""
     _pdl_wait(PDL)
     j = tl.program_id(0)
-    pos = tl.load(pos_ptr)
+    r = tl.program_id(1)
+    pos = tl.load(pos_ptr) + r
+    qkv_ptr += r * (H + 2 * HKV) * D
+    q_ptr += r * H * D
     half = tl.arange(0, D // 2)
     ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + half)
     c = tl.cos(ang)
@@ -67,13 +73,13 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
 def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
                          PDL: tl.constexpr):
-    """Program (h, c): query head h over cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos] ->
-    ws[h, c] = (unnormalised sum of p v (D), running max m, sum of p l)."""
+    """Program (h, c, r): query head h of token r over cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r]
+    -> ws[r, h, c] = (unnormalised sum of p v (D), running max m, sum of p l)."""
     _pdl_wait(PDL)
-    h = tl.program_id(0)
+    kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride
+    h = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
     c = tl.program_id(1)
-    kv = (h // GROUP).to(tl.int64) * head_stride
-    n = tl.minimum(tl.load(pos_ptr) + 1, (c + 1) * CHUNK)
+    n = tl.minimum(tl.load(pos_ptr) + tl.program_id(2) + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + h * D + d).to(tl.float32) * scale
     m_i = tl.max(tl.full((BLOCK_S,), float("-inf"), tl.float32), 0)
@@ -102,19 +108,20 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scal
 def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
                              GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
                              CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Program (kv head j, chunk c): the GROUP query heads of kv head j over cache rows [c CHUNK,
-    (c + 1) CHUNK) ∩ [0, pos] at once -> ws rows as _attn_partial_kernel's. Each k, v row is loaded
+    """Program (kv head j, chunk c, token r): the GROUP query heads of kv head j of token r over cache
+    rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r] at once -> ws rows as _attn_partial_kernel's. Each k, v row is loaded
     once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
     rounded to the cache dtype for that product, as prefill's SDPA takes it."""
     _pdl_wait(PDL)
     j = tl.program_id(0)
     c = tl.program_id(1)
+    r = tl.program_id(2)
     kv = j.to(tl.int64) * head_stride
-    n = tl.minimum(tl.load(pos_ptr) + 1, (c + 1) * CHUNK)
+    n = tl.minimum(tl.load(pos_ptr) + r + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     g = tl.arange(0, GP)
     gmask = g < GROUP
-    heads = j * GROUP + g
+    heads = r * tl.num_programs(0) * GROUP + j * GROUP + g  # rows of q (tokens, H, D)
     ty = k_ptr.dtype.element_ty
     q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
          * scale).to(ty)
@@ -151,10 +158,13 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, 
 @triton.jit
 def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.constexpr, NS: tl.constexpr,
                          QUANT: tl.constexpr, PDL: tl.constexpr):
-    """out[h] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m) (empty chunks: m = -inf).
-    QUANT: also quantize.act's int8 form of the rounded out (head h is D / 32 whole blocks)."""
+    """Program (head, token r): out[r, head] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m)
+    (empty chunks: m = -inf). QUANT: also quantize.act's int8 form of the rounded out (head h is
+    D / 32 whole blocks of row r)."""
     _pdl_wait(PDL)
-    h = tl.program_id(0)
+    r = tl.program_id(1)
+    HD = tl.num_programs(0) * D
+    h = r * tl.num_programs(0) + tl.program_id(0)
     c = tl.arange(0, NS)
     valid = c < NSPLIT
     base = ws_ptr + (h * NSPLIT + c) * (D + 2)
@@ -166,41 +176,46 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.con
     out = (tl.sum(acc * wgt[:, None], 0) / tl.sum(l * wgt, 0)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + h * D + d, out)
     if QUANT:
-        b = h * (D // 32) + tl.arange(0, D // 32)
+        b = tl.program_id(0) * (D // 32) + tl.arange(0, D // 32)
         v = tl.reshape(out.to(tl.float32), (D // 32, 32))
-        _store_blocks(v, b, (b >= 0)[:, None], q_ptr, d_ptr, s_ptr, tl.num_programs(0) * D, D // 32)
+        _store_blocks(v, b, (b >= 0)[:, None], q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), HD,
+                      D // 32)
 
 
 def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,
                clear: bool = False) -> torch.Tensor:
-    """qkv (1, (H + 2 Hkv) D) contiguous; k_cache, v_cache (Hkv, S, D) of one layer -> q (H, D).
-    clear: zero qkv once read (an accumulator of split-K products)."""
-    q = torch.empty((n_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    grid = (n_heads + 2 * n_kv,)
+    """qkv (T, (H + 2 Hkv) D) contiguous, tokens at positions pos .. pos + T - 1; k_cache, v_cache
+    (Hkv, S, D) of one layer -> q (T H, D). clear: zero qkv once read (an accumulator of split-K
+    products)."""
+    t = qkv.shape[0]
+    q = torch.empty((t * n_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    grid = (n_heads + 2 * n_kv, t)
     _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(0), n_heads, n_kv,
                              D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1, launch_pdl=PDL)
     return q
 
 
 def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quantize: bool = False,
-                     gqa: bool = True):
-    """q (H, D), caches (Hkv, S, D) -> (1, H D) in the cache's dtype; with quantize, also its int8 form
-    (kernels.triton_q8.quantize_act's (q, d, s), for an integer-dot output projection)."""
-    h, d = q.shape
+                     gqa: bool = True, tokens: int = 1):
+    """q (T H, D) of T tokens at positions pos .. pos + T - 1 (each sees the cache up to its own
+    position), caches (Hkv, S, D) -> (T, H D) in the cache's dtype; with quantize, also its int8 form
+    (kernels.triton_q8.quantize_act's (q, d, s), for an integer-dot output projection). Token r's
+    row is computed exactly as a one-token call at pos + r computes it."""
+    t, h, d = tokens, q.shape[0] // tokens, q.shape[1]
     nsplit = triton.cdiv(k_cache.shape[1], chunk)
-    ws = torch.empty((h, nsplit, d + 2), dtype=torch.float32, device=q.device)
+    ws = torch.empty((t * h, nsplit, d + 2), dtype=torch.float32, device=q.device)
     if gqa and d >= 16 and chunk >= 16:  # one program per kv head and chunk, its query heads on tensor cores
         group = h // n_kv
-        _attn_partial_gqa_kernel[(n_kv, nsplit)](
+        _attn_partial_gqa_kernel[(n_kv, nsplit, t)](
             q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d), nsplit, GROUP=group,
             GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
             IEEE=k_cache.dtype == torch.float32, PDL=PDL, num_warps=4, launch_pdl=PDL)
     else:
-        _attn_partial_kernel[(h, nsplit)](q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d),
+        _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d),
                                           nsplit, GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
                                           PDL=PDL, num_warps=4, launch_pdl=PDL)
-    out = torch.empty((1, h * d), dtype=k_cache.dtype, device=q.device)
-    xq = act_buffers(1, h * d, q.device) if quantize else (out, out, out)
-    _attn_combine_kernel[(h,)](ws, out, *xq, nsplit, D=d, NS=triton.next_power_of_2(nsplit), QUANT=quantize,
+    out = torch.empty((t, h * d), dtype=k_cache.dtype, device=q.device)
+    xq = act_buffers(t, h * d, q.device) if quantize else (out, out, out)
+    _attn_combine_kernel[(h, t)](ws, out, *xq, nsplit, D=d, NS=triton.next_power_of_2(nsplit), QUANT=quantize,
                                PDL=PDL, num_warps=4, launch_pdl=PDL)
     return (out, xq) if quantize else out

@@ -165,12 +165,30 @@ def _rstd(xrow, K, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _load_x(xrow, cols, cmask, NORM: tl.constexpr, nw_ptr):
-    """x (times the RMSNorm weight with NORM; rstd is applied to the sum) at cols (BN, G, W), fp32."""
-    v = tl.load(xrow + cols, mask=cmask, other=0.0).to(tl.float32)
+def _norm_w(nw_ptr, cols, cmask, NORM: tl.constexpr):
+    """The RMSNorm weight at cols (BN, G, W) in fp32 with NORM (1.0 without): shared by every x row."""
     if NORM:
-        v = v * tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    return v
+        return tl.load(nw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        return 1.0
+
+
+@triton.jit
+def _row_acc(acc, R: tl.constexpr, ROWS: tl.constexpr, lo, hi, x0, x_stride, clo, chi, cmask, nlo, nhi,
+             NORM: tl.constexpr):
+    """acc + the tile's products with x row R of the program's ROWS (a no-op for R >= ROWS). Every row
+    takes the same operations on the same values as a one-row program: a verify pass of several
+    tokens sums each row exactly as the decode step of that token does (speculative decoding)."""
+    if R < ROWS:
+        xrow = x0 + R * x_stride
+        vlo = tl.load(xrow + clo, mask=cmask, other=0.0).to(tl.float32)
+        vhi = tl.load(xrow + chi, mask=cmask, other=0.0).to(tl.float32)
+        if NORM:
+            vlo = vlo * nlo
+            vhi = vhi * nhi
+        acc += lo * vlo
+        acc += hi * vhi
+    return acc
 
 
 @triton.jit
@@ -181,26 +199,81 @@ def _round(y, ACT: tl.constexpr, ROUND: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, P0, P1, P2, P3, P4, P5,
-                 S0, S1, S2, S3, S4, S5, N, K, x_stride, out_stride, eps, groups_per_split,
+def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, x0, x_stride, rows, rmask, out_ptr, bias_ptr, res_ptr,
+             N, K, out_stride, eps, ACT: tl.constexpr, BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr,
+             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr):
+    """Row R's sums (BN, G, W) -> its output row m0 + R (nothing for R >= ROWS)."""
+    if R < ROWS:
+        y = tl.sum(tl.sum(acc, 2), 1)
+        if NORM:
+            y = y * _rstd(x0 + R * x_stride, K, eps, 1024)
+        _epilogue(y, rows, rmask, m0 + R, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS,
+                  HAS_RES, ROUND, SPLIT)
+
+
+@triton.jit
+def _part_out(out_ptr, out_stride, ws_ptr, MT, N, SPLIT: tl.constexpr):
+    """Where the epilogue writes: out, or with SPLIT > 1 this part's (MT, N) slice of ws (SPLIT, MT, N)."""
+    if SPLIT > 1:
+        return ws_ptr + tl.program_id(2) * MT * N, N
+    else:
+        return out_ptr, out_stride
+
+
+@triton.jit
+def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, ROWS: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    """Split K, deterministically: the last part of a (row tile, x rows) program to finish (cnt: an
+    int32 per such program, zero before; it resets it) adds the SPLIT partial sums in part order to
+    out (which holds the residual or zeros). fp32 atomics into out would add them in whatever order
+    the parts finish, and the same step could round differently from run to run. (Loading all
+    parts as one (SPLIT, BN) tile and summing it was tried: no faster, and the registers it holds
+    slowed the products, 2026-11-26.)"""
+    if SPLIT > 1:
+        tl.debug_barrier()  # every thread's partial is written before the counter says so
+        t = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == SPLIT - 1:
+            for r in tl.static_range(ROWS):
+                m = m0 + r
+                s = tl.zeros(rows.shape, tl.float32)
+                for j in range(SPLIT):
+                    s += tl.load(ws_ptr + (j * MT + m) * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+                o = out_ptr + m.to(tl.int64) * out_stride + rows
+                tl.store(o, tl.load(o, mask=rmask, other=0.0) + s, mask=rmask)
+            tl.store(cnt_ptr + t, 0)  # ready for the next call (or graph replay)
+
+
+# At most this many x rows share one program's weight tiles (a verify pass of speculative decoding).
+MAX_ROWS = 8
+DENSE_ROWS = 16  # dense weights: up to this many x rows take triton_dense's tensor-core kernel (its MP)
+COUNTERS = 1 << 16  # per-program counters of one split product (a caller's tensor of them serves every product)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt_ptr, P0, P1, P2, P3, P4, P5,
+                 S0, S1, S2, S3, S4, S5, M, N, K, x_stride, out_stride, eps, groups_per_split,
                  FMT: tl.constexpr, W: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, NORM: tl.constexpr,
                  GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
-                 SPLIT: tl.constexpr, PDL: tl.constexpr):
-    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of one x row m (grid: (N / BN, M, SPLIT)).
+                 SPLIT: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= MAX_ROWS) x rows m
+    (grid: (N / BN, M / ROWS, SPLIT)): each weight tile is decoded once for all ROWS rows.
 
     GLU: rows come in (gate, up) pairs; out[m, n / 2] = silu(gate) * up, each rounded like F.silu.
-    SPLIT > 1: program z sums groups [z, z + 1) * groups_per_split and atomically adds its partial sum
-    into out, which holds the residual (or zeros) already; no rounding then."""
+    SPLIT > 1: program z sums groups [z, z + 1) * groups_per_split into its slice of ws, and the last
+    part adds them into out, which holds the residual (or zeros) already (_split_finish); no
+    rounding then."""
     _pdl_wait(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
-    m = tl.program_id(1)
+    m0 = tl.program_id(1) * ROWS
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rmask = rows < N
-    xrow = x_ptr + m.to(tl.int64) * x_stride
+    x0 = x_ptr + m0.to(tl.int64) * x_stride
     ngroups = K // (2 * W)
     g_lo = tl.program_id(2) * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, ngroups)
-    acc = tl.zeros((BN, G, W), tl.float32)
+    # one accumulator per x row (a verify pass has up to MAX_ROWS; unused ones are compiled away)
+    a0 = tl.zeros((BN, G, W), tl.float32)
+    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
     zero = (rows * 0)[:, None, None]
     for g0 in range(g_lo, g_hi, G):
         g = g0 + tl.arange(0, G)
@@ -210,13 +283,36 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, P0, P1, P2,
         # that it takes the weights' register layout: a (G, W) load would be re-laid out through
         # shared memory every iteration.
         cmask = (zero == 0) & gmask[None, :, None]
-        acc += lo * _load_x(xrow, zero + clo[None, :, :], cmask, NORM, nw_ptr)
-        acc += hi * _load_x(xrow, zero + chi[None, :, :], cmask, NORM, nw_ptr)
-    y = tl.sum(tl.sum(acc, 2), 1)
-    if NORM:
-        y = y * _rstd(xrow, K, eps, 1024)
-    _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS, HAS_RES,
-              ROUND, SPLIT)
+        clo3 = zero + clo[None, :, :]
+        chi3 = zero + chi[None, :, :]
+        nlo = _norm_w(nw_ptr, clo3, cmask, NORM)
+        nhi = _norm_w(nw_ptr, chi3, cmask, NORM)
+        a0 = _row_acc(a0, 0, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a1 = _row_acc(a1, 1, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a2 = _row_acc(a2, 2, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a3 = _row_acc(a3, 3, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a4 = _row_acc(a4, 4, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a5 = _row_acc(a5, 5, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a6 = _row_acc(a6, 6, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+        a7 = _row_acc(a7, 7, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
+    pout, pstride = _part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
+    _row_out(a0, 0, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a1, 1, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a2, 2, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a3, 3, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a4, 4, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a5, 5, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a6, 6, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _row_out(a7, 7, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
+             eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+    _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
 
 
 @triton.jit
@@ -224,13 +320,14 @@ def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT:
               GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
               SPLIT: tl.constexpr):
     """y (BN,) fp32 sums of rows `rows` of x row m -> out: + bias, rounded, GLU or + residual; with
-    SPLIT > 1 an atomic fp32 add of the partial sum (out holds the residual or zeros already)."""
+    SPLIT > 1 out is the part's slice of the partial sums (kernels pass part_out's) and y is stored
+    as it is, for _split_finish."""
     if HAS_BIAS:
         if tl.program_id(2) == 0:
             y += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     orow = out_ptr + m.to(tl.int64) * out_stride
     if SPLIT > 1:
-        tl.atomic_add(orow + rows, y, mask=rmask, sem="relaxed")
+        tl.store(orow + rows, y, mask=rmask)
     elif GLU:
         y = _round(y, ACT, ROUND)
         gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
@@ -278,7 +375,8 @@ def weight_args(w: QWeight | torch.Tensor) -> tuple[int, tuple[int, int], list[t
 def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
          glu: bool = False, act_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
-         config: tuple[int, int, int] | None = None, split: int | None = 1, inplace: bool = False) -> torch.Tensor:
+         config: tuple[int, int, int] | None = None, split: int | None = 1, inplace: bool = False,
+         counters: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) = round_act(W @ x' + bias) (+ residual), or (M, N / 2) with glu.
 
     x' is x, or RMSNorm(x) with norm_weight (x's rstd times the norm weight, in fp32: the module's
@@ -286,26 +384,53 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     (gate_i, up_i) and the output is silu(gate) * up. act_dtype (default: x's dtype, or norm_weight's)
     is the dtype the torch modules round activations to; outputs are rounded to it unless it is fp32.
     out_dtype defaults to the residual's dtype, else act_dtype.
-    split: K is cut into this many parts summed by fp32 atomics (None: chosen from the grid size), for
-    few rows; the output is then fp32 and not rounded. inplace: add into `residual` itself (fp32).
+    split: K is cut into this many parts (None: chosen from the grid size), for few rows, summed in
+    part order by the last part to finish (_split_finish); the output is then fp32 and not rounded. inplace: add into `residual` itself (fp32).
+    counters: the zeroed per-program counters of split products (split_buffers). Dense weights with
+    at most DENSE_ROWS rows of x take kernels/triton_dense.py instead (tensor cores, batch-invariant;
+    its own split of K, the output always finished).
     """
-    fmt, (n, k), ptrs, strides = weight_args(w)
     x = x.contiguous()
+    if isinstance(w, torch.Tensor) and x.shape[0] <= DENSE_ROWS:  # tensor cores, batch-invariant
+        from .triton_dense import gemv_dense
+
+        return gemv_dense(x, w, bias, residual, norm_weight, eps, glu, act_dtype, out_dtype, inplace, counters)
+    fmt, (n, k), ptrs, strides = weight_args(w)
     m = x.shape[0]
     act = act_dtype or (norm_weight.dtype if norm_weight is not None else x.dtype)
     bn, g, warps = config or CONFIGS[fmt]
     bn = max(bn, 2) if glu else bn
     split, per_split, out, act_ref, grid = plan(m, n, bn, k // (2 * WIDTH[fmt]), g, glu, split, residual, inplace,
                                                 out_dtype, act, x.device)
+    rows = rows_per_program(m)
+    grid = (grid[0], m // rows, grid[2])
+    ws, counters = split_buffers(split, m, n, grid, counters, out)
     _gemv_kernel[grid](
         x, out, bias if bias is not None else out, residual if residual is not None else out,
-        norm_weight if norm_weight is not None else x, act_ref, *ptrs, *strides,
-        n, k, x.stride(0), out.stride(0), eps, per_split,
+        norm_weight if norm_weight is not None else x, act_ref, ws, counters, *ptrs, *strides,
+        m, n, k, x.stride(0), out.stride(0), eps, per_split,
         FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, NORM=norm_weight is not None, GLU=glu,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act != torch.float32,
-        SPLIT=split, PDL=PDL, num_warps=warps, launch_pdl=PDL,
+        SPLIT=split, ROWS=rows, PDL=PDL, num_warps=warps, launch_pdl=PDL,
     )
     return out
+
+
+def split_buffers(split: int, m: int, n: int, grid, counters: torch.Tensor | None, out: torch.Tensor):
+    """Split K's partial sums (split, m, n) fp32 and per-program counters (zero; the caller may keep
+    one COUNTERS-long tensor across calls, each call leaves it zeroed), or placeholders (out) without
+    split."""
+    if split == 1:
+        return out, out
+    if counters is None:
+        counters = torch.zeros(COUNTERS, dtype=torch.int32, device=out.device)
+    assert grid[0] * grid[1] <= counters.numel()
+    return torch.empty((split, m, n), dtype=torch.float32, device=out.device), counters
+
+
+def rows_per_program(m: int) -> int:
+    """x rows per program: all of them up to MAX_ROWS (each weight tile read once), else one."""
+    return m if m <= MAX_ROWS else 1
 
 
 def plan(m: int, n: int, bn: int, units: int, per_iter: int, glu: bool, split: int | None,
@@ -329,14 +454,17 @@ def split_k(split: int | None, glu: bool, programs: int, groups: int, g: int, de
 def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None, inplace: bool,
            out_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The product's output buffer: the residual itself (inplace), an fp32 buffer holding the residual
-    or zeros (split K: parts add atomically), else a new (m, n or n / 2) tensor of out_dtype."""
+    or zeros (split K: the parts' sum is added to it), else a new (m, n or n / 2) tensor of out_dtype."""
     if split > 1 or inplace:
         out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=device)
         if split > 1 and residual is not None and not inplace:
             out.copy_(residual)
-        assert out.dtype == torch.float32 and out.is_contiguous()
+        assert out.dtype == torch.float32 and out.stride(-1) == 1  # rows may be column slices
         return out
     return torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=device)
+
+
+SPLIT_PROGRAMS_PER_SM = 64  # auto_split's aim: bench/verify_rows.py --split-target (H200)
 
 
 def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
@@ -344,7 +472,7 @@ def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
     """
     if device.type != "cuda":
         return 1
-    target = 64 * torch.cuda.get_device_properties(device).multi_processor_count
+    target = SPLIT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     split = 1
     while programs * split * 2 <= target and groups // (split * 2) >= 2 * g and split < 16:
         split *= 2

@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_gemv import INTERPRET, PDL, _epilogue, _pdl_wait, _rstd, plan
+from .triton_gemv import (INTERPRET, PDL, _epilogue, _part_out, _pdl_wait, _rstd, _split_finish, plan,
+                          rows_per_program, split_buffers)
 
 # Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
 FIELDS = {
@@ -188,36 +189,88 @@ def _unit_sum(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd,
         return d * y
 
 
+@triton.jit
+def _row_units(acc, R: tl.constexpr, ROWS: tl.constexpr, FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4,
+               xq_ptr, xd_ptr, xs_ptr, m0, K, u3, r3, m3, um3, ASM: tl.constexpr, EVEN: tl.constexpr):
+    """acc + x row m0 + R's sums over the units u3 (a no-op for R >= ROWS). Each row runs a one-row
+    program's operations (its weight loads again: L1 hits), so a verify pass of several tokens sums
+    each row exactly as the decode step of that token does (speculative decoding)."""
+    if R < ROWS:
+        m64 = (m0 + R).to(tl.int64)
+        xq, xd, xs = xq_ptr + m64 * (K // 4), xd_ptr + m64 * (K // 32), xs_ptr + m64 * (K // 16)
+        acc += _unit_sum(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd, xs, u3, r3, m3, um3, ASM, EVEN)
+    return acc
+
+
+@triton.jit
+def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, rows, rmask, out_ptr, bias_ptr, res_ptr, N, out_stride,
+             ACT: tl.constexpr, BN: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+             ROUND: tl.constexpr, SPLIT: tl.constexpr):
+    if R < ROWS:
+        _epilogue(tl.sum(tl.sum(acc, 2), 0), rows, rmask, m0 + R, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT,
+                  BN, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
+
+
 @triton.jit(do_not_specialize=["step"])
-def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, P0, P1, P2, P3, P4,
-                    U0, U1, U2, U3, U4, step, N, K, out_stride, units_per_split, FMT: tl.constexpr,
+def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, ws_ptr, cnt_ptr, P0, P1, P2, P3, P4,
+                    U0, U1, U2, U3, U4, step, M, N, K, out_stride, units_per_split, FMT: tl.constexpr,
                     UNIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr,
-                    ASM: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
-    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of one x row m (grid: (N / BN, M, SPLIT)); each
-    iteration takes BK units of K. step: the fields' row step (2 for an interleaved view; kept a
-    runtime value so that the per-row scale loads keep the word tile's layout). The epilogue (bias,
-    GLU, residual, split-K atomics) is triton_gemv's. EVEN: N % BN == 0 and every BK-unit step exists.
-    (Prefetching the first steps' weights into L2 before the PDL wait was tried: slower, 2026-11-26.)"""
+                    ROWS: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_gemv.MAX_ROWS) x rows m
+    (grid: (N / BN, M / ROWS, SPLIT)); each iteration takes BK units of K. step: the fields' row
+    step (2 for an interleaved view; kept a runtime value so that the per-row scale loads keep the
+    word tile's layout). The epilogue (bias, GLU, residual, split K) is triton_gemv's.
+    EVEN: N % BN == 0 and every BK-unit step exists. (Prefetching the first steps' weights into L2
+    before the PDL wait was tried: slower, 2026-11-26.)"""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u_lo = tl.program_id(2) * units_per_split
     u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)
     r3 = (rows * step)[None, :, None]
     _pdl_wait(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
-    m = tl.program_id(1)
+    m0 = tl.program_id(1) * ROWS
     rmask = rows < N
-    m64 = m.to(tl.int64)
-    xq, xd, xs = xq_ptr + m64 * (K // 4), xd_ptr + m64 * (K // 32), xs_ptr + m64 * (K // 16)
-    acc = tl.zeros((BK, BN, 1), tl.float32)
+    a0 = tl.zeros((BK, BN, 1), tl.float32)
+    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
     for u0 in range(u_lo, u_hi, BK):
         u3 = (u0 + tl.arange(0, BK))[:, None, None]
         um3 = u3 < u_hi
         m3 = rmask[None, :, None] & um3
-        acc += _unit_sum(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd, xs, u3, r3, m3, um3, ASM, EVEN)
-    y = tl.sum(tl.sum(acc, 2), 0)
-    _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS, HAS_RES,
-              ROUND, SPLIT)
+        a0 = _row_units(a0, 0, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a1 = _row_units(a1, 1, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a2 = _row_units(a2, 2, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a3 = _row_units(a3, 3, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a4 = _row_units(a4, 4, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a5 = _row_units(a5, 5, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a6 = _row_units(a6, 6, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+        a7 = _row_units(a7, 7, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
+                        u3, r3, m3, um3, ASM, EVEN)
+    pout, pstride = _part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
+    _row_out(a0, 0, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a1, 1, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a2, 2, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a3, 3, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a4, 4, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a5, 5, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a6, 6, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _row_out(a7, 7, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
+             HAS_RES, ROUND, SPLIT)
+    _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
 
 
 def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -255,9 +308,10 @@ def weight_args(w: QWeight) -> tuple[list[torch.Tensor], list[int], int]:
 def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, glu: bool = False, act_dtype: torch.dtype = torch.bfloat16,
             out_dtype: torch.dtype | None = None, config: tuple[int, int, int] | None = None,
-            split: int | None = 1, inplace: bool = False) -> torch.Tensor:
+            split: int | None = 1, inplace: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
     """xa = quantize_act(x) of x (M, K) -> (M, N) as triton_gemv.gemv (same bias / residual / glu /
-    split / inplace meaning), the product taken in integers; w block-major (QWeight.to_blocks)."""
+    split / inplace / counters meaning), the product taken in integers; w block-major
+    (QWeight.to_blocks)."""
     q, d, s = xa
     m, k = q.shape
     n = w.shape[0]
@@ -268,11 +322,14 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     units = k // UNIT[w.qtype]
     split, per_split, out, act_ref, grid = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype,
                                                 act_dtype, q.device)
+    rows = rows_per_program(m)
+    grid = (grid[0], m // rows, grid[2])
+    ws, counters = split_buffers(split, m, n, grid, counters, out)
     _q8_gemv_kernel[grid](
         q.view(torch.int32), d, s, out, bias if bias is not None else out, residual if residual is not None else out,
-        act_ref, *ptrs, *strides, step, n, k, out.stride(0), per_split,
+        act_ref, ws, counters, *ptrs, *strides, step, m, n, k, out.stride(0), per_split,
         FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, GLU=glu, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=split, ASM=not INTERPRET,
+        HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=split, ROWS=rows, ASM=not INTERPRET,
         EVEN=n % bn == 0 and units % bk == 0, PDL=PDL, num_warps=warps, launch_pdl=PDL,
     )
     return out

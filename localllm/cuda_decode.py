@@ -1,19 +1,24 @@
 """Batch-1 decode on CUDA as one CUDA graph: static buffers, the position as a device tensor, no host sync.
 
-A step (one token at position cache.length) per layer is four fused kernels and two small ones:
-  qkv = W_qkv @ RMSNorm(x)             (gemv with the norm fused, q|k|v fused into one weight;
+A step (T tokens at positions cache.length.., T = 1 for plain decoding, K + 1 for speculative
+decoding's verify pass) per layer is four fused kernels and two small ones:
+  qkv = W_qkv @ RMSNorm(x)             (product with the norm fused, q|k|v fused into one weight;
                                         Q4_1/Q5_K weights: a separate norm kernel first)
-  (the residual projections split K over more programs, summing by fp32 atomics: x += W a in place)
   rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py)
   a = attention(q, cache[:pos+1])      (split over 64-row chunks, then combined)
-  x = x + W_o @ a                      (gemv with the residual add fused)
+  x = x + W_o @ a                      (product with the residual add fused, in place)
   a = silu(g) * u, [g|u] = W_gate|up @ RMSNorm(x)   (gate/up rows interleaved, silu*mul in the epilogue)
-  x = x + W_down @ a                   (gemv with the residual add fused)
-then logits = W_out @ RMSNorm(x) in fp32. Q8_0/Q4_0/Q4_K/Q6_K weights take integer dot products
-(kernels/triton_q8.py): x is quantized to int8 first (the norm, or silu(gate) * up, fused into that
-pass), and q|k|v and gate|up are split over K into fp32 accumulators. Every kernel matches the
-module ops of model.py (its reference) within rounding, plus Q8_0's rounding of the activations for
-integer-dot weights: bench/cuda_check.py measures it against the CPU fp32 model.
+  x = x + W_down @ a                   (product with the residual add fused, in place)
+then logits = W_out @ RMSNorm(x) in fp32. Dense weights take tensor-core products
+(kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K weights integer dot products (kernels/triton_q8.py):
+x is quantized to int8 first (the norm, or silu(gate) * up, fused into that pass), and q|k|v and
+gate|up are split over K into fp32 accumulators that their readers clear. Products split over K
+add their parts in a fixed order (no fp32 atomics into the outputs), and every kernel computes
+each token's row the same way whatever T is: the same step gives the same bits every time, and
+the verify pass gives plain decoding's bits (speculative decoding's greedy ids are plain
+decoding's). Every kernel matches the module ops of model.py (its reference) within rounding,
+plus Q8_0's rounding of the activations for integer-dot weights: bench/cuda_check.py measures it
+against the CPU fp32 model.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
 from kernels.triton_decode import decode_attention, rope_store
+from kernels.triton_gemv import COUNTERS
 from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act
 
@@ -85,23 +91,29 @@ class LayerWeights:
 
 
 class GraphDecoder:
-    """Decodes one token per step() into `cache` (batch 1), replaying a captured CUDA graph."""
+    """Runs `tokens` tokens per step() into `cache` (batch 1), replaying a captured CUDA graph: one
+    (plain decoding), or speculative decoding's verify pass of the last id and its drafts. Every
+    kernel computes each token's row exactly as a one-token step computes it (the products share
+    their weight reads across rows, triton_gemv.MAX_ROWS at most), so verified ids are plain
+    decoding's ids."""
 
-    def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True):
+    def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1):
         cfg = model.cfg
-        self.model, self.cache, self.cfg, self.use_graph = model, cache, cfg, use_graph
+        self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
         dev = cache.k.device
         fuse_blocks(model)
         self.layers = [LayerWeights(b) for b in model.blk]
         exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=dev).float() / cfg.head_dim
         self.inv_freq = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
         self.act = model.token_embd.weight.dtype
-        self.token = torch.zeros(1, dtype=torch.long, device=dev)
+        self.token = torch.zeros(tokens, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
-        # fp32 accumulators of products split over K (atomic adds): q|k|v and interleaved gate/up
+        # fp32 accumulators of products split over K (their parts summed into them): q|k|v and gate/up
         # sums, each zeroed by the kernel that reads it (rope_store, quantize_act's GLU form).
-        self.qkv_acc = torch.zeros(1, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.float32, device=dev)
-        self.gu_acc = torch.zeros(1, 2 * cfg.ffn_dim, dtype=torch.float32, device=dev)
+        self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.float32, device=dev)
+        self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.float32, device=dev)
+        # split products' per-program counters (zero between kernels; kernels/triton_gemv.split_buffers)
+        self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.expected_len = -1
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -112,13 +124,13 @@ class GraphDecoder:
             # Float-decoding matvecs are bound by instructions: normalise once (a small kernel) instead
             # of in every program's prologue. (Integer-dot ones fuse the norm into quantizing x.)
             x, norm = rmsnorm_rows(x, *norm), None
-        return fused_linear(x, w, norm=norm, act_dtype=self.act, **kw)
+        return fused_linear(x, w, norm=norm, act_dtype=self.act, counters=self.counters, **kw)
 
     def _attention(self, x: torch.Tensor, i: int, L: LayerWeights) -> torch.Tensor:
         cfg, a = self.cfg, L.attn
         norm = (L.blk.attn_norm.weight, cfg.norm_eps)
         ms = (a.attn_q, a.attn_k, a.attn_v)
-        acc = all(int_dot(m.w) for m in ms) or isinstance(L.qkv, torch.Tensor)
+        acc = all(int_dot(m.w) for m in ms)
         if acc:
             # Products split over K for enough warps, summed into the fp32 accumulator (zero here:
             # rope_store clears it as it reads); separate integer-dot products (Q4_K_M's Q6_K attn_v)
@@ -138,8 +150,8 @@ class GraphDecoder:
             qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in ms], -1)
         if cfg.qk_norm:
             q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
-            q = a.attn_q_norm(q.view(cfg.n_heads, cfg.head_dim)).reshape(1, -1)
-            k = a.attn_k_norm(k.view(cfg.n_kv_heads, cfg.head_dim)).reshape(1, -1)
+            q = a.attn_q_norm(q.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
+            k = a.attn_k_norm(k.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
             qkv = torch.cat((q, k, v), -1)
             if acc:
                 self.qkv_acc.zero_()
@@ -149,9 +161,9 @@ class GraphDecoder:
         d32 = cfg.head_dim // 32
         if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
             # the output projection's int8 input comes from the attention's combine kernel
-            att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True)
+            att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, tokens=self.tokens)
             return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True, xq=xq)
-        att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads)
+        att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, tokens=self.tokens)
         return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
@@ -170,16 +182,16 @@ class GraphDecoder:
         return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True)
 
     def _step(self) -> torch.Tensor:
-        """token (1,) at position pos -> logits (V,) fp32; advances pos. Static inputs only."""
+        """tokens (T,) at positions pos.. -> logits (T, V) fp32; advances pos. Static inputs only."""
         m = self.model
-        x = F.embedding(self.token, m.token_embd.weight).float()  # (1, C) fp32 residual stream
+        x = F.embedding(self.token, m.token_embd.weight).float()  # (T, C) fp32 residual stream
         for i, L in enumerate(self.layers):
             x = self._attention(x, i, L)
             x = self._ffn(x, L)
         logits = self._lin(x, m.output_weight(), norm=(m.output_norm.weight, self.cfg.norm_eps),
                            out_dtype=torch.float32)
-        self.pos += 1
-        return logits[0]
+        self.pos += self.tokens
+        return logits
 
     def _capture(self) -> None:
         start = self.cache.length
@@ -196,12 +208,11 @@ class GraphDecoder:
 
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """token: id tensor (any shape of one element) at position cache.length -> logits (V,) fp32.
-
-        The returned tensor is overwritten by the next step."""
-        if self.cache.length >= self.cache.capacity:
+        """token: T ids (any shape) at positions cache.length.. -> logits (V,) fp32 for one token,
+        (T, V) for several. The returned tensor is overwritten by the next step."""
+        if self.cache.length + self.tokens > self.cache.capacity:
             raise ValueError("the KV cache is full")
-        self.token.copy_(token.view(1))
+        self.token.copy_(token.view(self.tokens))
         if self.cache.length != self.expected_len:
             self.pos.fill_(self.cache.length)
         if not self.use_graph:
@@ -210,9 +221,9 @@ class GraphDecoder:
             if self.graph is None:
                 self._capture()
             self.graph.replay()
-        self.cache.length += 1
+        self.cache.length += self.tokens
         self.expected_len = self.cache.length
-        return self.logits
+        return self.logits[0] if self.tokens == 1 else self.logits
 
 
 def held_for(model: Transformer, attr: str, cache: KVCache, make):
@@ -225,6 +236,8 @@ def held_for(model: Transformer, attr: str, cache: KVCache, make):
     return obj
 
 
-def decoder_for(model: Transformer, cache: KVCache) -> GraphDecoder:
-    """The model's decoder for this cache (one kept at a time: a new cache replaces the graph)."""
-    return held_for(model, "_graph_decoder", cache, GraphDecoder)
+def decoder_for(model: Transformer, cache: KVCache, tokens: int = 1) -> GraphDecoder:
+    """The model's decoder of `tokens` tokens a step for this cache (one kept per token count: a new
+    cache replaces its graph)."""
+    attr = "_graph_decoder" if tokens == 1 else f"_graph_decoder_{tokens}"
+    return held_for(model, attr, cache, lambda m, c: GraphDecoder(m, c, tokens=tokens))

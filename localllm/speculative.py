@@ -8,9 +8,14 @@ replacement is drawn from max(0, p_i - q_i), normalised; when all K are kept, on
 p_{K+1}. Every emitted id then follows the target's distribution, whatever the draft. Greedy is the
 case of one-hot p and q: the output is plain greedy decoding's. Prompt lookup's q is one-hot at its ids.
 
-Caches: with seq the prompt plus the emitted ids (N of them), a round starts with the target's cache
-holding seq[:N-1]; the verify pass writes positions N-1 .. N-1+K; after m kept drafts the rollback is
-cache.length = N + m (stale rows are overwritten later). The drafter keeps its own cache the same way.
+The first id is drawn from the prompt's prefill logits, as plain decoding draws it. Then, with seq the
+prompt plus the emitted ids (N of them), a round starts with the target's cache holding seq[:N-1];
+the verify pass writes positions N-1 .. N-1+K; after m kept drafts the rollback is cache.length =
+N + m (stale rows are overwritten later). The drafter keeps its own cache the same way.
+
+On CUDA the verify pass is a captured graph of the decode step's kernels run for K+1 tokens
+(cuda_decode.GraphDecoder), whose rows are computed exactly as plain decode steps compute them, so
+greedy ids equal plain decoding's on the GPU too; K is then at most triton_gemv.MAX_ROWS - 1.
 """
 
 from __future__ import annotations
@@ -75,13 +80,33 @@ def feed(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
     return logits
 
 
+def graph_verify(cache: KVCache) -> bool:
+    """The verify pass runs the decode step's CUDA graph for several tokens (batch-1 CUDA caches)."""
+    return cache.k.device.type == "cuda" and cache.k.shape[1] == 1
+
+
+def most_drafts(cache: KVCache) -> int | None:
+    """The most drafts one verify pass takes (None: no limit)."""
+    if graph_verify(cache):
+        from kernels.triton_gemv import MAX_ROWS
+
+        return MAX_ROWS - 1
+    return None
+
+
 @torch.inference_mode()
 def verify(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
     """The target's pass over the last emitted id and the drafts -> logits (T, V). More than one id is
-    one multi-token forward: the weights are read once for all of them."""
+    one pass reading the weights once for all of them: on CUDA the decode step's graph for T tokens
+    (each row as plain decoding computes it), else the model's multi-token forward."""
     if len(ids) == 1:
         return feed(model, cache, ids)[None]
-    return model(torch.tensor([ids], device=model.token_embd.weight.device), cache, cache.length)[0]
+    device = model.token_embd.weight.device
+    if graph_verify(cache):
+        from .cuda_decode import decoder_for
+
+        return decoder_for(model, cache, len(ids)).step(torch.tensor(ids, device=device))
+    return model(torch.tensor([ids], device=device), cache, cache.length)[0]
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -210,20 +235,26 @@ def generate_speculative(
     history = torch.tensor(prompt, dtype=torch.long, device=device)
     t0 = time.perf_counter()
     drafter.start(cache.capacity, reuse)
-    cache.length = reuse
-    if len(prompt) - 1 > reuse:  # the last prompt id goes into the first verify pass
-        prefill(model, cache, prompt[reuse:-1], reuse)
-    _sync(device)
-    stats.prompt_tokens, stats.prompt_seconds = len(prompt) - reuse, time.perf_counter() - t0
-    if plain_steps:
-        stats.plain_tps = 1 / time_plain_step(model, cache, prompt[-1], plain_steps)
-    schedule = adaptive_k(drafter, settings)
     budget = min(max_tokens, cache.capacity - len(prompt))
+    # the first id as plain decoding draws it: from the prompt's prefill logits
+    token = sampler(prefill(model, cache, prompt[reuse:], reuse), history)
+    first = int(token)
+    stats.prompt_tokens, stats.prompt_seconds = len(prompt) - reuse, time.perf_counter() - t0
+    if budget < 1 or first in stop:
+        return
+    if plain_steps:  # at the first id's position, rolled back
+        stats.plain_tps = 1 / time_plain_step(model, cache, first, plain_steps)
+    schedule = adaptive_k(drafter, settings)
+    limit = most_drafts(cache)
     t0 = time.perf_counter()
+    seq.append(first)
+    history = torch.cat((history, token.view(1)))
     try:
+        stats.generated_tokens, stats.generate_seconds = 1, time.perf_counter() - t0
+        yield first
         while len(seq) - len(prompt) < budget:
             # the round emits up to k + 1 ids; none past the budget (nor past the cache's end)
-            k = min(schedule.k(), budget - (len(seq) - len(prompt)) - 1)
+            k = min(schedule.k(), budget - (len(seq) - len(prompt)) - 1, limit or budget)
             new, n = speculative_round(model, cache, sampler, drafter, seq, history, k)
             schedule.update(n, len(new) - 1)
             stats.target_passes += 1

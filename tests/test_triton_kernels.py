@@ -210,3 +210,66 @@ def test_decode_step_matches_model_forward(wtype, monkeypatch):
             # which can move an int8 step rarely
             assert rel(dec.step(tokens[0, i]), want) < (1e-5 if wtype == "f32" else 2e-3)
 
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "f32"])
+def test_verify_step_rows_equal_plain_steps(wtype, monkeypatch):
+    """A step of 3 tokens (speculative decoding's verify pass on CUDA) gives each token's logits and
+    cache rows bit for bit as 3 one-token steps do: greedy verification keeps plain decoding's ids."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=3)
+    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    tokens = torch.randint(0, TINY.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        cache = make_cache(TINY, 8)
+        fast(tokens[:, :5], cache, 0)
+        rows = GraphDecoder(fast, cache, use_graph=False, tokens=3).step(tokens[0, 5:8]).clone()
+        k, v = cache.k[:, :, :, 5:8].clone(), cache.v[:, :, :, 5:8].clone()
+        cache.length = 5
+        cache.k[:, :, :, 5:8] = 0
+        one = GraphDecoder(fast, cache, use_graph=False)
+        for i in range(3):
+            assert torch.equal(one.step(tokens[0, 5 + i]), rows[i]), i
+    assert cache.length == 8
+    assert torch.equal(cache.k[:, :, :, 5:8], k) and torch.equal(cache.v[:, :, :, 5:8], v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dense_kernel_rows_are_batch_invariant(dtype):
+    """kernels/triton_dense.py: each x row's output is the same bits whatever the other rows (tiles cut
+    between programs, their parts summed by the last finisher), matches the fp32 product of the
+    values it multiplies, and leaves its counters zeroed for the next call."""
+    from kernels import triton_dense
+
+    g = torch.Generator().manual_seed(21)
+    w = torch.randn(200, 512, generator=g).to(dtype)  # 4 tiles x 8 units over 5 programs: cut tiles
+    x, r = torch.randn(6, 512, generator=g), torch.randn(6, 200, generator=g)
+    counters = torch.zeros(triton_dense.COUNTERS, dtype=torch.int32)
+    y = triton_dense.gemv_dense(x, w, residual=r, act_dtype=torch.float32, counters=counters)
+    assert not counters.any()
+    for i in range(6):
+        one = triton_dense.gemv_dense(x[i:i + 1], w, residual=r[i:i + 1], act_dtype=torch.float32, counters=counters)
+        assert torch.equal(one, y[i:i + 1]), i
+    assert rel(y, r + x.to(dtype).float() @ w.float().T) < 1e-6
+
+
+def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
+    """Split K sums its parts in part order (triton_gemv._split_finish): the same call twice gives the
+    same bits, one row alone the same bits as in a batch, and the counters are zero afterwards."""
+    qtype, _, w = quantized
+    from kernels import triton_q8
+
+    def product(x, r, split, counters=None):  # the decode step's kernel for this type
+        if qtype in INT_DOT_TYPES:
+            return triton_q8.gemv_q8(triton_q8.quantize_act(x), w.to_blocks(), residual=r, split=split,
+                                     act_dtype=torch.float32, counters=counters)
+        return triton_gemv.gemv(x, w, residual=r, split=split, act_dtype=torch.float32, counters=counters)
+
+    g = torch.Generator().manual_seed(22)
+    x, r = torch.randn(3, 512, generator=g), torch.randn(3, 40, generator=g)
+    counters = torch.zeros(triton_gemv.COUNTERS, dtype=torch.int32)
+    a = product(x, r, 4, counters)
+    assert not counters.any()
+    assert torch.equal(a, product(x, r, 4, counters))
+    assert torch.equal(product(x[1:2], r[1:2], 4), a[1:2])
+    assert rel(a, product(x, r, 1)) < 1e-6
