@@ -22,15 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_gemv import PDL, _pdl_wait
+from .triton_gemv import PDL, _from_fixed, _pdl_wait
 from .triton_q8 import _store_blocks, act_buffers
 
 
 @triton.jit
 def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEAR: tl.constexpr):
     i = tl.arange(0, HALF)
-    x1 = tl.load(src + i).to(tl.float32)
-    x2 = tl.load(src + HALF + i).to(tl.float32)
+    x1 = _from_fixed(tl.load(src + i))
+    x2 = _from_fixed(tl.load(src + HALF + i))
     if CLEAR:  # src is a split-K accumulator: leave it zero for the next step (parts add to it)
         tl.store(src + i, tl.zeros_like(x1).to(src.dtype.element_ty))
         tl.store(src + HALF + i, tl.zeros_like(x2).to(src.dtype.element_ty))
@@ -41,8 +41,12 @@ def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEA
         y1 = x1
         y2 = x2
     ty = dst.dtype.element_ty
-    tl.store(dst + i, y1.to(src.dtype.element_ty).to(ty))
-    tl.store(dst + HALF + i, y2.to(src.dtype.element_ty).to(ty))
+    if src.dtype.element_ty == tl.int64:  # a fixed-point accumulator: fp32 values
+        tl.store(dst + i, y1.to(ty))
+        tl.store(dst + HALF + i, y2.to(ty))
+    else:  # rounded as qkv's dtype holds them
+        tl.store(dst + i, y1.to(src.dtype.element_ty).to(ty))
+        tl.store(dst + HALF + i, y2.to(src.dtype.element_ty).to(ty))
 
 
 @triton.jit
@@ -188,7 +192,8 @@ def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, he
     (Hkv, S, D) of one layer -> q (T H, D). clear: zero qkv once read (an accumulator of split-K
     products)."""
     t = qkv.shape[0]
-    q = torch.empty((t * n_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    dtype = torch.float32 if qkv.dtype == torch.int64 else qkv.dtype  # a fixed-point accumulator: fp32 q
+    q = torch.empty((t * n_heads, head_dim), dtype=dtype, device=qkv.device)
     grid = (n_heads + 2 * n_kv, t)
     _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(0), n_heads, n_kv,
                              D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1, launch_pdl=PDL)

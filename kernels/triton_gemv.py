@@ -213,11 +213,27 @@ def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, x0, x_stride, rows, r
 
 @triton.jit
 def _part_out(out_ptr, out_stride, ws_ptr, MT, N, SPLIT: tl.constexpr):
-    """Where the epilogue writes: out, or with SPLIT > 1 this part's (MT, N) slice of ws (SPLIT, MT, N)."""
-    if SPLIT > 1:
+    """Where the epilogue writes: out, or with SPLIT > 1 this part's (MT, N) slice of ws (SPLIT, MT, N)
+    (not for a fixed-point accumulator: parts add into it directly)."""
+    if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
         return ws_ptr + tl.program_id(2) * MT * N, N
     else:
         return out_ptr, out_stride
+
+
+# Fixed-point accumulators (int64, 2^32 units): split parts add into them with integer atomics, which
+# give the same sum in any order, so they need no ordered reduction (_split_finish's memory fence and
+# counter). Every fp32 partial of magnitude >= 2^-8 converts exactly; sums must stay below 2^31.
+FIXED_ONE = tl.constexpr(4294967296.0)
+
+
+@triton.jit
+def _from_fixed(v):
+    """Values loaded from an accumulator (fp32 sums, or int64 fixed-point) -> fp32."""
+    if v.dtype == tl.int64:
+        return v.to(tl.float32) * (1.0 / FIXED_ONE)
+    else:
+        return v.to(tl.float32)
 
 
 @triton.jit
@@ -229,7 +245,7 @@ def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, 
     the parts finish, and the same step could round differently from run to run. (Loading all
     parts as one (SPLIT, BN) tile and summing it was tried: no faster, and the registers it holds
     slowed the products, 2026-11-26.)"""
-    if SPLIT > 1:
+    if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
         tl.debug_barrier()  # every thread's partial is written before the counter says so
         t = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == SPLIT - 1:
@@ -321,12 +337,19 @@ def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT:
               SPLIT: tl.constexpr):
     """y (BN,) fp32 sums of rows `rows` of x row m -> out: + bias, rounded, GLU or + residual; with
     SPLIT > 1 out is the part's slice of the partial sums (kernels pass part_out's) and y is stored
-    as it is, for _split_finish."""
+    as it is, for _split_finish. An int64 out is a fixed-point accumulator: y is added to it
+    (atomically with SPLIT > 1), unrounded."""
     if HAS_BIAS:
         if tl.program_id(2) == 0:
             y += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     orow = out_ptr + m.to(tl.int64) * out_stride
-    if SPLIT > 1:
+    if out_ptr.dtype.element_ty == tl.int64:
+        q = (y * FIXED_ONE).to(tl.int64)
+        if SPLIT > 1:
+            tl.atomic_add(orow + rows, q, mask=rmask, sem="relaxed")
+        else:
+            tl.store(orow + rows, tl.load(orow + rows, mask=rmask, other=0) + q, mask=rmask)
+    elif SPLIT > 1:
         tl.store(orow + rows, y, mask=rmask)
     elif GLU:
         y = _round(y, ACT, ROUND)
@@ -459,7 +482,8 @@ def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None,
         out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=device)
         if split > 1 and residual is not None and not inplace:
             out.copy_(residual)
-        assert out.dtype == torch.float32 and out.stride(-1) == 1  # rows may be column slices
+        # fp32, or an int64 fixed-point accumulator (_epilogue); rows may be column slices
+        assert out.dtype in (torch.float32, torch.int64) and out.stride(-1) == 1
         return out
     return torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=device)
 

@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_gemv import (INTERPRET, PDL, _epilogue, _part_out, _pdl_wait, _rstd, _split_finish, plan,
-                          rows_per_program, split_buffers)
+from .triton_gemv import (INTERPRET, PDL, _epilogue, _from_fixed, _part_out, _pdl_wait, _rstd, _split_finish,
+                          plan, rows_per_program, split_buffers)
 
 # Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
 FIELDS = {
@@ -76,12 +76,12 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
     if GLU:
         ACT: tl.constexpr = act_ptr.dtype.element_ty
         src = x_ptr + m * x_stride + 2 * cols
-        gate = tl.load(src, mask=bmask, other=0.0).to(ACT).to(tl.float32)
-        up = tl.load(src + 1, mask=bmask, other=0.0).to(ACT).to(tl.float32)
+        gate = _from_fixed(tl.load(src, mask=bmask, other=0)).to(ACT).to(tl.float32)
+        up = _from_fixed(tl.load(src + 1, mask=bmask, other=0)).to(ACT).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
         v = (silu * up).to(ACT).to(tl.float32)
-        tl.store(src, tl.zeros_like(gate), mask=bmask)
-        tl.store(src + 1, tl.zeros_like(up), mask=bmask)
+        tl.store(src, tl.zeros_like(gate).to(x_ptr.dtype.element_ty), mask=bmask)
+        tl.store(src + 1, tl.zeros_like(up).to(x_ptr.dtype.element_ty), mask=bmask)
     else:
         v = tl.load(x_ptr + m * x_stride + cols, mask=bmask, other=0.0).to(tl.float32)
     if NORM:
@@ -277,11 +277,11 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
                  glu_dtype: torch.dtype | None = None, blocks: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q int8 (M, K), d fp32 (M, K / 32), s int32 (M, K / 16)): quantize.act.quantize_act
     of x, or of RMSNorm(x) (x * rstd * weight in fp32) with norm_weight. glu_dtype: x is instead the
-    fp32 (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer), the values are
+    fp32 or int64 fixed-point (triton_gemv.FIXED_ONE) (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer), the values are
     silu(gate) * up rounded to glu_dtype as the modules round them, and x is zeroed as it is read."""
     x = x if glu_dtype is not None else x.contiguous()
     m, k = x.shape[0], x.shape[1] // (2 if glu_dtype is not None else 1)
-    assert glu_dtype is None or (x.dtype == torch.float32 and x.stride(1) == 1)
+    assert glu_dtype is None or (x.dtype in (torch.float32, torch.int64) and x.stride(1) == 1)
     q, d, s = act_buffers(m, k, x.device)
     act_ref = torch.empty(1, dtype=glu_dtype or torch.float32, device=x.device)
     blocks = 64 if INTERPRET else blocks

@@ -12,8 +12,9 @@ decoding's verify pass) per layer is four fused kernels and two small ones:
 then logits = W_out @ RMSNorm(x) in fp32. Dense weights take tensor-core products
 (kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K weights integer dot products (kernels/triton_q8.py):
 x is quantized to int8 first (the norm, or silu(gate) * up, fused into that pass), and q|k|v and
-gate|up are split over K into fp32 accumulators that their readers clear. Products split over K
-add their parts in a fixed order (no fp32 atomics into the outputs), and every kernel computes
+gate|up are split over K into int64 fixed-point accumulators that their readers clear (integer
+atomics: the same sum in any order). The other products split over K add their parts in a fixed
+order (never fp32 atomics into the outputs), and every kernel computes
 each token's row the same way whatever T is: the same step gives the same bits every time, and
 the verify pass gives plain decoding's bits (speculative decoding's greedy ids are plain
 decoding's). Every kernel matches the module ops of model.py (its reference) within rounding,
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
 from kernels.triton_decode import decode_attention, rope_store
-from kernels.triton_gemv import COUNTERS
+from kernels.triton_gemv import COUNTERS, FIXED_ONE
 from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act
 
@@ -108,10 +109,12 @@ class GraphDecoder:
         self.act = model.token_embd.weight.dtype
         self.token = torch.zeros(tokens, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
-        # fp32 accumulators of products split over K (their parts summed into them): q|k|v and gate/up
-        # sums, each zeroed by the kernel that reads it (rope_store, quantize_act's GLU form).
-        self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.float32, device=dev)
-        self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.float32, device=dev)
+        # accumulators of products split over K: q|k|v and gate/up sums in int64 fixed point (their
+        # parts add by integer atomics: the same sum in any order, no ordered reduction;
+        # triton_gemv.FIXED_ONE), each zeroed by the kernel that reads it (rope_store, quantize_act's
+        # GLU form).
+        self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
+        self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
         # split products' per-program counters (zero between kernels; kernels/triton_gemv.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.expected_len = -1
@@ -149,6 +152,8 @@ class GraphDecoder:
         else:
             qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in ms], -1)
         if cfg.qk_norm:
+            if acc:  # fixed point -> values
+                qkv = qkv.double().mul(1.0 / FIXED_ONE.value).float()
             q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
             q = a.attn_q_norm(q.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
             k = a.attn_k_norm(k.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)

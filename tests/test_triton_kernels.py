@@ -273,3 +273,37 @@ def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
     assert torch.equal(a, product(x, r, 4, counters))
     assert torch.equal(product(x[1:2], r[1:2], 4), a[1:2])
     assert rel(a, product(x, r, 1)) < 1e-6
+
+
+def test_fixed_point_accumulators_read_like_fp32_ones():
+    """q|k|v and gate/up sums split over K add into int64 fixed-point accumulators (triton_gemv.FIXED_ONE):
+    the parts' sum equals the fp32 product, and their readers (rope_store, quantize_act's GLU form)
+    give what they give for fp32 sums, clearing the accumulator."""
+    from kernels import triton_q8
+
+    g = torch.Generator().manual_seed(23)
+    w = QWeight.from_raw(torch.from_numpy(quantize_tensor(torch.randn(64, 512, generator=g), Q.Q8_0)), Q.Q8_0)
+    xa = triton_q8.quantize_act(torch.randn(2, 512, generator=g))
+    acc = torch.zeros(2, 64, dtype=torch.int64)
+    triton_q8.gemv_q8(xa, w.to_blocks(), residual=acc, inplace=True, split=4, act_dtype=torch.float32)
+    want = triton_q8.gemv_q8(xa, w.to_blocks(), act_dtype=torch.float32)
+    assert rel(acc.double() / triton_gemv.FIXED_ONE.value, want) < 1e-7
+
+    def fixed(t):
+        return (t.double() * triton_gemv.FIXED_ONE.value).long()
+
+    gu = torch.randn(2, 128, generator=g)
+    gi = fixed(gu)
+    want = triton_q8.quantize_act(gi.double().div(triton_gemv.FIXED_ONE.value).float(), glu_dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(triton_q8.quantize_act(gi, glu_dtype=torch.float32), want))
+    assert not gi.any()
+    H, HKV, D = 4, 2, 64
+    qkv = fixed(torch.randn(1, (H + 2 * HKV) * D, generator=g))
+    values = qkv.double().div(triton_gemv.FIXED_ONE.value).float()
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
+    pos = torch.tensor([3], dtype=torch.int32)
+    caches = [torch.zeros(HKV, 8, D) for _ in range(4)]
+    want = triton_decode.rope_store(values, caches[0], caches[1], pos, inv_freq, H, HKV, D)
+    got = triton_decode.rope_store(qkv, caches[2], caches[3], pos, inv_freq, H, HKV, D, clear=True)
+    assert torch.equal(got, want) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert not qkv.any()
