@@ -20,7 +20,7 @@ from .errors import LocalLLMError
 from .generate import decode_one
 from .load import build_model, load_model, load_tokenizer
 from .model import Linear, Transformer
-from .sampling import Sampler, draw
+from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DraftSettings, SamplingSettings
 from .speculative import Drafter, feed
 from .tokenizer import Tokenizer
@@ -135,6 +135,14 @@ class ModelDrafter:
             return [], None
         self.rollback(len(seq) - 1)  # at least the last id is fed: its logits are the first draft's
         logits = feed(self.model, self.cache, seq[self.cache.length:])
+        if is_plain_greedy(self.sampler) and not self.min_p:  # one-hot q: ids only, no distributions
+            ids = []
+            for j in range(k):
+                token = logits.argmax()
+                ids.append(token)
+                if j + 1 < k:
+                    logits = decode_one(self.model, self.cache, token)
+            return torch.stack(ids).tolist(), None  # one host sync for the round
         ids, qs = [], []
         for j in range(k):
             q = self.sampler.probs(logits, history)
@@ -183,7 +191,8 @@ class LookupDrafter:
         pass
 
     def propose(self, seq: list[int], history: torch.Tensor, k: int) -> tuple[list[int], torch.Tensor | None]:
-        return (lookup_ids(history, self.ngram, k) if k > 0 else []), None
+        # searched on the CPU: on the target's GPU each n-gram try would be several launches and syncs
+        return (lookup_ids(torch.tensor(seq), self.ngram, k) if k > 0 else []), None
 
 
 def open_drafter(

@@ -132,6 +132,12 @@ class Sampler:
         return draw(logits.softmax(-1), self.generator)
 
 
+def is_plain_greedy(sampler: Sampler) -> bool:
+    """The sampler picks argmax(logits) itself (temperature 0, no transform): speculative decoding
+    compares ids then, not distributions."""
+    return sampler.settings.temperature <= 0 and not sampler.transforms
+
+
 def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One id with probability proportional to weights (V,) >= 0, not necessarily normalised, without a
     host sync: exponential race, the argmax of w / E with E ~ Exp(1)."""

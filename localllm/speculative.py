@@ -29,7 +29,7 @@ import torch
 from .cache import KVCache
 from .generate import Stats, _sync, check_prompt, decode_one, prefill
 from .model import Transformer
-from .sampling import Sampler, draw
+from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DEFAULT_DRAFT, DraftSettings
 
 
@@ -95,6 +95,23 @@ def most_drafts(cache: KVCache) -> int | None:
 
 
 @torch.inference_mode()
+def warm_verify(model: Transformer, cache: KVCache) -> None:
+    """Capture now the verify graph of every pass size this cache can take (each is otherwise captured
+    on first use: tens of ms for an 8B model, which benchmarks keep out of their timings). Rows past
+    cache.length are written, which later steps overwrite."""
+    most = most_drafts(cache)
+    if most is None:
+        return
+    from .cuda_decode import decoder_for
+
+    start = cache.length
+    for t in range(2, most + 2):
+        if start + t <= cache.capacity:
+            decoder_for(model, cache, t).step(torch.zeros(t, dtype=torch.long, device=cache.k.device))
+            cache.length = start
+
+
+@torch.inference_mode()
 def verify(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
     """The target's pass over the last emitted id and the drafts -> logits (T, V). More than one id is
     one pass reading the weights once for all of them: on CUDA the decode step's graph for T tokens
@@ -141,6 +158,12 @@ def speculative_round(
     drafted, q = drafter.propose(seq, history, k)
     n = len(drafted)
     logits = verify(model, cache, seq[-1:] + drafted)
+    if is_plain_greedy(sampler):  # p_i one-hot at argmax: keep drafts while they are the argmax (one sync)
+        best = logits.argmax(-1).tolist()
+        m = next((i for i in range(n) if drafted[i] != best[i]), n)
+        cache.length = N + m
+        drafter.rollback(N + m)
+        return drafted[:m] + [best[m]], n
     d = torch.tensor(drafted, dtype=torch.long, device=history.device)
     full = torch.cat((history, d))
     # p_i conditions on seq + d_<i: its history (the repeat penalty's) is full[:N + i]

@@ -84,6 +84,8 @@ DRAFTS = {
     "self-q8_0-k3": (DraftSettings(draft="self:Q8_0", max_draft=3, dtype="float32"), GREEDY),
     "self-q4_0-min-p": (replace(F32_DRAFT, min_p=0.02), GREEDY),  # about the median top probability here
     "unrelated-model": (None, GREEDY),  # the tiny llama3 file: filled in by the test (its path is a fixture's)
+    # without a transform both sides compare ids (sampling.is_plain_greedy), not distributions
+    "self-q4_0-plain-greedy": (F32_DRAFT, SamplingSettings(temperature=0.0)),
     "lookup-3": (DraftSettings(lookup=3), SamplingSettings(temperature=0.0)),
     "lookup-1-k8": (DraftSettings(lookup=1, max_draft=8), SamplingSettings(temperature=0.0)),
 }
