@@ -22,7 +22,7 @@ import time
 import gguf
 import torch
 
-from kernels import triton_gemv, triton_q8
+from kernels import triton_epilogue, triton_gemv, triton_q8
 from kernels.qweight import QWeight
 from localllm.bench import copy_bandwidth, run_bench
 from quantize import dequantize_torch, quantize_tensor
@@ -30,8 +30,8 @@ from quantize.act import dequantize_act, quantize_act
 
 Q = gguf.GGMLQuantizationType
 DEV = "cuda"
-# split products' per-program counters, kept across calls as the decode step keeps them (triton_gemv.split_buffers)
-CNT = torch.zeros(triton_gemv.COUNTERS, dtype=torch.int32, device=DEV) if torch.cuda.is_available() else None
+# split products' per-program counters, kept across calls as the decode step keeps them (triton_epilogue.split_buffers)
+CNT = torch.zeros(triton_epilogue.COUNTERS, dtype=torch.int32, device=DEV) if torch.cuda.is_available() else None
 TYPES = (Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K)
 CANDIDATES = {  # (BN rows, BK units per iteration, warps)
     Q.Q8_0: [(32, 4, 1), (64, 4, 2), (128, 4, 4), (64, 2, 2), (32, 8, 2), (64, 8, 4)],
@@ -197,7 +197,7 @@ def split_sweep(copy_gbs: float) -> None:
             xa = triton_q8.quantize_act(torch.randn(1, k, device=DEV))
             r = torch.zeros(1, n, device=DEV)
             bn, bk, _ = triton_q8.CONFIGS[qtype]
-            auto = triton_gemv.split_k(None, False, n // bn, k // triton_q8.UNIT[qtype], bk, torch.device(DEV))[0]
+            auto = triton_epilogue.split_k(None, False, n // bn, k // triton_q8.UNIT[qtype], bk, torch.device(DEV))[0]
             res_us = {}
             for sp in (1, 2, 4, 8, 16, 32, 64):
                 if k // triton_q8.UNIT[qtype] < sp * bk:

@@ -79,12 +79,12 @@ def main() -> None:
     ap.add_argument("--dense-config", default=None,
                     help="kernels/triton_dense.py tile config to try, e.g. 64,128,3,4,3 (default: its CONFIG)")
     ap.add_argument("--split-target", type=int, default=None,
-                    help="kernels/triton_gemv.SPLIT_PROGRAMS_PER_SM to try (auto_split's programs per SM)")
+                    help="kernels/triton_epilogue.SPLIT_PROGRAMS_PER_SM to try (auto_split's programs per SM)")
     args = ap.parse_args()
     if args.split_target:
-        from kernels import triton_gemv
+        from kernels import triton_epilogue
 
-        triton_gemv.SPLIT_PROGRAMS_PER_SM = args.split_target
+        triton_epilogue.SPLIT_PROGRAMS_PER_SM = args.split_target
         print(f"split target {args.split_target} programs per SM")
     if args.dense_config:
         from kernels import triton_dense

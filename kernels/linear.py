@@ -74,7 +74,7 @@ def fused_linear(
     gate/up) silu(gate) * up. The Triton kernel does it in one pass (kernels/triton_gemv.gemv, which
     also takes split and inplace; kernels.triton_q8.gemv_q8 for INT_DOT_TYPES, with x quantized by
     quantize_act, norm fused, unless `xq` brings that quantized x already); quantized types without
-    a kernel take the same torch ops as model.py. counters: split products' (kernels/triton_gemv.split_buffers)."""
+    a kernel take the same torch ops as model.py. counters: split products' (kernels/triton_epilogue.split_buffers)."""
     nw, eps = norm if norm is not None else (None, 0.0)
     if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
         from .triton_q8 import gemv_q8, quantize_act

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_gemv import PDL, _from_fixed, _pdl_wait
+from .triton_base import PDL, _pdl_wait
+from .triton_epilogue import _from_fixed
 from .triton_q8 import _store_blocks, act_buffers
 
 

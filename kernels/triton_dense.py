@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_gemv import COUNTERS, INTERPRET, PDL, _pdl_wait, _round
+from .triton_base import INTERPRET, PDL, _pdl_wait, _round
+from .triton_epilogue import COUNTERS
 
 ROWS = 16  # x rows per tile: the smallest tensor-core operand width
 MP = tl.constexpr(ROWS)

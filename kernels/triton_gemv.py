@@ -12,20 +12,23 @@ The product kernel can also fuse what surrounds a projection in a decode step:
   NORM: x is the fp32 residual stream; the product is rstd(x) * (W @ (x * norm weight)) (RMSNorm);
   GLU: the weight rows are interleaved (gate_i, up_i) and the output is silu(gate) * up;
   HAS_RES: out = residual + round(W x), the residual add of a transformer block.
-Outputs are rounded as the torch modules round them (F.linear, F.silu in the activation dtype).
+Outputs are rounded as the torch modules round them (F.linear, F.silu in the activation dtype);
+the epilogue and split K are kernels/triton_epilogue.py's. A program takes up to MAX_ROWS x rows,
+decoding each weight tile once for all of them, and computes each row exactly as a one-row program
+does (speculative decoding's verify pass). Dense weights with few x rows take kernels/triton_dense.py.
 Speed (bench/cuda_check.py sweeps the configs): quants become floats by the 2^23 bit trick (_f32)
 rather than int->float conversions, and every load of a tile shares one register layout.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .qweight import Q, QWeight
+from .triton_base import INTERPRET, PDL, _pdl_wait, _round
+from .triton_epilogue import COUNTERS, _epilogue, _part_out, _split_finish, plan, split_buffers
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
 DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = range(7)
@@ -41,31 +44,8 @@ FIELDS = {
 # bench/cuda_check.py's sweep at Llama 3.1 8B shapes on an H200 (2026-11-26).
 CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),
            Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4)}
-# The CPU interpreter (tests) pays per program, not per element: few large programs.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRET:
+if INTERPRET:  # the interpreter pays per program, not per element: few large programs
     CONFIGS = {fmt: (64, 8, 4) for fmt in CONFIGS}
-
-
-def _pdl_available() -> bool:
-    """Programmatic dependent launch: Hopper or newer, and a Triton that launches with it."""
-    if INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        return False
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    return hasattr(tl.extra.cuda, "gdc_wait") and "launch_pdl" in CUDAOptions.__dataclass_fields__
-
-
-# Decode-step kernels launch with programmatic dependent launch where it exists: a kernel's programs
-# may be scheduled while the kernel before it drains (inside the step's CUDA graph too), and each
-# waits (griddepcontrol.wait, _pdl_wait first thing) until that kernel's writes are complete.
-PDL = _pdl_available()
-
-
-@triton.jit
-def _pdl_wait(PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -192,13 +172,6 @@ def _row_acc(acc, R: tl.constexpr, ROWS: tl.constexpr, lo, hi, x0, x_stride, clo
 
 
 @triton.jit
-def _round(y, ACT: tl.constexpr, ROUND: tl.constexpr):
-    if ROUND:
-        y = y.to(ACT).to(tl.float32)
-    return y
-
-
-@triton.jit
 def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, x0, x_stride, rows, rmask, out_ptr, bias_ptr, res_ptr,
              N, K, out_stride, eps, ACT: tl.constexpr, BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr,
              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr):
@@ -211,58 +184,9 @@ def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, x0, x_stride, rows, r
                   HAS_RES, ROUND, SPLIT)
 
 
-@triton.jit
-def _part_out(out_ptr, out_stride, ws_ptr, MT, N, SPLIT: tl.constexpr):
-    """Where the epilogue writes: out, or with SPLIT > 1 this part's (MT, N) slice of ws (SPLIT, MT, N)
-    (not for a fixed-point accumulator: parts add into it directly)."""
-    if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
-        return ws_ptr + tl.program_id(2) * MT * N, N
-    else:
-        return out_ptr, out_stride
-
-
-# Fixed-point accumulators (int64, 2^32 units): split parts add into them with integer atomics, which
-# give the same sum in any order, so they need no ordered reduction (_split_finish's memory fence and
-# counter). Every fp32 partial of magnitude >= 2^-8 converts exactly; sums must stay below 2^31.
-FIXED_ONE = tl.constexpr(4294967296.0)
-
-
-@triton.jit
-def _from_fixed(v):
-    """Values loaded from an accumulator (fp32 sums, or int64 fixed-point) -> fp32."""
-    if v.dtype == tl.int64:
-        return v.to(tl.float32) * (1.0 / FIXED_ONE)
-    else:
-        return v.to(tl.float32)
-
-
-@triton.jit
-def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, ROWS: tl.constexpr,
-                  SPLIT: tl.constexpr):
-    """Split K, deterministically: the last part of a (row tile, x rows) program to finish (cnt: an
-    int32 per such program, zero before; it resets it) adds the SPLIT partial sums in part order to
-    out (which holds the residual or zeros). fp32 atomics into out would add them in whatever order
-    the parts finish, and the same step could round differently from run to run. (Loading all
-    parts as one (SPLIT, BN) tile and summing it was tried: no faster, and the registers it holds
-    slowed the products, 2026-11-26.)"""
-    if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
-        tl.debug_barrier()  # every thread's partial is written before the counter says so
-        t = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == SPLIT - 1:
-            for r in tl.static_range(ROWS):
-                m = m0 + r
-                s = tl.zeros(rows.shape, tl.float32)
-                for j in range(SPLIT):
-                    s += tl.load(ws_ptr + (j * MT + m) * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-                o = out_ptr + m.to(tl.int64) * out_stride + rows
-                tl.store(o, tl.load(o, mask=rmask, other=0.0) + s, mask=rmask)
-            tl.store(cnt_ptr + t, 0)  # ready for the next call (or graph replay)
-
-
 # At most this many x rows share one program's weight tiles (a verify pass of speculative decoding).
 MAX_ROWS = 8
 DENSE_ROWS = 16  # dense weights: up to this many x rows take triton_dense's tensor-core kernel (its MP)
-COUNTERS = 1 << 16  # per-program counters of one split product (a caller's tensor of them serves every product)
 
 
 @triton.jit
@@ -329,39 +253,6 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
     _row_out(a7, 7, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
              eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
     _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
-
-
-@triton.jit
-def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT: tl.constexpr, BN: tl.constexpr,
-              GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
-              SPLIT: tl.constexpr):
-    """y (BN,) fp32 sums of rows `rows` of x row m -> out: + bias, rounded, GLU or + residual; with
-    SPLIT > 1 out is the part's slice of the partial sums (kernels pass part_out's) and y is stored
-    as it is, for _split_finish. An int64 out is a fixed-point accumulator: y is added to it
-    (atomically with SPLIT > 1), unrounded."""
-    if HAS_BIAS:
-        if tl.program_id(2) == 0:
-            y += tl.load(bias_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    orow = out_ptr + m.to(tl.int64) * out_stride
-    if out_ptr.dtype.element_ty == tl.int64:
-        q = (y * FIXED_ONE).to(tl.int64)
-        if SPLIT > 1:
-            tl.atomic_add(orow + rows, q, mask=rmask, sem="relaxed")
-        else:
-            tl.store(orow + rows, tl.load(orow + rows, mask=rmask, other=0) + q, mask=rmask)
-    elif SPLIT > 1:
-        tl.store(orow + rows, y, mask=rmask)
-    elif GLU:
-        y = _round(y, ACT, ROUND)
-        gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
-        silu = _round(gate / (1.0 + tl.exp(-gate)), ACT, ROUND)
-        half = tl.program_id(0) * (BN // 2) + tl.arange(0, BN // 2)
-        tl.store(orow + half, _round(silu * up, ACT, ROUND), mask=half < N // 2)
-    else:
-        y = _round(y, ACT, ROUND)
-        if HAS_RES:
-            y += tl.load(res_ptr + m.to(tl.int64) * out_stride + rows, mask=rmask, other=0.0).to(tl.float32)
-        tl.store(orow + rows, y, mask=rmask)
 
 
 @triton.jit
@@ -439,68 +330,9 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     return out
 
 
-def split_buffers(split: int, m: int, n: int, grid, counters: torch.Tensor | None, out: torch.Tensor):
-    """Split K's partial sums (split, m, n) fp32 and per-program counters (zero; the caller may keep
-    one COUNTERS-long tensor across calls, each call leaves it zeroed), or placeholders (out) without
-    split."""
-    if split == 1:
-        return out, out
-    if counters is None:
-        counters = torch.zeros(COUNTERS, dtype=torch.int32, device=out.device)
-    assert grid[0] * grid[1] <= counters.numel()
-    return torch.empty((split, m, n), dtype=torch.float32, device=out.device), counters
-
-
 def rows_per_program(m: int) -> int:
     """x rows per program: all of them up to MAX_ROWS (each weight tile read once), else one."""
     return m if m <= MAX_ROWS else 1
-
-
-def plan(m: int, n: int, bn: int, units: int, per_iter: int, glu: bool, split: int | None,
-         residual: torch.Tensor | None, inplace: bool, out_dtype: torch.dtype | None, act: torch.dtype, device):
-    """A product's launch: -> (parts of K, units per part, output buffer, a tensor of the activation
-    dtype (its dtype tells the kernel how to round), grid (N / bn, M, parts))."""
-    split, per_split = split_k(split, glu, triton.cdiv(n, bn), units, per_iter, device)
-    out = output(m, n, split, glu, residual, inplace, out_dtype or (residual.dtype if residual is not None else act),
-                 device)
-    return split, per_split, out, torch.empty(1, dtype=act, device=device), (triton.cdiv(n, bn), m, split)
-
-
-def split_k(split: int | None, glu: bool, programs: int, groups: int, g: int, device: torch.device) -> tuple[int, int]:
-    """-> (parts of K, groups per part), each part a multiple of the g groups an iteration takes.
-    split None: chosen from the grid size (auto_split); GLU epilogues need whole rows (no split)."""
-    split = 1 if glu or INTERPRET and split is None else split or auto_split(programs, groups, g, device)
-    per_split = triton.cdiv(triton.cdiv(groups, split), g) * g
-    return triton.cdiv(groups, per_split), per_split
-
-
-def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None, inplace: bool,
-           out_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The product's output buffer: the residual itself (inplace), an fp32 buffer holding the residual
-    or zeros (split K: the parts' sum is added to it), else a new (m, n or n / 2) tensor of out_dtype."""
-    if split > 1 or inplace:
-        out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=device)
-        if split > 1 and residual is not None and not inplace:
-            out.copy_(residual)
-        # fp32, or an int64 fixed-point accumulator (_epilogue); rows may be column slices
-        assert out.dtype in (torch.float32, torch.int64) and out.stride(-1) == 1
-        return out
-    return torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=device)
-
-
-SPLIT_PROGRAMS_PER_SM = 64  # auto_split's aim: bench/verify_rows.py --split-target (H200)
-
-
-def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
-    """Parts of K so that the grid fills the GPU in several waves (few long rows: down projections).
-    """
-    if device.type != "cuda":
-        return 1
-    target = SPLIT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    split = 1
-    while programs * split * 2 <= target and groups // (split * 2) >= 2 * g and split < 16:
-        split *= 2
-    return split
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 16, g: int = 16) -> torch.Tensor:

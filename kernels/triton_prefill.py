@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_gemv import PDL, _pdl_wait
+from .triton_base import PDL, _pdl_wait
 
 
 @triton.jit

@@ -28,8 +28,9 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_gemv import (INTERPRET, PDL, _epilogue, _from_fixed, _part_out, _pdl_wait, _rstd, _split_finish,
-                          plan, rows_per_program, split_buffers)
+from .triton_base import INTERPRET, PDL, _pdl_wait
+from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan, split_buffers
+from .triton_gemv import _rstd, rows_per_program
 
 # Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
 FIELDS = {
@@ -42,7 +43,7 @@ UNIT = {Q.Q8_0: 32, Q.Q4_0: 32, Q.Q4_K: 64, Q.Q6_K: 128}
 TYPES = INT_DOT_TYPES
 assert set(FMT) == TYPES
 # (rows per program BN, units per iteration BK, warps): bench/q8_tune.py's sweep (H200).
-# Every product is also split over K (triton_gemv.auto_split) so that enough warps stream: 2026-11-26.
+# Every product is also split over K (triton_epilogue.auto_split) so that enough warps stream: 2026-11-26.
 CONFIGS = {Q.Q8_0: (32, 4, 1), Q.Q4_0: (32, 4, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
 if INTERPRET:  # the interpreter pays per program: few large ones
     CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
@@ -277,7 +278,7 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
                  glu_dtype: torch.dtype | None = None, blocks: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q int8 (M, K), d fp32 (M, K / 32), s int32 (M, K / 16)): quantize.act.quantize_act
     of x, or of RMSNorm(x) (x * rstd * weight in fp32) with norm_weight. glu_dtype: x is instead the
-    fp32 or int64 fixed-point (triton_gemv.FIXED_ONE) (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer), the values are
+    fp32 or int64 fixed-point (triton_epilogue.FIXED_ONE) (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer), the values are
     silu(gate) * up rounded to glu_dtype as the modules round them, and x is zeroed as it is read."""
     x = x if glu_dtype is not None else x.contiguous()
     m, k = x.shape[0], x.shape[1] // (2 if glu_dtype is not None else 1)

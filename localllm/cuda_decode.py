@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
 from kernels.triton_decode import decode_attention, rope_store
-from kernels.triton_gemv import COUNTERS, FIXED_ONE
+from kernels.triton_epilogue import COUNTERS, FIXED_ONE
 from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act
 
@@ -111,7 +111,7 @@ class GraphDecoder:
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         # accumulators of products split over K: q|k|v and gate/up sums in int64 fixed point (their
         # parts add by integer atomics: the same sum in any order, no ordered reduction;
-        # triton_gemv.FIXED_ONE), each zeroed by the kernel that reads it (rope_store, quantize_act's
+        # triton_epilogue.FIXED_ONE), each zeroed by the kernel that reads it (rope_store, quantize_act's
         # GLU form).
         self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
         self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)

@@ -12,7 +12,9 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-for _name in ("kernels.triton_gemv", "kernels.triton_decode", "kernels.triton_q8", "kernels.triton_prefill"):  # re-decorate if imported uninterpreted
+# re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
+for _name in ("kernels.triton_base", "kernels.triton_epilogue", "kernels.triton_gemv", "kernels.triton_dense",
+              "kernels.triton_decode", "kernels.triton_q8", "kernels.triton_prefill"):
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
 
@@ -22,7 +24,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from kernels import triton_decode, triton_gemv, triton_prefill  # noqa: E402
+from kernels import triton_decode, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
 from kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
@@ -267,7 +269,7 @@ def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
 
     g = torch.Generator().manual_seed(22)
     x, r = torch.randn(3, 512, generator=g), torch.randn(3, 40, generator=g)
-    counters = torch.zeros(triton_gemv.COUNTERS, dtype=torch.int32)
+    counters = torch.zeros(triton_epilogue.COUNTERS, dtype=torch.int32)
     a = product(x, r, 4, counters)
     assert not counters.any()
     assert torch.equal(a, product(x, r, 4, counters))
@@ -276,7 +278,7 @@ def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
 
 
 def test_fixed_point_accumulators_read_like_fp32_ones():
-    """q|k|v and gate/up sums split over K add into int64 fixed-point accumulators (triton_gemv.FIXED_ONE):
+    """q|k|v and gate/up sums split over K add into int64 fixed-point accumulators (triton_epilogue.FIXED_ONE):
     the parts' sum equals the fp32 product, and their readers (rope_store, quantize_act's GLU form)
     give what they give for fp32 sums, clearing the accumulator."""
     from kernels import triton_q8
@@ -287,19 +289,19 @@ def test_fixed_point_accumulators_read_like_fp32_ones():
     acc = torch.zeros(2, 64, dtype=torch.int64)
     triton_q8.gemv_q8(xa, w.to_blocks(), residual=acc, inplace=True, split=4, act_dtype=torch.float32)
     want = triton_q8.gemv_q8(xa, w.to_blocks(), act_dtype=torch.float32)
-    assert rel(acc.double() / triton_gemv.FIXED_ONE.value, want) < 1e-7
+    assert rel(acc.double() / triton_epilogue.FIXED_ONE.value, want) < 1e-7
 
     def fixed(t):
-        return (t.double() * triton_gemv.FIXED_ONE.value).long()
+        return (t.double() * triton_epilogue.FIXED_ONE.value).long()
 
     gu = torch.randn(2, 128, generator=g)
     gi = fixed(gu)
-    want = triton_q8.quantize_act(gi.double().div(triton_gemv.FIXED_ONE.value).float(), glu_dtype=torch.float32)
+    want = triton_q8.quantize_act(gi.double().div(triton_epilogue.FIXED_ONE.value).float(), glu_dtype=torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(triton_q8.quantize_act(gi, glu_dtype=torch.float32), want))
     assert not gi.any()
     H, HKV, D = 4, 2, 64
     qkv = fixed(torch.randn(1, (H + 2 * HKV) * D, generator=g))
-    values = qkv.double().div(triton_gemv.FIXED_ONE.value).float()
+    values = qkv.double().div(triton_epilogue.FIXED_ONE.value).float()
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
     pos = torch.tensor([3], dtype=torch.int32)
     caches = [torch.zeros(HKV, 8, D) for _ in range(4)]

@@ -12,7 +12,8 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-for _name in ("kernels.triton_gemv", "kernels.triton_q8"):  # re-decorate if imported uninterpreted
+# re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
+for _name in ("kernels.triton_base", "kernels.triton_epilogue", "kernels.triton_gemv", "kernels.triton_q8"):
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
 
