@@ -6,13 +6,14 @@ rounded to W's dtype (x * the RMSNorm weight first, with NORM; rstd is applied t
 triton_gemv does). The x tile always has MP rows, the missing ones masked to zero, and the tile
 shapes, split over K and summation order depend on (N, K) only: row m's output is the same bits
 whatever the other rows are, so a verify pass of several tokens reproduces plain decode steps.
-Split over K (for enough programs on few rows) is deterministic too: each program stores its
-partial (BN, MP) sums, and the last program of a tile to finish (an atomic counter, reset by it for
-the next call or graph replay) adds them in part order and runs the epilogue. fp32 atomics into the
-output, as the float-decoding kernels use, would add in whatever order the programs finish.
+A tile cut over K between programs (for enough programs on few rows) is deterministic too: each
+program stores its partial (BN, MP) sums, and the last of them to finish (an atomic counter, reset
+by it for the next call or graph replay) adds them in part order and runs the epilogue; fp32
+atomics into the output would add in whatever order the programs finish.
 
 Reference: x'.float() @ W.float().T (within fp32 summation order); the epilogue (bias, residual,
-silu(gate) * up on interleaved rows, rounding to the activation dtype) is triton_gemv._epilogue's.
+silu(gate) * up on interleaved rows, rounding to the activation dtype) does what
+triton_epilogue._epilogue does, on (BN, MP) tiles.
 Why tensor cores at one row: the float kernel (triton_gemv) spends ~4 instructions per weight and
 per x row, which already limits it at one row and makes a 6-row verify pass cost ~4 plain steps.
 """
@@ -24,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .triton_base import INTERPRET, PDL, _pdl_wait, _round
-from .triton_epilogue import COUNTERS
+from .triton_epilogue import COUNTERS, _last_part
 
 ROWS = 16  # x rows per tile: the smallest tensor-core operand width
 MP = tl.constexpr(ROWS)
@@ -105,9 +106,7 @@ def _dense_kernel(x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_
                 tile = ws_ptr + n[:, None] * MP + m[None, :]
                 pmask = nmask[:, None] & mmask[None, :]  # only the M real rows: partial traffic ~ M, not MP
                 tl.store(tile + (p - first) * N * MP, acc, mask=pmask)
-                tl.debug_barrier()  # every thread's partial is written before the counter says so
-                done = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
-                if done == parts - 1:  # the tile's last part: sum the parts in order, then the epilogue
+                if _last_part(cnt_ptr, t, parts):  # sum the parts in order, then the epilogue
                     acc = tl.zeros((BN, MP), tl.float32)
                     for j in range(parts):
                         acc += tl.load(tile + j * N * MP, mask=pmask, other=0.0, cache_modifier=".cg")
@@ -172,8 +171,8 @@ def gemv_dense(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         out = residual
         assert out is not None and out.dtype == torch.float32 and out.stride(1) == 1
     else:
-        out = torch.empty((m, n // 2 if glu else n), dtype=out_dtype or (residual.dtype if residual is not None else act),
-                          device=x.device)
+        dtype = out_dtype or (residual.dtype if residual is not None else act)
+        out = torch.empty((m, n // 2 if glu else n), dtype=dtype, device=x.device)
     ws = torch.empty((parts, n, ROWS), dtype=torch.float32, device=x.device)
     if counters is None:
         counters = torch.zeros(COUNTERS, dtype=torch.int32, device=x.device)

@@ -11,6 +11,8 @@ products). fp32 atomics into the output, which add in whatever order the parts f
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -18,6 +20,8 @@ import triton.language as tl
 from .triton_base import INTERPRET, _round
 
 COUNTERS = 1 << 16  # per-program counters of one split product (a caller's tensor of them serves every product)
+# At most this many x rows share one program's weight tiles (a verify pass of speculative decoding).
+MAX_ROWS = 8
 
 # Fixed-point accumulators (int64, 2^32 units): split parts add into them with integer atomics, which
 # give the same sum in any order, so they need no ordered reduction (_split_finish's memory fence and
@@ -54,9 +58,8 @@ def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, 
     parts as one (SPLIT, BN) tile and summing it was tried: no faster, and the registers it holds
     slowed the products, 2026-11-26.)"""
     if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
-        tl.debug_barrier()  # every thread's partial is written before the counter says so
         t = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == SPLIT - 1:
+        if _last_part(cnt_ptr, t, SPLIT):
             for r in tl.static_range(ROWS):
                 m = m0 + r
                 s = tl.zeros(rows.shape, tl.float32)
@@ -100,6 +103,35 @@ def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT:
         tl.store(orow + rows, y, mask=rmask)
 
 
+@triton.jit
+def _last_part(cnt_ptr, t, parts):
+    """True in the last of `parts` programs to reach this point for counter t (zero before): it may
+    then read the others' partial sums (loaded with cache_modifier=".cg") and must reset the counter."""
+    tl.debug_barrier()  # every thread's partial is written before the counter says so
+    return tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == parts - 1
+
+
+class Launch(NamedTuple):
+    """A product's launch (plan): K cut into `split` parts of `per_split` units, `rows` x rows per
+    program, the grid (N / BN, M / rows, split), the output, a tensor of the activation dtype (its
+    dtype tells the kernel how to round), and split K's partial sums and counters (placeholders
+    without split)."""
+
+    split: int
+    per_split: int
+    rows: int
+    grid: tuple[int, int, int]
+    out: torch.Tensor
+    act_ref: torch.Tensor
+    ws: torch.Tensor
+    counters: torch.Tensor
+
+
+def rows_per_program(m: int) -> int:
+    """x rows per program: all of them up to MAX_ROWS (each weight tile read once), else one."""
+    return m if m <= MAX_ROWS else 1
+
+
 def split_buffers(split: int, m: int, n: int, grid, counters: torch.Tensor | None, out: torch.Tensor):
     """Split K's partial sums (split, m, n) fp32 and per-program counters (zero; the caller may keep
     one COUNTERS-long tensor across calls, each call leaves it zeroed), or placeholders (out) without
@@ -113,13 +145,17 @@ def split_buffers(split: int, m: int, n: int, grid, counters: torch.Tensor | Non
 
 
 def plan(m: int, n: int, bn: int, units: int, per_iter: int, glu: bool, split: int | None,
-         residual: torch.Tensor | None, inplace: bool, out_dtype: torch.dtype | None, act: torch.dtype, device):
-    """A product's launch: -> (parts of K, units per part, output buffer, a tensor of the activation
-    dtype (its dtype tells the kernel how to round), grid (N / bn, M, parts))."""
+         residual: torch.Tensor | None, inplace: bool, out_dtype: torch.dtype | None, act: torch.dtype, device,
+         counters: torch.Tensor | None) -> Launch:
+    """The launch of a product of m x rows, n output rows in tiles of bn, K in `units` taken per_iter
+    at a time (see gemv for the other arguments)."""
     split, per_split = split_k(split, glu, triton.cdiv(n, bn), units, per_iter, device)
     out = output(m, n, split, glu, residual, inplace, out_dtype or (residual.dtype if residual is not None else act),
                  device)
-    return split, per_split, out, torch.empty(1, dtype=act, device=device), (triton.cdiv(n, bn), m, split)
+    rows = rows_per_program(m)
+    grid = (triton.cdiv(n, bn), m // rows, split)
+    ws, counters = split_buffers(split, m, n, grid, counters, out)
+    return Launch(split, per_split, rows, grid, out, torch.empty(1, dtype=act, device=device), ws, counters)
 
 
 def split_k(split: int | None, glu: bool, programs: int, groups: int, g: int, device: torch.device) -> tuple[int, int]:

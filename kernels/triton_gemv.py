@@ -13,9 +13,9 @@ The product kernel can also fuse what surrounds a projection in a decode step:
   GLU: the weight rows are interleaved (gate_i, up_i) and the output is silu(gate) * up;
   HAS_RES: out = residual + round(W x), the residual add of a transformer block.
 Outputs are rounded as the torch modules round them (F.linear, F.silu in the activation dtype);
-the epilogue and split K are kernels/triton_epilogue.py's. A program takes up to MAX_ROWS x rows,
-decoding each weight tile once for all of them, and computes each row exactly as a one-row program
-does (speculative decoding's verify pass). Dense weights with few x rows take kernels/triton_dense.py.
+the epilogue and split K are kernels/triton_epilogue.py's. A program takes up to
+triton_epilogue.MAX_ROWS x rows, decoding each weight tile once for all of them, and computes each
+row exactly as a one-row program does (speculative decoding's verify pass). Dense weights with few x rows take kernels/triton_dense.py.
 Speed (bench/cuda_check.py sweeps the configs): quants become floats by the 2^23 bit trick (_f32)
 rather than int->float conversions, and every load of a tile shares one register layout.
 """
@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from .qweight import Q, QWeight
-from .triton_base import INTERPRET, PDL, _pdl_wait, _round
-from .triton_epilogue import COUNTERS, _epilogue, _part_out, _split_finish, plan, split_buffers
+from .triton_base import INTERPRET, PDL, _pdl_wait
+from .triton_epilogue import _epilogue, _part_out, _split_finish, plan
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
 DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = range(7)
@@ -184,8 +184,6 @@ def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, x0, x_stride, rows, r
                   HAS_RES, ROUND, SPLIT)
 
 
-# At most this many x rows share one program's weight tiles (a verify pass of speculative decoding).
-MAX_ROWS = 8
 DENSE_ROWS = 16  # dense weights: up to this many x rows take triton_dense's tensor-core kernel (its MP)
 
 
@@ -195,7 +193,7 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
                  FMT: tl.constexpr, W: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, NORM: tl.constexpr,
                  GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
                  SPLIT: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
-    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= MAX_ROWS) x rows m
+    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_epilogue.MAX_ROWS) x rows m
     (grid: (N / BN, M / ROWS, SPLIT)): each weight tile is decoded once for all ROWS rows.
 
     GLU: rows come in (gate, up) pairs; out[m, n / 2] = silu(gate) * up, each rounded like F.silu.
@@ -211,7 +209,7 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
     ngroups = K // (2 * W)
     g_lo = tl.program_id(2) * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, ngroups)
-    # one accumulator per x row (a verify pass has up to MAX_ROWS; unused ones are compiled away)
+    # one accumulator per x row (a verify pass has up to MAX_ROWS of them; unused ones are compiled away)
     a0 = tl.zeros((BN, G, W), tl.float32)
     a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
     zero = (rows * 0)[:, None, None]
@@ -299,7 +297,8 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     is the dtype the torch modules round activations to; outputs are rounded to it unless it is fp32.
     out_dtype defaults to the residual's dtype, else act_dtype.
     split: K is cut into this many parts (None: chosen from the grid size), for few rows, summed in
-    part order by the last part to finish (_split_finish); the output is then fp32 and not rounded. inplace: add into `residual` itself (fp32).
+    part order by the last part to finish (_split_finish); the output is then fp32 (or an int64
+    fixed-point accumulator: triton_epilogue) and not rounded. inplace: add into `residual` itself.
     counters: the zeroed per-program counters of split products (split_buffers). Dense weights with
     at most DENSE_ROWS rows of x take kernels/triton_dense.py instead (tensor cores, batch-invariant;
     its own split of K, the output always finished).
@@ -314,25 +313,17 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     act = act_dtype or (norm_weight.dtype if norm_weight is not None else x.dtype)
     bn, g, warps = config or CONFIGS[fmt]
     bn = max(bn, 2) if glu else bn
-    split, per_split, out, act_ref, grid = plan(m, n, bn, k // (2 * WIDTH[fmt]), g, glu, split, residual, inplace,
-                                                out_dtype, act, x.device)
-    rows = rows_per_program(m)
-    grid = (grid[0], m // rows, grid[2])
-    ws, counters = split_buffers(split, m, n, grid, counters, out)
-    _gemv_kernel[grid](
+    L = plan(m, n, bn, k // (2 * WIDTH[fmt]), g, glu, split, residual, inplace, out_dtype, act, x.device, counters)
+    out = L.out
+    _gemv_kernel[L.grid](
         x, out, bias if bias is not None else out, residual if residual is not None else out,
-        norm_weight if norm_weight is not None else x, act_ref, ws, counters, *ptrs, *strides,
-        m, n, k, x.stride(0), out.stride(0), eps, per_split,
+        norm_weight if norm_weight is not None else x, L.act_ref, L.ws, L.counters, *ptrs, *strides,
+        m, n, k, x.stride(0), out.stride(0), eps, L.per_split,
         FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, NORM=norm_weight is not None, GLU=glu,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act != torch.float32,
-        SPLIT=split, ROWS=rows, PDL=PDL, num_warps=warps, launch_pdl=PDL,
+        SPLIT=L.split, ROWS=L.rows, PDL=PDL, num_warps=warps, launch_pdl=PDL,
     )
     return out
-
-
-def rows_per_program(m: int) -> int:
-    """x rows per program: all of them up to MAX_ROWS (each weight tile read once), else one."""
-    return m if m <= MAX_ROWS else 1
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 16, g: int = 16) -> torch.Tensor:

@@ -29,8 +29,8 @@ import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
 from .triton_base import INTERPRET, PDL, _pdl_wait
-from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan, split_buffers
-from .triton_gemv import _rstd, rows_per_program
+from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
+from .triton_gemv import _rstd
 
 # Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
 FIELDS = {
@@ -218,10 +218,10 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
                     UNIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr,
                     ROWS: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
-    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_gemv.MAX_ROWS) x rows m
+    """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_epilogue.MAX_ROWS) x rows m
     (grid: (N / BN, M / ROWS, SPLIT)); each iteration takes BK units of K. step: the fields' row
     step (2 for an interleaved view; kept a runtime value so that the per-row scale loads keep the
-    word tile's layout). The epilogue (bias, GLU, residual, split K) is triton_gemv's.
+    word tile's layout). The epilogue (bias, GLU, residual, split K) is triton_epilogue's.
     EVEN: N % BN == 0 and every BK-unit step exists. (Prefetching the first steps' weights into L2
     before the PDL wait was tried: slower, 2026-11-26.)"""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -278,8 +278,9 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
                  glu_dtype: torch.dtype | None = None, blocks: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q int8 (M, K), d fp32 (M, K / 32), s int32 (M, K / 16)): quantize.act.quantize_act
     of x, or of RMSNorm(x) (x * rstd * weight in fp32) with norm_weight. glu_dtype: x is instead the
-    fp32 or int64 fixed-point (triton_epilogue.FIXED_ONE) (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer), the values are
-    silu(gate) * up rounded to glu_dtype as the modules round them, and x is zeroed as it is read."""
+    (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer; fp32, or int64 fixed
+    point: triton_epilogue.FIXED_ONE), the values are silu(gate) * up rounded to glu_dtype as the
+    modules round them, and x is zeroed as it is read."""
     x = x if glu_dtype is not None else x.contiguous()
     m, k = x.shape[0], x.shape[1] // (2 if glu_dtype is not None else 1)
     assert glu_dtype is None or (x.dtype in (torch.float32, torch.int64) and x.stride(1) == 1)
@@ -321,16 +322,14 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     bn, bk, warps = config or CONFIGS[w.qtype]
     bn = max(bn, 2) if glu else bn
     units = k // UNIT[w.qtype]
-    split, per_split, out, act_ref, grid = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype,
-                                                act_dtype, q.device)
-    rows = rows_per_program(m)
-    grid = (grid[0], m // rows, grid[2])
-    ws, counters = split_buffers(split, m, n, grid, counters, out)
-    _q8_gemv_kernel[grid](
+    L = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype, act_dtype, q.device, counters)
+    out = L.out
+    _q8_gemv_kernel[L.grid](
         q.view(torch.int32), d, s, out, bias if bias is not None else out, residual if residual is not None else out,
-        act_ref, ws, counters, *ptrs, *strides, step, m, n, k, out.stride(0), per_split,
+        L.act_ref, L.ws, L.counters, *ptrs, *strides, step, m, n, k, out.stride(0), L.per_split,
         FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, GLU=glu, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=split, ROWS=rows, ASM=not INTERPRET,
+        HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=L.split, ROWS=L.rows,
+        ASM=not INTERPRET,
         EVEN=n % bn == 0 and units % bk == 0, PDL=PDL, num_warps=warps, launch_pdl=PDL,
     )
     return out

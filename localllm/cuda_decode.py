@@ -95,7 +95,7 @@ class GraphDecoder:
     """Runs `tokens` tokens per step() into `cache` (batch 1), replaying a captured CUDA graph: one
     (plain decoding), or speculative decoding's verify pass of the last id and its drafts. Every
     kernel computes each token's row exactly as a one-token step computes it (the products share
-    their weight reads across rows, triton_gemv.MAX_ROWS at most), so verified ids are plain
+    their weight reads across rows, triton_epilogue.MAX_ROWS at most), so verified ids are plain
     decoding's ids."""
 
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1):
@@ -115,7 +115,7 @@ class GraphDecoder:
         # GLU form).
         self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
         self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
-        # split products' per-program counters (zero between kernels; kernels/triton_gemv.split_buffers)
+        # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.expected_len = -1
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -53,12 +53,17 @@ def prefill(model: Transformer, cache: KVCache, ids: list[int], start: int = 0) 
 
 
 @torch.inference_mode()
+def graph_decoding(cache: KVCache) -> bool:
+    """Decode steps into this cache replay CUDA graphs (cuda_decode.py): batch 1 on CUDA."""
+    return cache.k.device.type == "cuda" and cache.k.shape[1] == 1
+
+
 def decode_one(model: Transformer, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
     """token: 0-d id tensor at position cache.length -> logits (V,).
 
     On CUDA (batch 1) the step is a replayed CUDA graph (cuda_decode.py); its logits buffer is
     overwritten by the next step."""
-    if cache.k.device.type == "cuda" and cache.k.shape[1] == 1:
+    if graph_decoding(cache):
         from .cuda_decode import decoder_for  # Triton is imported only where it runs
 
         return decoder_for(model, cache).step(token)

@@ -15,7 +15,7 @@ N + m (stale rows are overwritten later). The drafter keeps its own cache the sa
 
 On CUDA the verify pass is a captured graph of the decode step's kernels run for K+1 tokens
 (cuda_decode.GraphDecoder), whose rows are computed exactly as plain decode steps compute them, so
-greedy ids equal plain decoding's on the GPU too; K is then at most triton_gemv.MAX_ROWS - 1.
+greedy ids equal plain decoding's on the GPU too; K is then at most triton_epilogue.MAX_ROWS - 1.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Protocol
 import torch
 
 from .cache import KVCache
-from .generate import Stats, _sync, check_prompt, decode_one, prefill
+from .generate import Stats, _sync, check_prompt, decode_one, graph_decoding, prefill
 from .model import Transformer
 from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DEFAULT_DRAFT, DraftSettings
@@ -80,15 +80,10 @@ def feed(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
     return logits
 
 
-def graph_verify(cache: KVCache) -> bool:
-    """The verify pass runs the decode step's CUDA graph for several tokens (batch-1 CUDA caches)."""
-    return cache.k.device.type == "cuda" and cache.k.shape[1] == 1
-
-
 def most_drafts(cache: KVCache) -> int | None:
     """The most drafts one verify pass takes (None: no limit)."""
-    if graph_verify(cache):
-        from kernels.triton_gemv import MAX_ROWS
+    if graph_decoding(cache):  # the verify pass is the decode step's graph for several tokens
+        from kernels.triton_epilogue import MAX_ROWS
 
         return MAX_ROWS - 1
     return None
@@ -119,7 +114,7 @@ def verify(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
     if len(ids) == 1:
         return feed(model, cache, ids)[None]
     device = model.token_embd.weight.device
-    if graph_verify(cache):
+    if graph_decoding(cache):
         from .cuda_decode import decoder_for
 
         return decoder_for(model, cache, len(ids)).step(torch.tensor(ids, device=device))
@@ -161,19 +156,19 @@ def speculative_round(
     if is_plain_greedy(sampler):  # p_i one-hot at argmax: keep drafts while they are the argmax (one sync)
         best = logits.argmax(-1).tolist()
         m = next((i for i in range(n) if drafted[i] != best[i]), n)
-        cache.length = N + m
-        drafter.rollback(N + m)
-        return drafted[:m] + [best[m]], n
-    d = torch.tensor(drafted, dtype=torch.long, device=history.device)
-    full = torch.cat((history, d))
-    # p_i conditions on seq + d_<i: its history (the repeat penalty's) is full[:N + i]
-    p = torch.stack([sampler.probs(logits[i], full[: N + i]) for i in range(n + 1)])
-    if q is None:
-        q = torch.nn.functional.one_hot(d, p.shape[-1]).float()
-    m, token = accept(p, q, d, sampler.generator)
+        token = best[m]
+    else:
+        d = torch.tensor(drafted, dtype=torch.long, device=history.device)
+        full = torch.cat((history, d))
+        # p_i conditions on seq + d_<i: its history (the repeat penalty's) is full[:N + i]
+        p = torch.stack([sampler.probs(logits[i], full[: N + i]) for i in range(n + 1)])
+        if q is None:
+            q = torch.nn.functional.one_hot(d, p.shape[-1]).float()
+        m, drawn = accept(p, q, d, sampler.generator)
+        token = int(drawn)
     cache.length = N + m
     drafter.rollback(N + m)
-    return drafted[:m] + [int(token)], n
+    return drafted[:m] + [token], n
 
 
 # ---- how many to draft
