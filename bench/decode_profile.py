@@ -1,8 +1,10 @@
 """Where a CUDA decode step's time goes: per-kernel GPU time of one step (eager, so every kernel is
 seen) against the replayed CUDA graph's time per token, for synthetic models; with --prefill, the
-same for one prefill of --ctx tokens (wall time against the sum of its kernels' GPU time).
+same for one prefill of --ctx tokens (wall time against the sum of its kernels' GPU time). With
+--graph, the replayed graph itself is profiled (PDL overlap included): each kernel's marginal time
+(its end minus the previous kernel's end), summed by the kernel's place in a layer.
 
-    python bench/decode_profile.py llama-3.1-8b:bf16 llama-3.1-8b:Q4_K_M [--ctx 640] [--prefill]
+    python bench/decode_profile.py llama-3.1-8b:bf16 llama-3.1-8b:Q4_K_M [--ctx 640] [--prefill | --graph]
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def profile_prefill(preset: str, wtype: str, ctx: int) -> None:
     torch.cuda.empty_cache()
 
 
-def profile_one(preset: str, wtype: str, ctx: int) -> None:
+def graph_decoder(preset: str, wtype: str, ctx: int):
+    """A synthetic model after a ctx-token prompt, its graph decoder (captured) and the step time."""
     cfg = shape_preset(preset)
     model, _ = synthetic_model(cfg, wtype, "cuda", torch.bfloat16)
     cache = make_cache(cfg, ctx + 64, dtype=torch.bfloat16, device="cuda")
@@ -73,7 +76,11 @@ def profile_one(preset: str, wtype: str, ctx: int) -> None:
     token = prefill(model, cache, ids).argmax()
     graph = GraphDecoder(model, cache)
     graph.step(token)
-    t_graph = step_time(graph, token, 20)
+    return cfg, model, cache, token, graph, step_time(graph, token, 20)
+
+
+def profile_one(preset: str, wtype: str, ctx: int) -> None:
+    cfg, model, cache, token, graph, t_graph = graph_decoder(preset, wtype, ctx)
     cache.length = ctx
     eager = GraphDecoder(model, cache, use_graph=False)
     eager.step(token)
@@ -86,16 +93,67 @@ def profile_one(preset: str, wtype: str, ctx: int) -> None:
     torch.cuda.empty_cache()
 
 
+def period(names: list[str], layers: int) -> int:
+    """Kernels per layer: the smallest c such that the middle layers repeat with period c."""
+    for c in range(1, len(names) // layers + 1):
+        mid = names[c:c + (layers - 2) * c]
+        if all(a == b for a, b in zip(mid, mid[c:])):
+            return c
+    raise ValueError("no period")
+
+
+def profile_graph(preset: str, wtype: str, ctx: int) -> None:
+    cfg, model, cache, token, graph, t_graph = graph_decoder(preset, wtype, ctx)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.step(token)
+        torch.cuda.synchronize()
+    ks = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    ks = [e for e in ks if "Memcpy" not in e.name and "Memset" not in e.name]
+    names = [e.name[:40] for e in ks]
+    marginal = [ks[0].time_range.end - ks[0].time_range.start] + [
+        max(0, ks[i].time_range.end - ks[i - 1].time_range.end) for i in range(1, len(ks))]
+    try:
+        c = period(names, cfg.n_layers)
+    except ValueError:  # layers of different kernels (a mix of weight types): totals by kernel name
+        print(f"\n### {preset} {wtype} graph step {t_graph * 1e3:.3f} ms; {len(ks)} kernels")
+        per = defaultdict(float)
+        for name, us in zip(names, marginal):
+            per[name] += us
+        print("| kernel | us a step (marginal) |\n| --- | ---: |")
+        for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
+            print(f"| {name} | {us:.0f} |")
+        return
+    first = next(i for i in range(len(names)) if names[i:i + c] == names[i + c:i + 2 * c])
+    span = ks[-1].time_range.end - ks[0].time_range.start
+    print(f"\n### {preset} {wtype} graph step {t_graph * 1e3:.3f} ms; profiled span {span / 1e3:.3f} ms; "
+          f"{len(ks)} kernels, {c} a layer")
+    print("| place | kernel | us a layer (marginal) | us alone (duration) |\n| --- | --- | ---: | ---: |")
+    body = range(first, first + cfg.n_layers * c)
+    for j in range(c):
+        idx = [i for i in body if (i - first) % c == j]
+        marg = sum(marginal[i] for i in idx) / len(idx)
+        dur = sum(ks[i].time_range.end - ks[i].time_range.start for i in idx) / len(idx)
+        print(f"| {j} | {names[first + j]} | {marg:.1f} | {dur:.1f} |")
+    rest = [i for i in range(len(ks)) if i not in body]
+    for i in rest:
+        print(f"| outside | {names[i]} | {marginal[i]:.1f} | {ks[i].time_range.end - ks[i].time_range.start:.1f} |")
+    del model, cache, graph
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="PRESET:TYPE")
     ap.add_argument("--ctx", type=int, default=640)
     ap.add_argument("--prefill", action="store_true", help="profile a prefill of --ctx tokens instead")
+    ap.add_argument("--graph", action="store_true", help="profile the replayed decode graph (marginal times)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}")
     for case in args.cases:
         preset, wtype = case.split(":")
-        (profile_prefill if args.prefill else profile_one)(preset, wtype, args.ctx)
+        run = profile_prefill if args.prefill else profile_graph if args.graph else profile_one
+        run(preset, wtype, args.ctx)
 
 
 if __name__ == "__main__":

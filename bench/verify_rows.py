@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=6, help="ids in the verify pass (K + 1)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--dense-config", default=None,
-                    help="kernels/triton_dense.py tile config to try, e.g. 64,128,3,4,3 (default: its CONFIG)")
+                    help="kernels/triton_dense.py tile config to try, e.g. 64,128,3,4 (default: its CONFIG)")
     ap.add_argument("--split-target", type=int, default=None,
                     help="kernels/triton_epilogue.SPLIT_PROGRAMS_PER_SM to try (auto_split's programs per SM)")
     args = ap.parse_args()

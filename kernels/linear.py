@@ -74,7 +74,9 @@ def fused_linear(
     gate/up) silu(gate) * up. The Triton kernel does it in one pass (kernels/triton_gemv.gemv, which
     also takes split and inplace; kernels.triton_q8.gemv_q8 for INT_DOT_TYPES, with x quantized by
     quantize_act, norm fused, unless `xq` brings that quantized x already); quantized types without
-    a kernel take the same torch ops as model.py. counters: split products' (kernels/triton_epilogue.split_buffers)."""
+    a kernel take the same torch ops as model.py. counters: split products' (kernels/triton_epilogue.split_buffers).
+    x and an in-place residual may be int64 fixed-point accumulators (triton_epilogue.FIXED_ONE: the
+    decode step's residual stream), the product then added to it unrounded."""
     nw, eps = norm if norm is not None else (None, 0.0)
     if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
         from .triton_q8 import gemv_q8, quantize_act
@@ -86,13 +88,15 @@ def fused_linear(
 
         return gemv(x, w, bias=bias, residual=residual, norm_weight=nw, eps=eps, glu=glu, act_dtype=act_dtype,
                     out_dtype=out_dtype, split=split, inplace=inplace, counters=counters)
+    from .triton_epilogue import from_fixed, to_fixed
+
     if norm is not None:
-        xf = x.float()
+        xf = from_fixed(x)
         x = norm[0] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm[1])).to(norm[0].dtype)
-    y = linear(x.to(act_dtype), w, bias)
+    y = linear(from_fixed(x).to(act_dtype) if x.dtype == torch.int64 else x.to(act_dtype), w, bias)
     if glu:
         y = F.silu(y[..., 0::2]) * y[..., 1::2]
     if residual is not None and inplace:
-        return residual.add_(y)
+        return residual.add_(to_fixed(y) if residual.dtype == torch.int64 else y)
     y = y if residual is None else residual + y
     return y if out_dtype is None else y.to(out_dtype)

@@ -12,6 +12,11 @@ decode_attention: q (T H, D), token r against cache rows [0, pos + r] of k, v (H
   dependent loop). Token r's row takes exactly the operations a one-token call at pos + r takes.
   `pos` is a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the
   capacity S.
+embed_fixed: ids (T,) -> their embedding rows (T, C) into the residual stream, an int64 fixed-point
+  accumulator (F.embedding, times FIXED_ONE, truncated: triton_epilogue.to_fixed).
+glu_rows: gate/up sums (T, 2F) interleaved, in an int64 fixed-point accumulator -> silu(gate) * up
+  (T, F) in the activation dtype, each op rounded as model.py's modules round it (the dense products'
+  down-projection input); the accumulator is cleared for the next step.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, _pdl_wait
-from .triton_epilogue import _from_fixed
+from .triton_base import PDL, _pdl_start
+from .triton_epilogue import FIXED_ONE, _from_fixed
 from .triton_q8 import _store_blocks, act_buffers
 
 
@@ -55,7 +60,7 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
                        D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
     """Program (j, r), token r at pos + r: j < H: q head j; j < H + Hkv: k head; else v head
     (grid: (H + 2 Hkv, tokens))."""
-    _pdl_wait(PDL)
+    _pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
     pos = tl.load(pos_ptr) + r
@@ -80,7 +85,7 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scal
                          PDL: tl.constexpr):
     """Program (h, c, r): query head h of token r over cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r]
     -> ws[r, h, c] = (unnormalised sum of p v (D), running max m, sum of p l)."""
-    _pdl_wait(PDL)
+    _pdl_start(PDL)
     kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride
     h = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
     c = tl.program_id(1)
@@ -117,7 +122,7 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, 
     rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r] at once -> ws rows as _attn_partial_kernel's. Each k, v row is loaded
     once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
     rounded to the cache dtype for that product, as prefill's SDPA takes it."""
-    _pdl_wait(PDL)
+    _pdl_start(PDL)
     j = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.program_id(2)
@@ -166,7 +171,7 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.con
     """Program (head, token r): out[r, head] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m)
     (empty chunks: m = -inf). QUANT: also quantize.act's int8 form of the rounded out (head h is
     D / 32 whole blocks of row r)."""
-    _pdl_wait(PDL)
+    _pdl_start(PDL)
     r = tl.program_id(1)
     HD = tl.num_programs(0) * D
     h = r * tl.num_programs(0) + tl.program_id(0)
@@ -185,6 +190,55 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.con
         v = tl.reshape(out.to(tl.float32), (D // 32, 32))
         _store_blocks(v, b, (b >= 0)[:, None], q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), HD,
                       D // 32)
+
+
+@triton.jit
+def _embed_fixed_kernel(tok_ptr, emb_ptr, x_ptr, C, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r."""
+    _pdl_start(PDL)
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < C
+    tok = tl.load(tok_ptr + r).to(tl.int64)
+    v = tl.load(emb_ptr + tok * C + c, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x_ptr + r.to(tl.int64) * C + c, (v * FIXED_ONE).to(tl.int64), mask=mask)
+
+
+def embed_fixed(tokens: torch.Tensor, emb: torch.Tensor, x: torch.Tensor, block: int = 1024) -> None:
+    """x (T, C) int64 <- to_fixed(emb[tokens]) (tokens (T,) int64, emb (V, C) dense)."""
+    t, c = x.shape
+    assert x.dtype == torch.int64 and x.is_contiguous() and emb.is_contiguous() and emb.shape[1] == c
+    _embed_fixed_kernel[(t, triton.cdiv(c, block))](tokens, emb, x, c, BLOCK=block, PDL=PDL, num_warps=4,
+                                                   launch_pdl=PDL)
+
+
+@triton.jit
+def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r. The (gate, up) pairs are
+    read and cleared as one contiguous run of 2 BLOCK sums (a stride-2 int64 load / store pair lost
+    some of its zero stores on the H200, 2026-11-26: the stale sums leaked into the next step)."""
+    _pdl_start(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    e = j * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
+    src = acc_ptr + r * 2 * F + e
+    v = tl.load(src, mask=e < 2 * F, other=0)
+    tl.store(src, tl.zeros_like(v), mask=e < 2 * F)
+    ACT: tl.constexpr = out_ptr.dtype.element_ty
+    gate, up = tl.split(tl.reshape(_from_fixed(v).to(ACT).to(tl.float32), (BLOCK, 2)))
+    silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
+    i = j * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + r * F + i, (silu * up).to(ACT), mask=i < F)
+
+
+def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024) -> torch.Tensor:
+    """acc (T, 2F) int64 fixed-point gate/up sums, interleaved -> silu(gate) * up (T, F) of dtype;
+    acc is zeroed."""
+    t, f = acc.shape[0], acc.shape[1] // 2
+    assert acc.dtype == torch.int64 and acc.is_contiguous()
+    out = torch.empty((t, f), dtype=dtype, device=acc.device)
+    _glu_rows_kernel[(t, triton.cdiv(f, block))](acc, out, f, BLOCK=block, PDL=PDL, num_warps=4, launch_pdl=PDL)
+    return out
 
 
 def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,

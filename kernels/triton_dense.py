@@ -1,21 +1,22 @@
 """Dense (bf16 / f16 / f32) products of a few x rows on tensor cores: the decode step's matrix-vector
 products and speculative decoding's verify pass (up to MP = 16 rows), batch-invariant and deterministic.
 
-out[m, n] = sum_k W[n, k] x'[m, k] as tl.dot(W tile (BN, BK), x' tile (BK, MP)), where x' is x
-rounded to W's dtype (x * the RMSNorm weight first, with NORM; rstd is applied to the fp32 sum, as
-triton_gemv does). The x tile always has MP rows, the missing ones masked to zero, and the tile
-shapes, split over K and summation order depend on (N, K) only: row m's output is the same bits
-whatever the other rows are, so a verify pass of several tokens reproduces plain decode steps.
-A tile cut over K between programs (for enough programs on few rows) is deterministic too: each
-program stores its partial (BN, MP) sums, and the last of them to finish (an atomic counter, reset
-by it for the next call or graph replay) adds them in part order and runs the epilogue; fp32
-atomics into the output would add in whatever order the programs finish.
+out[m, n] = sum_k W[n, k] x[m, k] as tl.dot(W tile (BN, BK), x tile (BK, MP)). x comes in W's dtype
+(the decode step feeds a norm kernel's or the attention's output): its tiles go from memory to the
+tensor cores by the same asynchronous copies as W's, with no pass through registers (a register
+pass to scale or cast x cost 15-20 points of copy bandwidth at 8B shapes: bench/dense_variants.py).
+The x tile always has MP rows, the missing ones masked to zero, and the tile shapes and the split of
+K depend on (N, K) only: row m's output is the same bits whatever the other rows are, so a verify
+pass of several tokens reproduces plain decode steps.
 
-Reference: x'.float() @ W.float().T (within fp32 summation order); the epilogue (bias, residual,
-silu(gate) * up on interleaved rows, rounding to the activation dtype) does what
-triton_epilogue._epilogue does, on (BN, MP) tiles.
-Why tensor cores at one row: the float kernel (triton_gemv) spends ~4 instructions per weight and
-per x row, which already limits it at one row and makes a 6-row verify pass cost ~4 plain steps.
+Split K (grid (tiles, split)) adds the parts into an int64 fixed-point accumulator with integer
+atomics (triton_epilogue.FIXED_ONE): the same sum in any order, so it needs no ordered reduction
+(whose fence and counter cost 5-15 points on the small products). The decode step keeps its residual
+stream and the q|k|v and gate/up sums in such accumulators. Any other output (the head's logits, a
+bf16 product) takes one part per tile and the epilogue (bias, rounding, silu(gate) * up, residual).
+
+Reference: x.float() @ W.float().T (within fp32 summation order); with an int64 output, the sum is
+added unrounded; otherwise the epilogue does what triton_epilogue._epilogue does, on (BN, MP) tiles.
 """
 
 from __future__ import annotations
@@ -24,107 +25,75 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import INTERPRET, PDL, _pdl_wait, _round
-from .triton_epilogue import COUNTERS, _last_part
+from .triton_base import INTERPRET, PDL, _pdl_start, _round
+from .triton_epilogue import FIXED_ONE
 
 ROWS = 16  # x rows per tile: the smallest tensor-core operand width
 MP = tl.constexpr(ROWS)
-# (rows per tile BN, K per unit BK, pipeline stages, warps, programs per SM): bench/dense_tune.py (H200).
-CONFIG = (64, 128, 3, 4, 2)
+# (rows per tile BN, K per iteration BK, pipeline stages, warps): bench/dense_variants.py (H200).
+CONFIG = (64, 128, 4, 4)
 if INTERPRET:
-    CONFIG = (64, 64, 1, 4, 1)
+    CONFIG = (64, 64, 1, 4)
+PROGRAMS_PER_SM = 1.4  # split K until tiles x parts reaches this many programs per SM (dense_variants.py)
 
 
 @triton.jit
-def _rstd_rows(x_ptr, x_stride, M, K, eps, RB: tl.constexpr):
-    """(MP,) 1 / sqrt(mean(x^2) + eps) of x rows 0..MP-1 (rows >= M: 1 / sqrt(eps), unused)."""
-    m = tl.arange(0, MP)
-    acc = tl.zeros((MP, RB), tl.float32)
-    for k0 in range(0, K, RB):
-        k = k0 + tl.arange(0, RB)
-        v = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
-        v = v.to(tl.float32)
-        acc += v * v
-    return 1.0 / tl.sqrt(tl.sum(acc, 1) / K + eps)
-
-
-@triton.jit
-def _owner(u, P, U):
-    """The program whose units [p U / P, (p + 1) U / P) (floored) hold unit u."""
-    return ((u + 1) * P + U - 1) // U - 1
-
-
-@triton.jit
-def _dense_kernel(x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt_ptr,
-                  M, N, K, x_stride, w_stride, out_stride, eps, KI, SEGS,
-                  BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, NORM: tl.constexpr,
+def _dense_kernel(x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, M, N, K, x_stride, w_stride, out_stride, PER,
+                  BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
                   GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
                   IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Stream-K: the product is U = tiles x KI units (a tile: BN output rows; a unit: BK of its K), and
-    program p of P (grid: (P,)) takes units [p U / P, (p + 1) U / P): equal work for every program
-    whatever the tile count (a few hundred tiles over a few hundred program slots would otherwise
-    leave SMs idle for a last partial wave). A tile met whole is finished by its program; a tile cut
-    between programs gets one partial (BN, M) sum per program in ws[part] (ws (parts, N, MP) fp32),
-    and the last of them to finish (cnt: a zeroed int32 per tile, reset by it) adds the parts in
-    part order and runs the epilogue. SEGS: the most tiles one program meets."""
-    _pdl_wait(PDL)
-    ACT: tl.constexpr = act_ptr.dtype.element_ty
-    WT: tl.constexpr = w_ptr.dtype.element_ty
-    p = tl.program_id(0).to(tl.int64)
-    P = tl.num_programs(0)
-    U = tl.cdiv(N, BN).to(tl.int64) * KI
-    u = p * U // P
-    end = (p + 1) * U // P
+    """Program (tile t, part s): rows [t BN, (t + 1) BN) of W over K [s PER, (s + 1) PER) (PER a
+    multiple of BK) -> with an int64 out, its sum added in fixed point (atomically when SPLIT > 1; part
+    0 adds the bias); else (SPLIT 1) the finished tile through _finish."""
+    _pdl_start(PDL)
+    t = tl.program_id(0)
+    s = tl.program_id(1)
+    n = t * BN + tl.arange(0, BN)
+    nmask = n < N
     m = tl.arange(0, MP)
     mmask = m < M
-    for _ in range(SEGS):
-        if u < end:
-            t = u // KI
-            seg_end = tl.minimum(end, (t + 1) * KI)
-            n = t * BN + tl.arange(0, BN)
-            nmask = n < N
-            acc = tl.zeros((BN, MP), tl.float32)
-            for ki in tl.range(u - t * KI, seg_end - t * KI, num_stages=STAGES):
-                k = ki * BK + tl.arange(0, BK)
-                kmask = k < K
-                w = tl.load(w_ptr + n.to(tl.int64)[:, None] * w_stride + k[None, :],
-                            mask=nmask[:, None] & kmask[None, :], other=0.0)
-                x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=mmask[:, None] & kmask[None, :],
-                            other=0.0).to(tl.float32)
-                if NORM:
-                    x = x * tl.load(nw_ptr + k, mask=kmask, other=0.0).to(tl.float32)[None, :]
-                if IEEE:  # fp32 weights, or the interpreter (whose bf16 dot is wrong): the same values in fp32
-                    acc = tl.dot(w.to(tl.float32), tl.trans(x.to(WT).to(tl.float32)), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w, tl.trans(x.to(WT)), acc)
-            if (u == t * KI) & (seg_end == (t + 1) * KI):  # the whole tile
-                _finish(acc, t, n, nmask, m, mmask, x_ptr, out_ptr, bias_ptr, res_ptr, M, N, K, x_stride, out_stride,
-                        eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND)
-            else:
-                first = _owner(t * KI, P, U)
-                parts = _owner((t + 1) * KI - 1, P, U) - first + 1
-                tile = ws_ptr + n[:, None] * MP + m[None, :]
-                pmask = nmask[:, None] & mmask[None, :]  # only the M real rows: partial traffic ~ M, not MP
-                tl.store(tile + (p - first) * N * MP, acc, mask=pmask)
-                if _last_part(cnt_ptr, t, parts):  # sum the parts in order, then the epilogue
-                    acc = tl.zeros((BN, MP), tl.float32)
-                    for j in range(parts):
-                        acc += tl.load(tile + j * N * MP, mask=pmask, other=0.0, cache_modifier=".cg")
-                    tl.store(cnt_ptr + t, 0)  # ready for the next call (or graph replay)
-                    _finish(acc, t, n, nmask, m, mmask, x_ptr, out_ptr, bias_ptr, res_ptr, M, N, K, x_stride,
-                            out_stride, eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND)
-            u = seg_end
+    acc = _tile_sums(x_ptr, w_ptr, n, nmask, m, mmask, K, x_stride, w_stride, s * PER, PER, BK, STAGES, IEEE)
+    omask = nmask[:, None] & mmask[None, :]
+    o = out_ptr + m[None, :] * out_stride + n[:, None]
+    if out_ptr.dtype.element_ty == tl.int64:
+        if HAS_BIAS:
+            if s == 0:
+                acc += tl.load(bias_ptr + n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+        q = (acc * FIXED_ONE).to(tl.int64)
+        if SPLIT > 1:
+            tl.atomic_add(o, q, mask=omask, sem="relaxed")
+        else:
+            tl.store(o, tl.load(o, mask=omask, other=0) + q, mask=omask)
+    else:
+        _finish(acc, t, n, nmask, m, mmask, out_ptr, bias_ptr, res_ptr, N, out_stride, act_ptr.dtype.element_ty, BN,
+                GLU, HAS_BIAS, HAS_RES, ROUND)
 
 
 @triton.jit
-def _finish(acc, t, n, nmask, m, mmask, x_ptr, out_ptr, bias_ptr, res_ptr, M, N, K, x_stride, out_stride, eps,
-            ACT: tl.constexpr, BN: tl.constexpr, NORM: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-            HAS_RES: tl.constexpr, ROUND: tl.constexpr):
-    """acc (BN, MP) fp32 sums -> out rows m < M: rstd, + bias, rounded, GLU or + residual (out may be
-    the residual itself: in place)."""
+def _tile_sums(x_ptr, w_ptr, n, nmask, m, mmask, K, x_stride, w_stride, k0, PER, BK: tl.constexpr,
+               STAGES: tl.constexpr, IEEE: tl.constexpr):
+    """(BN, MP) fp32 sums over K [k0, k0 + PER) of W rows n times x rows m, BK at a time."""
+    WT: tl.constexpr = w_ptr.dtype.element_ty
+    acc = tl.zeros((n.shape[0], MP), tl.float32)
+    for k1 in tl.range(k0, tl.minimum(k0 + PER, K), BK, num_stages=STAGES):
+        k = k1 + tl.arange(0, BK)
+        kmask = k < K
+        w = tl.load(w_ptr + n.to(tl.int64)[:, None] * w_stride + k[None, :], mask=nmask[:, None] & kmask[None, :],
+                    other=0.0)
+        x = tl.load(x_ptr + m[:, None] * x_stride + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+        if IEEE:  # fp32 weights, or the interpreter (whose bf16 dot is wrong): the same values in fp32
+            acc = tl.dot(w.to(tl.float32), tl.trans(x.to(WT).to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(x.to(WT)), acc)
+    return acc
+
+
+@triton.jit
+def _finish(acc, t, n, nmask, m, mmask, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT: tl.constexpr,
+            BN: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr):
+    """acc (BN, MP) fp32 sums -> out rows m < M: + bias, rounded, GLU or + residual (out may be the
+    residual itself: in place)."""
     y = acc
-    if NORM:
-        y = y * _rstd_rows(x_ptr, x_stride, M, K, eps, 512)[None, :]
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=nmask, other=0.0).to(tl.float32)[:, None]
     y = _round(y, ACT, ROUND)
@@ -141,49 +110,57 @@ def _finish(acc, t, n, nmask, m, mmask, x_ptr, out_ptr, bias_ptr, res_ptr, M, N,
         tl.store(out_ptr + m[None, :] * out_stride + n[:, None], y, mask=mask)
 
 
-def programs(units: int, occupancy: int, device: torch.device) -> int:
-    """P: `occupancy` programs per SM (the interpreter: a few, so that tiles are cut between them)."""
+def dense_split(n: int, k: int, device: torch.device, config=None) -> int:
+    """Parts of K, from (N, K) and the device alone (batch invariance): doubled until the grid has
+    PROGRAMS_PER_SM programs per SM, each part keeping at least two iterations (the interpreter: up
+    to 4 parts, so that tests cut K)."""
+    bn, bk = (config or CONFIG)[:2]
+    most = max(1, min(16, k // (2 * bk)))
     if device.type != "cuda":
-        return min(units, 5)
-    return min(units, occupancy * torch.cuda.get_device_properties(device).multi_processor_count)
+        return min(4, most)
+    target = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    split = 1
+    while triton.cdiv(n, bn) * split < target and split * 2 <= most:
+        split *= 2
+    return split
 
 
 def gemv_dense(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                glu: bool = False, act_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
-               inplace: bool = False, counters: torch.Tensor | None = None,
-               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """x (M <= MP, K) -> (M, N) as triton_gemv.gemv (same bias / residual / norm / glu / inplace meaning;
-    the output is always the finished one). counters: a zeroed int32 tensor of COUNTERS the caller
-    keeps across calls (each call leaves it zeroed); None: a new one. config: (BN, BK, stages, warps,
-    programs per SM), the same for every M (batch invariance)."""
+               inplace: bool = False, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x (M <= MP, K) -> (M, N) as triton_gemv.gemv (same bias / residual / norm / glu / inplace
+    meaning). An int64 residual taken in place is a fixed-point accumulator: the product is added to
+    it, split over K (dense_split). norm_weight: x goes through the RMSNorm kernel first
+    (triton_prefill.rmsnorm_rows, in the norm weight's dtype); x not in W's dtype is cast to it."""
+    if norm_weight is not None:
+        from .triton_prefill import rmsnorm_rows
+
+        x = rmsnorm_rows(x, norm_weight, eps)
+    act = act_dtype or x.dtype
+    if w.dtype != torch.float32 and x.dtype != w.dtype:
+        x = x.to(w.dtype)
+    x = x.contiguous()
     m, k = x.shape
     n = w.shape[0]
-    assert m <= ROWS and w.shape[1] == k and w.stride(1) == 1 and x.stride(1) == 1
-    act = act_dtype or (norm_weight.dtype if norm_weight is not None else x.dtype)
-    bn, bk, stages, warps, occupancy = config or CONFIG
-    tiles, ki = triton.cdiv(n, bn), triton.cdiv(k, bk)
-    units = tiles * ki
-    p = programs(units, occupancy, x.device)
-    per = triton.cdiv(units, p)
-    parts = min(ki, triton.cdiv(ki, max(units // p, 1)) + 1)  # programs one tile can be cut between
+    assert m <= ROWS and w.shape[1] == k and w.stride(1) == 1
+    bn, bk, stages, warps = config or CONFIG
+    fixed = inplace and residual is not None and residual.dtype == torch.int64
+    split = dense_split(n, k, x.device, config) if fixed else 1
+    per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     if inplace:
         out = residual
-        assert out is not None and out.dtype == torch.float32 and out.stride(1) == 1
+        assert out is not None and out.dtype in (torch.float32, torch.int64) and out.stride(1) == 1
     else:
         dtype = out_dtype or (residual.dtype if residual is not None else act)
         out = torch.empty((m, n // 2 if glu else n), dtype=dtype, device=x.device)
-    ws = torch.empty((parts, n, ROWS), dtype=torch.float32, device=x.device)
-    if counters is None:
-        counters = torch.zeros(COUNTERS, dtype=torch.int32, device=x.device)
-    assert tiles <= counters.numel()
+    assert not (glu and fixed)
     act_ref = torch.empty(1, dtype=act, device=x.device)
-    _dense_kernel[(p,)](
-        x, w, out, bias if bias is not None else out, residual if residual is not None else out,
-        norm_weight if norm_weight is not None else x, act_ref, ws, counters,
-        m, n, k, x.stride(0), w.stride(0), out.stride(0), eps, ki, triton.cdiv(per, ki) + 1,
-        BN=bn, BK=bk, STAGES=stages, NORM=norm_weight is not None, GLU=glu, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, ROUND=act != torch.float32, IEEE=w.dtype == torch.float32 or INTERPRET,
-        PDL=PDL, num_warps=warps, launch_pdl=PDL,
+    _dense_kernel[(triton.cdiv(n, bn), triton.cdiv(k, per))](
+        x, w, out, bias if bias is not None else out, residual if residual is not None else out, act_ref,
+        m, n, k, x.stride(0), w.stride(0), out.stride(0), per,
+        BN=bn, BK=bk, STAGES=stages, SPLIT=triton.cdiv(k, per), GLU=glu, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None and not fixed, ROUND=act != torch.float32,
+        IEEE=w.dtype == torch.float32 or INTERPRET, PDL=PDL, num_warps=warps, launch_pdl=PDL,
     )
     return out

@@ -4,9 +4,10 @@ the epilogue (bias, rounding, silu(gate) * up, residual), split K, and the outpu
 Split K (few output rows, long K: more programs than rows so that enough warps stream) is
 deterministic: the same step gives the same bits every run, which speculative decoding's exactness
 needs. Parts go either into an int64 fixed-point accumulator by integer atomics (one sum in any
-order; the q|k|v and gate/up sums, whose readers convert and clear them), or into a workspace from
-which the last part to finish adds them to the output in part order (_split_finish: the residual
-products). fp32 atomics into the output, which add in whatever order the parts finish, are not used.
+order: the decode step's residual stream and its q|k|v and gate/up sums, whose readers convert and
+clear them), or, for an fp32 output, into a workspace from which the last part to finish adds them
+to the output in part order (_split_finish). fp32 atomics into the output, which add in whatever
+order the parts finish, are not used.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ MAX_ROWS = 8
 # give the same sum in any order, so they need no ordered reduction (_split_finish's memory fence and
 # counter). Every fp32 partial of magnitude >= 2^-8 converts exactly; sums must stay below 2^31.
 FIXED_ONE = tl.constexpr(4294967296.0)
+
+
+def to_fixed(t: torch.Tensor) -> torch.Tensor:
+    """Values -> int64 fixed point, truncated as the kernels' (y * FIXED_ONE).to(int64) truncates."""
+    return (t.float() * FIXED_ONE.value).to(torch.int64)
+
+
+def from_fixed(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values of an int64 fixed-point tensor (as _from_fixed); other tensors as fp32."""
+    return (t.double() * (1.0 / FIXED_ONE.value)).float() if t.dtype == torch.int64 else t.float()
 
 
 @triton.jit

@@ -9,7 +9,8 @@ whose low nibbles give W values at columns `clo` and whose high nibbles give W v
 so a (BN rows, G groups, W) tile loads each scale once and its quants with 16-byte vector loads.
 
 The product kernel can also fuse what surrounds a projection in a decode step:
-  NORM: x is the fp32 residual stream; the product is rstd(x) * (W @ (x * norm weight)) (RMSNorm);
+  NORM: x is the residual stream (fp32, or an int64 fixed-point accumulator); the product is
+        rstd(x) * (W @ (x * norm weight)) (RMSNorm);
   GLU: the weight rows are interleaved (gate_i, up_i) and the output is silu(gate) * up;
   HAS_RES: out = residual + round(W x), the residual add of a transformer block.
 Outputs are rounded as the torch modules round them (F.linear, F.silu in the activation dtype);
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from .qweight import Q, QWeight
 from .triton_base import INTERPRET, PDL, _pdl_wait
-from .triton_epilogue import _epilogue, _part_out, _split_finish, plan
+from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
 DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = range(7)
@@ -139,7 +140,7 @@ def _rstd(xrow, K, eps, BLOCK: tl.constexpr):
     acc = tl.zeros((BLOCK,), tl.float32)
     for k0 in range(0, K, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
-        v = tl.load(xrow + k, mask=k < K, other=0.0).to(tl.float32)
+        v = _from_fixed(tl.load(xrow + k, mask=k < K, other=0))
         acc += v * v
     return 1.0 / tl.sqrt(tl.sum(acc, 0) / K + eps)
 
@@ -307,7 +308,7 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     if isinstance(w, torch.Tensor) and x.shape[0] <= DENSE_ROWS:  # tensor cores, batch-invariant
         from .triton_dense import gemv_dense
 
-        return gemv_dense(x, w, bias, residual, norm_weight, eps, glu, act_dtype, out_dtype, inplace, counters)
+        return gemv_dense(x, w, bias, residual, norm_weight, eps, glu, act_dtype, out_dtype, inplace)
     fmt, (n, k), ptrs, strides = weight_args(w)
     m = x.shape[0]
     act = act_dtype or (norm_weight.dtype if norm_weight is not None else x.dtype)

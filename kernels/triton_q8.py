@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_base import INTERPRET, PDL, _pdl_wait
+from .triton_base import INTERPRET, PDL, _pdl_start, _pdl_wait
 from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
 from .triton_gemv import _rstd
 
@@ -64,12 +64,15 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 @triton.jit
 def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, eps, NORM: tl.constexpr,
-                      GLU: tl.constexpr, BLOCKS: tl.constexpr, RSTD_BLOCK: tl.constexpr, PDL: tl.constexpr):
+                      GLU: tl.constexpr, BLOCKS: tl.constexpr, RSTD_BLOCK: tl.constexpr, WHOLE: tl.constexpr,
+                      PDL: tl.constexpr):
     """Row m, 32-value blocks [BLOCKS * j, BLOCKS * (j + 1)) of x (grid: (M, blocks / BLOCKS)) -> q, d, s
-    as quantize.act.quantize_act of x; NORM: of x * rstd(x) * norm weight, in fp32; GLU: x is (M, 2K)
+    as quantize.act.quantize_act of x; NORM: of x * rstd(x) * norm weight, in fp32 (WHOLE: the program
+    holds the whole row and takes rstd from the values it loaded, one pass over x instead of two:
+    8B 4.4 -> 3.1 us a call, H200); GLU: x is (M, 2K)
     fp32 sums of interleaved (gate, up) rows, the values are silu(gate) * up rounded like model.py's
     modules in the activation dtype, and the sums are cleared (zeros) for the next accumulation."""
-    _pdl_wait(PDL)
+    _pdl_start(PDL)
     m = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     bmask = (b < K // 32)[:, None]
@@ -84,10 +87,14 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
         tl.store(src, tl.zeros_like(gate).to(x_ptr.dtype.element_ty), mask=bmask)
         tl.store(src + 1, tl.zeros_like(up).to(x_ptr.dtype.element_ty), mask=bmask)
     else:
-        v = tl.load(x_ptr + m * x_stride + cols, mask=bmask, other=0.0).to(tl.float32)
+        v = _from_fixed(tl.load(x_ptr + m * x_stride + cols, mask=bmask, other=0))
     if NORM:
         nw = tl.load(nw_ptr + cols, mask=bmask, other=0.0).to(tl.float32)
-        v = v * _rstd(x_ptr + m * x_stride, K, eps, RSTD_BLOCK) * nw
+        if WHOLE:
+            rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, 1), 0) / K + eps)
+        else:
+            rstd = _rstd(x_ptr + m * x_stride, K, eps, RSTD_BLOCK)
+        v = v * rstd * nw
     _store_blocks(v, b, bmask, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 16), K, BLOCKS)
 
 
@@ -274,6 +281,9 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
 
 
+WHOLE_ROW_BLOCKS = 256  # norm rows of up to this many 32-value blocks take one program (K <= 8192)
+
+
 def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                  glu_dtype: torch.dtype | None = None, blocks: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q int8 (M, K), d fp32 (M, K / 32), s int32 (M, K / 16)): quantize.act.quantize_act
@@ -286,11 +296,14 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
     assert glu_dtype is None or (x.dtype in (torch.float32, torch.int64) and x.stride(1) == 1)
     q, d, s = act_buffers(m, k, x.device)
     act_ref = torch.empty(1, dtype=glu_dtype or torch.float32, device=x.device)
-    blocks = 64 if INTERPRET else blocks
+    blocks, warps = 64 if INTERPRET else blocks, 4
+    if norm_weight is not None and k // 32 <= WHOLE_ROW_BLOCKS:  # one program a row (WHOLE)
+        blocks, warps = triton.next_power_of_2(k // 32), 8
     grid = (m, triton.cdiv(k // 32, blocks))
     _quant_act_kernel[grid](x, norm_weight if norm_weight is not None else x, act_ref, q, d, s, k, x.stride(0), eps,
                             NORM=norm_weight is not None, GLU=glu_dtype is not None, BLOCKS=blocks,
-                            RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), PDL=PDL, num_warps=4, launch_pdl=PDL)
+                            RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), WHOLE=blocks * 32 >= k, PDL=PDL,
+                            num_warps=warps, launch_pdl=PDL)
     return q, d, s
 
 

@@ -1,25 +1,25 @@
 """Batch-1 decode on CUDA as one CUDA graph: static buffers, the position as a device tensor, no host sync.
 
 A step (T tokens at positions cache.length.., T = 1 for plain decoding, K + 1 for speculative
-decoding's verify pass) per layer is four fused kernels and two small ones:
-  qkv = W_qkv @ RMSNorm(x)             (product with the norm fused, q|k|v fused into one weight;
-                                        Q4_1/Q5_K weights: a separate norm kernel first)
-  rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py)
+decoding's verify pass) per layer is:
+  h = RMSNorm(x)                       (a norm kernel: bf16 rows for dense weights; for integer-dot
+                                        weights the kernel that quantizes h to int8)
+  qkv += W_qkv @ h                     (q|k|v fused into one weight)
+  rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py; clears qkv)
   a = attention(q, cache[:pos+1])      (split over 64-row chunks, then combined)
-  x = x + W_o @ a                      (product with the residual add fused, in place)
-  a = silu(g) * u, [g|u] = W_gate|up @ RMSNorm(x)   (gate/up rows interleaved, silu*mul in the epilogue)
-  x = x + W_down @ a                   (product with the residual add fused, in place)
-then logits = W_out @ RMSNorm(x) in fp32. Dense weights take tensor-core products
-(kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K weights integer dot products (kernels/triton_q8.py):
-x is quantized to int8 first (the norm, or silu(gate) * up, fused into that pass), and q|k|v and
-gate|up are split over K into int64 fixed-point accumulators that their readers clear (integer
-atomics: the same sum in any order). The other products split over K add their parts in a fixed
-order (never fp32 atomics into the outputs), and every kernel computes
-each token's row the same way whatever T is: the same step gives the same bits every time, and
-the verify pass gives plain decoding's bits (speculative decoding's greedy ids are plain
-decoding's). Every kernel matches the module ops of model.py (its reference) within rounding,
-plus Q8_0's rounding of the activations for integer-dot weights: bench/cuda_check.py measures it
-against the CPU fp32 model.
+  x += W_o @ a
+  gu += W_gate|up @ RMSNorm(x)         (gate/up rows interleaved)
+  a = silu(g) * u                      (triton_decode.glu_rows, or the int8 quantizer; clears gu)
+  x += W_down @ a
+then logits = W_out @ RMSNorm(x) in fp32. x (the residual stream), qkv and gu are int64 fixed-point
+accumulators (triton_epilogue.FIXED_ONE): products split over K for enough warps add their parts
+into them with integer atomics, which give the same sum in any order. So the same step gives the
+same bits every time, and since every kernel computes each token's row the same way whatever T is,
+the verify pass gives plain decoding's bits (speculative decoding's greedy ids are plain decoding's).
+Dense weights take tensor-core products (kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K weights
+integer dot products (kernels/triton_q8.py). Every kernel matches the module ops of model.py (its
+reference) within rounding (the products' sums are added to x unrounded, and Q8_0's rounding of the
+activations for integer-dot weights): bench/cuda_check.py measures it against the CPU fp32 model.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
-from kernels.triton_decode import decode_attention, rope_store
-from kernels.triton_epilogue import COUNTERS, FIXED_ONE
+from kernels.triton_decode import decode_attention, embed_fixed, glu_rows, rope_store
+from kernels.triton_epilogue import COUNTERS, from_fixed
 from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act
 
@@ -109,10 +109,11 @@ class GraphDecoder:
         self.act = model.token_embd.weight.dtype
         self.token = torch.zeros(tokens, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
-        # accumulators of products split over K: q|k|v and gate/up sums in int64 fixed point (their
-        # parts add by integer atomics: the same sum in any order, no ordered reduction;
-        # triton_epilogue.FIXED_ONE), each zeroed by the kernel that reads it (rope_store, quantize_act's
+        # int64 fixed-point accumulators (triton_epilogue.FIXED_ONE) that split products add into by
+        # integer atomics (the same sum in any order): the residual stream, and the q|k|v and gate/up
+        # sums, each of these zeroed by the kernel that reads it (rope_store; glu_rows or quantize_act's
         # GLU form).
+        self.x = torch.zeros(tokens, cfg.dim, dtype=torch.int64, device=dev)
         self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
         self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
@@ -133,33 +134,26 @@ class GraphDecoder:
         cfg, a = self.cfg, L.attn
         norm = (L.blk.attn_norm.weight, cfg.norm_eps)
         ms = (a.attn_q, a.attn_k, a.attn_v)
-        acc = all(int_dot(m.w) for m in ms)
-        if acc:
-            # Products split over K for enough warps, summed into the fp32 accumulator (zero here:
-            # rope_store clears it as it reads); separate integer-dot products (Q4_K_M's Q6_K attn_v)
-            # share one quantized x.
-            qkv = self.qkv_acc
-            if L.qkv is not None:
-                self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm, residual=qkv, inplace=True, split=None)
-            else:
-                xq, start = quantize_act(x, *norm), 0
-                for m in ms:
-                    n = m.w.shape[0]
-                    self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, xq=xq)
-                    start += n
-        elif L.qkv is not None:
-            qkv = self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm)
+        # Products split over K for enough warps, summed into the accumulator (zero here: rope_store
+        # clears it as it reads); separate integer-dot products (Q4_K_M's Q6_K attn_v) share one
+        # quantized x.
+        qkv = self.qkv_acc
+        if L.qkv is not None:
+            self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm, residual=qkv, inplace=True, split=None)
         else:
-            qkv = torch.cat([self._lin(x, m.w, bias=m.bias, norm=norm) for m in ms], -1)
+            xq = quantize_act(x, *norm) if all(int_dot(m.w) for m in ms) else None
+            start = 0
+            for m in ms:
+                n = m.w.shape[0]
+                kw = {"xq": xq} if xq is not None else {"norm": norm}
+                self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, **kw)
+                start += n
         if cfg.qk_norm:
-            if acc:  # fixed point -> values
-                qkv = qkv.double().mul(1.0 / FIXED_ONE.value).float()
-            q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
+            q, k, v = from_fixed(qkv).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
             q = a.attn_q_norm(q.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
             k = a.attn_k_norm(k.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
             qkv = torch.cat((q, k, v), -1)
-            if acc:
-                self.qkv_acc.zero_()
+            self.qkv_acc.zero_()
         kc, vc = self.cache.k[i, 0], self.cache.v[i, 0]
         q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                        clear=qkv is self.qkv_acc)
@@ -173,14 +167,15 @@ class GraphDecoder:
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
-        if int_dot(L.gate_up) and int_dot(b.ffn_down.w):
+        if L.gate_up is not None:
             # gate/up sums split over K into the accumulator; silu(gate) * up is formed (and the
-            # accumulator cleared) by the kernel that quantizes the down projection's input.
+            # accumulator cleared) by glu_rows, or by the kernel that quantizes an integer-dot down
+            # projection's input.
             self._lin(x, L.gate_up, norm=norm, residual=self.gu_acc, inplace=True, split=None)
-            xq = quantize_act(self.gu_acc, glu_dtype=self.act)
-            return self._lin(x, b.ffn_down.w, residual=x, split=None, inplace=True, xq=xq)
-        if L.gate_up is not None:  # silu(gate) * up in the epilogue, fp32 holding activation-dtype values
-            a = self._lin(x, L.gate_up, norm=norm, glu=True, out_dtype=torch.float32)
+            if int_dot(b.ffn_down.w):
+                xq = quantize_act(self.gu_acc, glu_dtype=self.act)
+                return self._lin(x, b.ffn_down.w, residual=x, split=None, inplace=True, xq=xq)
+            a = glu_rows(self.gu_acc, self.act)
         else:
             gate, up = (self._lin(x, m.w, norm=norm) for m in (b.ffn_gate, b.ffn_up))
             a = F.silu(gate) * up
@@ -189,7 +184,8 @@ class GraphDecoder:
     def _step(self) -> torch.Tensor:
         """tokens (T,) at positions pos.. -> logits (T, V) fp32; advances pos. Static inputs only."""
         m = self.model
-        x = F.embedding(self.token, m.token_embd.weight).float()  # (T, C) fp32 residual stream
+        x = self.x  # (T, C) the residual stream, int64 fixed point
+        embed_fixed(self.token, m.token_embd.weight, x)
         for i, L in enumerate(self.layers):
             x = self._attention(x, i, L)
             x = self._ffn(x, L)

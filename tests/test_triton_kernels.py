@@ -162,6 +162,20 @@ def test_rope_store_and_attention_match_torch():
     assert not acc.any()
 
 
+def test_glu_rows_matches_modules_and_clears():
+    """triton_decode.glu_rows: interleaved gate/up sums in int64 fixed point -> F.silu(gate) * up with
+    each op rounded to the activation dtype as the modules round it; the accumulator is left zero."""
+    from kernels.triton_decode import glu_rows
+    from kernels.triton_epilogue import from_fixed, to_fixed
+
+    g = torch.Generator().manual_seed(5)
+    acc = to_fixed(3 * torch.randn(3, 2 * 1500, generator=g))  # F = 1500: a partial last block
+    sums = from_fixed(acc)
+    # fp32 activations: the interpreter rounds fp32 -> bf16 by truncation, not as the GPU does
+    got = glu_rows(acc, torch.float32, block=512)
+    assert rel(got, F.silu(sums[:, 0::2]) * sums[:, 1::2]) < 1e-6 and not acc.any()
+
+
 def test_rmsnorm_kernel_matches_module():
     from localllm.model import RMSNorm
 
@@ -236,23 +250,35 @@ def test_verify_step_rows_equal_plain_steps(wtype, monkeypatch):
     assert torch.equal(cache.k[:, :, :, 5:8], k) and torch.equal(cache.v[:, :, :, 5:8], v)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_dense_kernel_rows_are_batch_invariant(dtype):
-    """kernels/triton_dense.py: each x row's output is the same bits whatever the other rows (tiles cut
-    between programs, their parts summed by the last finisher), matches the fp32 product of the
-    values it multiplies, and leaves its counters zeroed for the next call."""
+@pytest.mark.parametrize("dtype,norm,fixed", [(torch.float32, False, True), (torch.float16, False, True),
+                                              (torch.float32, True, True), (torch.float32, True, False)])
+def test_dense_kernel_rows_are_batch_invariant(dtype, norm, fixed):
+    """kernels/triton_dense.py: each x row's output is the same bits whatever the other rows, and
+    matches the fp32 product of the values it multiplies (RMSNorm's, with norm) plus the residual:
+    added into an int64 fixed-point accumulator with K split between programs (fixed), or finished
+    by one program per tile (fp32 residual)."""
     from kernels import triton_dense
+    from kernels.triton_epilogue import from_fixed, to_fixed
 
     g = torch.Generator().manual_seed(21)
-    w = torch.randn(200, 512, generator=g).to(dtype)  # 4 tiles x 8 units over 5 programs: cut tiles
+    w = torch.randn(200, 512, generator=g).to(dtype)
     x, r = torch.randn(6, 512, generator=g), torch.randn(6, 200, generator=g)
-    counters = torch.zeros(triton_dense.COUNTERS, dtype=torch.int32)
-    y = triton_dense.gemv_dense(x, w, residual=r, act_dtype=torch.float32, counters=counters)
-    assert not counters.any()
+    nw = (1 + 0.1 * torch.randn(512, generator=g)) if norm else None
+    assert not fixed or triton_dense.dense_split(200, 512, x.device) > 1  # K is cut between programs
+
+    def run(rows):
+        if fixed:
+            acc = to_fixed(r[rows])
+            triton_dense.gemv_dense(x[rows], w, residual=acc, inplace=True, norm_weight=nw, eps=1e-5,
+                                    act_dtype=torch.float32)
+            return acc
+        return triton_dense.gemv_dense(x[rows], w, residual=r[rows], norm_weight=nw, eps=1e-5, act_dtype=torch.float32)
+
+    y = run(slice(None))
     for i in range(6):
-        one = triton_dense.gemv_dense(x[i:i + 1], w, residual=r[i:i + 1], act_dtype=torch.float32, counters=counters)
-        assert torch.equal(one, y[i:i + 1]), i
-    assert rel(y, r + x.to(dtype).float() @ w.float().T) < 1e-6
+        assert torch.equal(run(slice(i, i + 1)), y[i:i + 1]), i
+    xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw if norm else x
+    assert rel(from_fixed(y), r + xn.to(dtype).float() @ w.float().T) < 1e-6
 
 
 def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
