@@ -6,13 +6,16 @@ for attn_v / ffn_down in the layers use_more_bits picks). Quantized weights go t
 quantize.quantize_tensor on the device, then through load.build_model's pass like a GGUF file's.
 To keep building fast, each (shape, type) is quantized once from up to 256 random rows, and each
 tensor takes those rows rolled by a per-tensor offset and tiled (non-zero, and distinct per layer).
+write_synthetic_gguf writes the same weights as a GGUF file that llama.cpp loads (bench/vs_llamacpp_gpu.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 
 from quantize import quantize_tensor
@@ -20,7 +23,7 @@ from quantize import quantize_tensor
 from .config import ModelConfig
 from .load import build_model
 from .model import Transformer, llama3_rope_factors
-from .weights import QuantizedTensor
+from .weights import QuantizedTensor, gguf_name
 
 Q = gguf.GGMLQuantizationType
 DENSE_TYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -102,3 +105,57 @@ def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtyp
     state, types = synthetic_state(cfg, wtype, device, seed)
     types[str(dtype).removeprefix("torch.")] = types.pop("dense")
     return build_model(cfg, state, device, dtype, keep_quantized), types
+
+
+def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dict, device: str = "cpu",
+                         seed: int = 0, progress: bool = False) -> Path:
+    """synthetic_state's weights as a GGUF file: wtype a file type (F16, BF16, Q8_0, Q4_0, Q4_K_M...).
+
+    Written as convert_hf_to_gguf + llama-quantize lay a file out: the architecture keys of
+    quantize_cmd.hf_metadata, q/k rows permuted for the llama architecture (load.py undoes it),
+    1-D tensors (norms, rope_freqs) F32, dense 2-D tensors F16 (BF16, F32 in such files), quantized ones
+    as their blocks; the token embedding stays dense as synthetic_model keeps it (llama-quantize would
+    quantize it). tokenizer: the tokenizer.* keys (name -> MetaValue) of a vocabulary of cfg.vocab_size
+    tokens, e.g. quantize_cmd.read_gguf_metadata(vocab.gguf, keep=lambda k: k.startswith("tokenizer.")).
+    One tensor at a time reaches host memory; the file appears under OUT only when complete."""
+    from quantize.presets import find_preset
+    from quantize.writer import MetaValue, TensorSlot, write_gguf
+
+    from .quantize_cmd import gguf_arch, hf_metadata, permute_qk
+
+    preset = find_preset(wtype)
+    if preset is None:
+        raise ValueError(f"unknown GGUF file type {wtype!r}")
+    n_tokens = len(tokenizer["tokenizer.ggml.tokens"].value)
+    if n_tokens != cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {n_tokens} tokens, the model's vocabulary {cfg.vocab_size}")
+    arch = gguf_arch(cfg.arch)
+    hp = {"max_position_embeddings": cfg.context_length, "rope_theta": cfg.rope_theta,
+          "rms_norm_eps": cfg.norm_eps, "head_dim": cfg.head_dim}
+    meta = hf_metadata(hp, cfg, Path(out).parent, arch) | tokenizer
+    meta[gguf.Keys.General.NAME] = MetaValue(f"synthetic {Path(out).stem}", gguf.GGUFValueType.STRING)
+    meta[gguf.Keys.General.FILE_TYPE] = MetaValue(int(preset.file_type), gguf.GGUFValueType.UINT32)
+    meta[gguf.Keys.General.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, gguf.GGUFValueType.UINT32)
+    state, _ = synthetic_state(cfg, wtype, device, seed)
+    if cfg.rope_scaling is None:
+        del state["rope_freqs"]  # ones: llama.cpp wants no tensor then
+    dense = preset.default if preset.default in (Q.F32, Q.F16, Q.BF16) else Q.F16
+    names, slots = list(state), []
+    for name in names:
+        v = state[name]
+        if isinstance(v, QuantizedTensor):
+            block, size = gguf.GGML_QUANT_SIZES[v.qtype]
+            slots.append(TensorSlot(gguf_name(name), (v.data.shape[0], v.data.shape[1] // size * block), v.qtype))
+        else:
+            slots.append(TensorSlot(gguf_name(name), tuple(v.shape), Q.F32 if v.dim() == 1 else dense))
+    torch_types = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+
+    def make_tensor(i: int) -> np.ndarray:
+        v, slot = state.pop(names[i]), slots[i]  # popped: written tensors leave the device
+        data = v.data if isinstance(v, QuantizedTensor) else v.to(torch_types[slot.type])
+        if arch == "llama" and slot.name.endswith(("attn_q.weight", "attn_k.weight")):
+            data = permute_qk(data, cfg.n_heads if ".attn_q." in slot.name else cfg.n_kv_heads)
+        # numpy has no bfloat16: its bytes travel as int16
+        return (data.view(torch.int16) if data.dtype == torch.bfloat16 else data).contiguous().cpu().numpy()
+
+    return write_gguf(Path(out), arch, meta, slots, make_tensor, progress=progress)

@@ -1,0 +1,80 @@
+"""write_synthetic_gguf (the files bench/vs_llamacpp_gpu.py gives llama-bench): the gguf package's reader
+sees the asked file type, tensor types and the vocabulary's own tokenizer keys; our loader reads back
+synthetic_state's very tensors (quantized blocks byte for byte, dense ones as the stored dtype rounds
+them, q/k rows un-permuted) and the config they were made from."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+
+from localllm import synthetic
+from localllm.config import ModelConfig, RopeScaling
+from localllm.gguf_file import open_gguf
+from localllm.load import load_model, read_gguf_model
+from localllm.quantize_cmd import read_gguf_metadata
+from localllm.synthetic import synthetic_state, write_synthetic_gguf
+from localllm.weights import QuantizedTensor
+
+Q = gguf.GGMLQuantizationType
+VOCAB = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vocab" / "ggml-vocab-llama-spm.gguf"
+# Llama-shaped, small; dim 256 keeps K-quants whole, head_dim 64 with llama3 rope scaling (rope_freqs).
+TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, head_dim=64,
+                   vocab_size=32000, context_length=4096, norm_eps=1e-5, rope_theta=500000.0,
+                   rope_scaling=RopeScaling(factor=8.0))
+STORED = {"F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> dict:
+    assert VOCAB.is_file(), f"shared vocab test data missing: {VOCAB}"
+    return read_gguf_metadata(VOCAB, keep=lambda key: key.startswith("tokenizer."))
+
+
+@pytest.mark.parametrize("wtype", ["F16", "BF16", "Q8_0", "Q4_K_M"])
+def test_written_file_reads_back_as_synthetic_state(tmp_path, monkeypatch, tokenizer, wtype):
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)  # K-quant encoding on the CPU is slow
+    path = write_synthetic_gguf(TINY, wtype, tmp_path / f"tiny-{wtype}.gguf", tokenizer)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+    reader = gguf.GGUFReader(path)
+    file_type = reader.fields["general.file_type"]
+    assert int(file_type.parts[file_type.data[0]][0]) == gguf.LlamaFileType[f"MOSTLY_{wtype}"]
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    assert [bytes(tokens.parts[i]) for i in tokens.data] == tokenizer["tokenizer.ggml.tokens"].value
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    assert "output.weight" in types and types["rope_freqs.weight"] == Q.F32
+    assert types["blk.0.attn_norm.weight"] == Q.F32
+
+    f = open_gguf(path)
+    cfg, got, _ = read_gguf_model(f, "cpu", raw=True)  # quantized tensors stay as their blocks
+    # llama3 scaling travels as the rope_freqs tensor; the epsilon as a float32
+    assert replace(cfg, norm_eps=TINY.norm_eps) == replace(TINY, rope_scaling=None)
+    assert cfg.norm_eps == pytest.approx(TINY.norm_eps)
+    want, _ = synthetic_state(TINY, wtype, "cpu")
+    assert set(got) == set(want)
+    for name, w in want.items():
+        g = got[name]
+        if isinstance(w, QuantizedTensor):
+            assert isinstance(g, QuantizedTensor) and g.qtype == w.qtype, name
+            assert torch.equal(g.data, w.data), name
+        else:
+            stored = STORED.get(wtype, torch.float16) if w.dim() == 2 else torch.float32
+            assert torch.equal(g.float(), w.to(stored).float()), name
+
+
+def test_written_file_loads_and_runs(tmp_path, tokenizer):
+    path = write_synthetic_gguf(TINY, "Q8_0", tmp_path / "tiny.gguf", tokenizer)
+    lm = load_model(str(path), "cpu", torch.float32, keep_quantized=False)
+    assert lm.tensor_types == {"Q8_0": 7 * TINY.n_layers + 1, "F16": 1, "F32": 2 * TINY.n_layers + 2}
+    ids = lm.tokenizer.encode("Hello world", add_bos=True, parse_special=False)
+    assert ids[0] == 1 and len(ids) > 2
+    from localllm.cache import make_cache
+
+    with torch.inference_mode():
+        logits = lm.model(torch.tensor([ids]), make_cache(lm.config, 16, dtype=torch.float32), 0)
+    assert logits.shape == (1, len(ids), TINY.vocab_size) and torch.isfinite(logits).all()
