@@ -8,7 +8,7 @@ Variants (all batch-invariant: the tiles and the split depend on (N, K) only):
   split-fx  grid (tiles, split): plain split K, x bf16 straight into tl.dot (no register pass),
             parts added into an int64 fixed-point accumulator by integer atomics (order-free)
   split-ord the same, parts summed in part order by the last to finish (residual products)
-(Until commit 'dense products take bf16 x ...' (2026-11-26) two more columns measured the stream-K
+(Before commit d540333 (2026-11-26) two more columns measured the stream-K
 kernel then committed, fed fp32 x normalised in its loop ('current') or bf16 x ('bf16x'); their
 figures are in docs/PERFORMANCE.md.)
 """
