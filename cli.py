@@ -361,6 +361,7 @@ def bench(
     gen: str = typer.Option("128", "-n", "--n-gen", help="generation lengths, comma-separated (0: pp only)"),
     reps: int = typer.Option(3, "-r", "--repetitions", help="repetitions of each test"),
     depth: str = typer.Option("0", "--depth", "-d", help="tokens already in the context, comma-separated"),
+    batch: str = typer.Option("1", "-b", "--batch", help="prompts run at once (each its own cache), comma-separated"),
     output: str = typer.Option("md", "-o", "--output", help="md, json or csv"),
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
@@ -392,8 +393,11 @@ def bench(
         text = run_spec_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), reps, device, dtype,
                               ds, output)
     else:
+        batches = ints(batch)
+        if not batches or min(batches) < 1:
+            raise LocalLLMError(f"--batch takes prompt counts of at least 1, got {batch!r}")
         text = run_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), ints(depth), reps,
-                         device, dtype, output)
+                         device, dtype, output, batches)
     sys.stdout.write(text)
 
 

@@ -57,6 +57,14 @@ def main() -> None:
         compile_one(f"dense fixed={fixed}", *dense_case(fixed))
     compile_one("glu_rows", *simple_case(triton_decode._glu_rows_kernel, {"acc_ptr": "*i64", "out_ptr": "*bf16"},
                                          {"BLOCK": 1024, "PDL": True}))
+    compile_one("rope_store", *simple_case(
+        triton_decode._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
+                                           "pos_ptr": "*i32", "inv_freq_ptr": "*fp32"},
+        {"D": 128, "CLEAR": True, "PDL": True}, 1), odd=("T", "H", "HKV"))
+    compile_one("attention partial (GQA)", *simple_case(
+        triton_decode._attn_partial_gqa_kernel, {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
+                                                 "pos_ptr": "*i32", "scale": "fp32"},
+        {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "PDL": True}), odd=("T", "NSPLIT"))
     compile_one("rmsnorm_rows int64", *simple_case(triton_prefill._rmsnorm_rows_kernel,
                                                    {"x_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16",
                                                     "eps": "fp32"}, {"BLOCK": 4096, "PDL": True}, 16))

@@ -5,6 +5,8 @@ rope_store: qkv (T, (H + 2 Hkv) D) -> q rotated (T H, D); k rotated and v writte
   pos + r. Must match model.rope_rotate with model.rope_tables' angles (pos * inv_freq in fp32) and
   KVCache.update.
 decode_attention: q (T H, D), token r against cache rows [0, pos + r] of k, v (Hkv, S, D) -> (T, H D).
+  Both also take B sequences at once (batch B, caches (B, Hkv, S, D), rows r = b T + t: sequence b's
+  token t at pos + t); every sequence is at the same position (bench's equal prompts).
   Must match F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale
   1/sqrt(D)), computed with an online softmax in fp32, split over chunks of CHUNK rows (one program
   per kv head and chunk, its GQA group of query heads on tensor cores with q rounded to the cache
@@ -56,14 +58,17 @@ def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEA
 
 
 @triton.jit
-def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head_stride, H, HKV,
+def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, H, HKV,
                        D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
-    """Program (j, r), token r at pos + r: j < H: q head j; j < H + Hkv: k head; else v head
-    (grid: (H + 2 Hkv, tokens))."""
+    """Program (j, r), row r = b T + t: sequence b's token t at pos + t (its cache seq_stride elements
+    after sequence 0's): j < H: q head j; j < H + Hkv: k head; else v head (grid: (H + 2 Hkv, B T))."""
     _pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
-    pos = tl.load(pos_ptr) + r
+    b = (r // T).to(tl.int64)
+    pos = tl.load(pos_ptr) + r % T
+    k_ptr += b * seq_stride
+    v_ptr += b * seq_stride
     qkv_ptr += r * (H + 2 * HKV) * D
     q_ptr += r * H * D
     half = tl.arange(0, D // 2)
@@ -80,16 +85,18 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
 
 
 @triton.jit
-def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
+def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_stride, T, scale, NSPLIT,
                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
                          PDL: tl.constexpr):
-    """Program (h, c, r): query head h of token r over cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r]
-    -> ws[r, h, c] = (unnormalised sum of p v (D), running max m, sum of p l)."""
+    """Program (h, c, r): query head h of row r (sequence r // T's token r % T, at pos + r % T) over its
+    cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] -> ws[r, h, c] = (unnormalised sum of p v
+    (D), running max m, sum of p l)."""
     _pdl_start(PDL)
-    kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride
-    h = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+    r = tl.program_id(2)
+    kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
+    h = r * tl.num_programs(0) + tl.program_id(0)
     c = tl.program_id(1)
-    n = tl.minimum(tl.load(pos_ptr) + tl.program_id(2) + 1, (c + 1) * CHUNK)
+    n = tl.minimum(tl.load(pos_ptr) + r % T + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + h * D + d).to(tl.float32) * scale
     m_i = tl.max(tl.full((BLOCK_S,), float("-inf"), tl.float32), 0)
@@ -115,19 +122,20 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scal
 
 
 @triton.jit
-def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, scale, NSPLIT,
+def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_stride, T, scale, NSPLIT,
                              GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
                              CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Program (kv head j, chunk c, token r): the GROUP query heads of kv head j of token r over cache
-    rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r] at once -> ws rows as _attn_partial_kernel's. Each k, v row is loaded
+    """Program (kv head j, chunk c, row r): the GROUP query heads of kv head j of row r (as in
+    _attn_partial_kernel) over its cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] at once -> ws
+    rows as _attn_partial_kernel's. Each k, v row is loaded
     once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
     rounded to the cache dtype for that product, as prefill's SDPA takes it."""
     _pdl_start(PDL)
     j = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.program_id(2)
-    kv = j.to(tl.int64) * head_stride
-    n = tl.minimum(tl.load(pos_ptr) + r + 1, (c + 1) * CHUNK)
+    kv = j.to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
+    n = tl.minimum(tl.load(pos_ptr) + r % T + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     g = tl.arange(0, GP)
     gmask = g < GROUP
@@ -241,39 +249,50 @@ def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024) -> torch.
     return out
 
 
+def _batched(k_cache: torch.Tensor) -> torch.Tensor:
+    """A layer's cache as (B, Hkv, S, D) (one sequence may come as (Hkv, S, D))."""
+    return k_cache if k_cache.dim() == 4 else k_cache.unsqueeze(0)
+
+
 def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,
                clear: bool = False) -> torch.Tensor:
-    """qkv (T, (H + 2 Hkv) D) contiguous, tokens at positions pos .. pos + T - 1; k_cache, v_cache
-    (Hkv, S, D) of one layer -> q (T H, D). clear: zero qkv once read (an accumulator of split-K
-    products)."""
+    """qkv (B T, (H + 2 Hkv) D) contiguous: B sequences of T tokens at positions pos .. pos + T - 1;
+    k_cache, v_cache (B, Hkv, S, D) (or (Hkv, S, D), B = 1) of one layer -> q (B T H, D). clear: zero
+    qkv once read (an accumulator of split-K products)."""
+    k_cache, v_cache = _batched(k_cache), _batched(v_cache)
     t = qkv.shape[0]
     dtype = torch.float32 if qkv.dtype == torch.int64 else qkv.dtype  # a fixed-point accumulator: fp32 q
     q = torch.empty((t * n_heads, head_dim), dtype=dtype, device=qkv.device)
     grid = (n_heads + 2 * n_kv, t)
-    _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(0), n_heads, n_kv,
-                             D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1, launch_pdl=PDL)
+    _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(1), k_cache.stride(0),
+                             t // k_cache.shape[0], n_heads, n_kv, D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1,
+                             launch_pdl=PDL)
     return q
 
 
 def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quantize: bool = False,
                      gqa: bool = True, tokens: int = 1):
-    """q (T H, D) of T tokens at positions pos .. pos + T - 1 (each sees the cache up to its own
-    position), caches (Hkv, S, D) -> (T, H D) in the cache's dtype; with quantize, also its int8 form
-    (kernels.triton_q8.quantize_act's (q, d, s), for an integer-dot output projection). Token r's
-    row is computed exactly as a one-token call at pos + r computes it."""
-    t, h, d = tokens, q.shape[0] // tokens, q.shape[1]
-    nsplit = triton.cdiv(k_cache.shape[1], chunk)
+    """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
+    to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
+    dtype; with quantize, also its int8 form (kernels.triton_q8.quantize_act's (q, d, s), for an
+    integer-dot output projection). Each row is computed exactly as a one-token call of its sequence
+    at its position computes it."""
+    k_cache, v_cache = _batched(k_cache), _batched(v_cache)
+    t = tokens * k_cache.shape[0]  # rows
+    h, d = q.shape[0] // t, q.shape[1]
+    nsplit = triton.cdiv(k_cache.shape[2], chunk)
+    strides = (k_cache.stride(1), k_cache.stride(0), tokens)
     ws = torch.empty((t * h, nsplit, d + 2), dtype=torch.float32, device=q.device)
     if gqa and d >= 16 and chunk >= 16:  # one program per kv head and chunk, its query heads on tensor cores
         group = h // n_kv
         _attn_partial_gqa_kernel[(n_kv, nsplit, t)](
-            q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d), nsplit, GROUP=group,
+            q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit, GROUP=group,
             GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
             IEEE=k_cache.dtype == torch.float32, PDL=PDL, num_warps=4, launch_pdl=PDL)
     else:
-        _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, k_cache.stride(0), 1.0 / math.sqrt(d),
-                                          nsplit, GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
-                                          PDL=PDL, num_warps=4, launch_pdl=PDL)
+        _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit,
+                                          GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,
+                                          num_warps=4, launch_pdl=PDL)
     out = torch.empty((t, h * d), dtype=k_cache.dtype, device=q.device)
     xq = act_buffers(t, h * d, q.device) if quantize else (out, out, out)
     _attn_combine_kernel[(h, t)](ws, out, *xq, nsplit, D=d, NS=triton.next_power_of_2(nsplit), QUANT=quantize,

@@ -1,11 +1,14 @@
 """`localllm bench`: prompt processing (pp) and generation (tg) speed against a roofline measured in-process.
 
-Tests, for each prompt length p, generation length n and depth d of the grid:
+Tests, for each prompt length p, generation length n, depth d and batch B of the grid:
   pp{p}: one prefill of p tokens after d tokens already in the cache (tokens/s; achieved TFLOP/s as
          2 x (linear parameters x p + head parameters) / time, against a bf16 (CPU: fp32) matmul measured here);
-  tg{n}: n decode steps (greedy, batch 1) right after that prompt, context d + p (tokens/s; achieved
-         GB/s as (weight bytes + KV cache bytes at the mean context) read per token x tokens/s,
-         against a device-to-device copy measured here, bytes read + written).
+  tg{n}: n decode steps (greedy) right after that prompt, context d + p (tokens/s; achieved GB/s as
+         (weight bytes + KV cache bytes at the mean context) read per step x steps/s, against a
+         device-to-device copy measured here, bytes read + written).
+With B > 1 (" bB" after the test's name) B random prompts of the same length run at once, each with
+its own cache rows: one prefill of B x p tokens, and decode steps of B tokens (one per prompt) through
+the same kernels, which read the weights once for all B; tokens/s counts every prompt's tokens.
 Each repetition gives one figure; rows show mean ± standard deviation over repetitions.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import statistics
 import time
@@ -24,7 +28,7 @@ import torch
 from kernels.qweight import QWeight
 
 from .cache import make_cache
-from .generate import decode_one, prefill
+from .generate import decode_rows, prefill_rows
 from .model import Linear, Transformer
 from .tokenizer import Tokenizer
 
@@ -130,21 +134,22 @@ def linear_params(model: Transformer) -> tuple[int, int]:
 
 
 def one_run(model: Transformer, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
-    """-> (prefill seconds of p tokens at depth, seconds of n decode steps after it)."""
+    """-> (prefill seconds of p tokens at depth, seconds of n decode steps after it), for each of the
+    cache's B sequences at once (a random prompt each)."""
     device = model.token_embd.weight.device
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.cfg.vocab_size, (depth + p,), generator=g).tolist()
+    ids = torch.randint(0, model.cfg.vocab_size, (cache.k.shape[1], depth + p), generator=g)
     cache.length = 0
     if depth:
-        prefill(model, cache, ids[:depth], 0)
+        prefill_rows(model, cache, ids[:, :depth].tolist(), 0)
     sync(device)
     t0 = time.perf_counter()
-    logits = prefill(model, cache, ids[depth:], depth)
+    logits = prefill_rows(model, cache, ids[:, depth:].tolist(), depth)
     sync(device)
     t1 = time.perf_counter()
-    token = logits.argmax()
+    tokens = logits.argmax(-1)
     for _ in range(n):
-        token = decode_one(model, cache, token).argmax()
+        tokens = decode_rows(model, cache, tokens).argmax(-1)
     sync(device)
     return t1 - t0, time.perf_counter() - t1
 
@@ -157,7 +162,7 @@ def describe_types(types: Counter) -> str:
     return ", ".join(f"{k} {v}" for k, v in types.most_common())
 
 
-def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict) -> list[Row]:
+def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict, batches=(1,)) -> list[Row]:
     model = bm.model
     device = model.token_embd.weight.device
     held, params = model_stats(model)
@@ -166,27 +171,25 @@ def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict) ->
     base = dict(model=bm.name, size_gib=held / 2**30, params_b=params / 1e9, types=describe_types(bm.types),
                 device=dev_name)
     rows, seen_pp = [], set()
-    for depth in depths:
-        for p in prompts:
-            for n in gens:
-                cache = make_cache(model.cfg, depth + p + n + 1, dtype=model.token_embd.weight.dtype, device=device)
-                for _ in range(2):  # warm-up: compile, cuBLAS plans, capture (a prefill shape's second run)
-                    one_run(model, p, min(n, 2), depth, cache, seed=-1)
-                runs = [one_run(model, p, n, depth, cache, seed=r) for r in range(reps)]
-                at = f" @ d{depth}" if depth else ""
-                if (p, depth) not in seen_pp:
-                    seen_pp.add((p, depth))
-                    tps = mean_std([p / t for t, _ in runs])
-                    rate = 2 * (lparams[0] + lparams[1] / p) * tps[0]
-                    rows.append(Row(**base, test=f"pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
-                                    achieved=rate / 1e12, unit="TFLOP/s", roofline_share=rate / roof["flops"]))
-                if n:
-                    tps = mean_std([n / t for _, t in runs])
-                    # the issue's speed limit: weights plus the KV cache read, at the mean context
-                    bw = (wbytes + kv_bytes_per_token(cache, depth + p + n / 2)) * tps[0]
-                    rows.append(Row(**base, test=f"tg{n} after pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
-                                    achieved=bw / 1e9, unit="GB/s", roofline_share=bw / roof["bandwidth"]))
-                del cache
+    for b, depth, p, n in itertools.product(batches, depths, prompts, gens):
+        cache = make_cache(model.cfg, depth + p + n + 1, b, dtype=model.token_embd.weight.dtype, device=device)
+        for _ in range(2):  # warm-up: compile, cuBLAS plans, capture (a prefill shape's second run)
+            one_run(model, p, min(n, 2), depth, cache, seed=-1)
+        runs = [one_run(model, p, n, depth, cache, seed=r) for r in range(reps)]
+        at = (f" @ d{depth}" if depth else "") + (f" b{b}" if b > 1 else "")
+        if (b, p, depth) not in seen_pp:
+            seen_pp.add((b, p, depth))
+            tps = mean_std([b * p / t for t, _ in runs])
+            rate = 2 * (lparams[0] + lparams[1] / p) * tps[0]
+            rows.append(Row(**base, test=f"pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
+                            achieved=rate / 1e12, unit="TFLOP/s", roofline_share=rate / roof["flops"]))
+        if n:
+            tps = mean_std([b * n / t for _, t in runs])
+            # the issue's speed limit: weights plus the KV cache read (every sequence's), at the mean context
+            bw = (wbytes + kv_bytes_per_token(cache, depth + p + n / 2)) * tps[0] / b
+            rows.append(Row(**base, test=f"tg{n} after pp{p}{at}", tps_mean=tps[0], tps_std=tps[1],
+                            achieved=bw / 1e9, unit="GB/s", roofline_share=bw / roof["bandwidth"]))
+        del cache
     return rows
 
 
@@ -247,11 +250,12 @@ def free_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto", dtype=None, fmt="md") -> str:
+def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto", dtype=None, fmt="md",
+              batches=(1,)) -> str:
     """The whole `localllm bench`: roofline once, then every model over the grid -> formatted table."""
     rows, roof = [], None
     for bm in bench_models(specs, presets, wtypes, device, dtype):
         dev = bm.model.token_embd.weight.device
         roof = roof or measure_roofline(dev)
-        rows += bench_model(bm, prompts, gens, depths, reps, roof)
+        rows += bench_model(bm, prompts, gens, depths, reps, roof, batches)
     return format_rows(rows, roof or {"bandwidth": 0.0, "flops": 0.0}, fmt)

@@ -1,7 +1,8 @@
 """Batch-1 decode on CUDA as one CUDA graph: static buffers, the position as a device tensor, no host sync.
 
 A step (T tokens at positions cache.length.., T = 1 for plain decoding, K + 1 for speculative
-decoding's verify pass) per layer is:
+decoding's verify pass; for each of the cache's B sequences, rows b T + t, every sequence at the same
+position: bench's batches of equal prompts) per layer is:
   h = RMSNorm(x)                       (a norm kernel: bf16 rows for dense weights; for integer-dot
                                         weights the kernel that quantizes h to int8)
   qkv += W_qkv @ h                     (q|k|v fused into one weight)
@@ -92,8 +93,9 @@ class LayerWeights:
 
 
 class GraphDecoder:
-    """Runs `tokens` tokens per step() into `cache` (batch 1), replaying a captured CUDA graph: one
-    (plain decoding), or speculative decoding's verify pass of the last id and its drafts. Every
+    """Runs `tokens` tokens per sequence per step() into `cache` (batch B: its B sequences at once),
+    replaying a captured CUDA graph: one (plain decoding), or speculative decoding's verify pass of the
+    last id and its drafts (batch 1). Every
     kernel computes each token's row exactly as a one-token step computes it (the products share
     their weight reads across rows, triton_epilogue.MAX_ROWS at most), so verified ids are plain
     decoding's ids."""
@@ -101,21 +103,22 @@ class GraphDecoder:
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
+        self.rows = rows = cache.k.shape[1] * tokens  # sequences x tokens each
         dev = cache.k.device
         fuse_blocks(model)
         self.layers = [LayerWeights(b) for b in model.blk]
         exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=dev).float() / cfg.head_dim
         self.inv_freq = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
         self.act = model.token_embd.weight.dtype
-        self.token = torch.zeros(tokens, dtype=torch.long, device=dev)
+        self.token = torch.zeros(rows, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         # int64 fixed-point accumulators (triton_epilogue.FIXED_ONE) that split products add into by
         # integer atomics (the same sum in any order): the residual stream, and the q|k|v and gate/up
         # sums, each of these zeroed by the kernel that reads it (rope_store; glu_rows or quantize_act's
         # GLU form).
-        self.x = torch.zeros(tokens, cfg.dim, dtype=torch.int64, device=dev)
-        self.qkv_acc = torch.zeros(tokens, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
-        self.gu_acc = torch.zeros(tokens, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
+        self.x = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev)
+        self.qkv_acc = torch.zeros(rows, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
+        self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.expected_len = -1
@@ -150,11 +153,11 @@ class GraphDecoder:
                 start += n
         if cfg.qk_norm:
             q, k, v = from_fixed(qkv).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
-            q = a.attn_q_norm(q.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
-            k = a.attn_k_norm(k.reshape(-1, cfg.head_dim)).reshape(self.tokens, -1)
+            q = a.attn_q_norm(q.reshape(-1, cfg.head_dim)).reshape(self.rows, -1)
+            k = a.attn_k_norm(k.reshape(-1, cfg.head_dim)).reshape(self.rows, -1)
             qkv = torch.cat((q, k, v), -1)
             self.qkv_acc.zero_()
-        kc, vc = self.cache.k[i, 0], self.cache.v[i, 0]
+        kc, vc = self.cache.k[i], self.cache.v[i]  # (B, Hkv, S, D)
         q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                        clear=qkv is self.qkv_acc)
         d32 = cfg.head_dim // 32
@@ -209,11 +212,11 @@ class GraphDecoder:
 
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """token: T ids (any shape) at positions cache.length.. -> logits (V,) fp32 for one token,
-        (T, V) for several. The returned tensor is overwritten by the next step."""
+        """token: B T ids (any shape; sequence b's T ids at b T..) at positions cache.length.. -> logits
+        (V,) fp32 for one row, (B T, V) for several. The returned tensor is overwritten by the next step."""
         if self.cache.length + self.tokens > self.cache.capacity:
             raise ValueError("the KV cache is full")
-        self.token.copy_(token.view(self.tokens))
+        self.token.copy_(token.view(self.rows))
         if self.cache.length != self.expected_len:
             self.pos.fill_(self.cache.length)
         if not self.use_graph:
@@ -224,7 +227,7 @@ class GraphDecoder:
             self.graph.replay()
         self.cache.length += self.tokens
         self.expected_len = self.cache.length
-        return self.logits[0] if self.tokens == 1 else self.logits
+        return self.logits[0] if self.rows == 1 else self.logits
 
 
 def held_for(model: Transformer, attr: str, cache: KVCache, make):

@@ -43,13 +43,19 @@ def prefill(model: Transformer, cache: KVCache, ids: list[int], start: int = 0) 
     """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,).
 
     On CUDA a prompt shape seen before replays a captured graph (cuda_prefill.py)."""
+    return prefill_rows(model, cache, [ids], start)[0]
+
+
+def prefill_rows(model: Transformer, cache: KVCache, rows: list[list[int]], start: int = 0) -> torch.Tensor:
+    """One prompt per sequence of the cache (equal lengths) at positions [start, start+len) in one pass
+    -> logits of each last position (B, V)."""
     device = model.token_embd.weight.device
-    tokens = torch.tensor([ids], dtype=torch.long, device=device)
+    tokens = torch.tensor(rows, dtype=torch.long, device=device)
     if device.type == "cuda":
         from .cuda_prefill import prefill_graph_for
 
-        return prefill_graph_for(model, cache).run(tokens, start)[0, -1]
-    return model(tokens, cache, start, last_only=True)[0, -1]
+        return prefill_graph_for(model, cache).run(tokens, start)[:, -1]
+    return model(tokens, cache, start, last_only=True)[:, -1]
 
 
 @torch.inference_mode()
@@ -68,6 +74,19 @@ def decode_one(model: Transformer, cache: KVCache, token: torch.Tensor) -> torch
 
         return decoder_for(model, cache).step(token)
     return model(token.view(1, 1), cache, cache.length)[0, -1]
+
+
+def decode_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens (B,): one id per sequence of the cache, all at position cache.length -> logits (B, V).
+
+    On CUDA the step is a replayed CUDA graph of the same kernels as batch 1 (cuda_decode.py; the
+    products read each weight once for all B rows); its logits buffer is overwritten by the next step."""
+    b = cache.k.shape[1]
+    if cache.k.device.type == "cuda":
+        from .cuda_decode import decoder_for
+
+        return decoder_for(model, cache).step(tokens).view(b, -1)
+    return model(tokens.view(b, 1), cache, cache.length)[:, -1]
 
 
 def check_fits(prompt_len: int, cache: KVCache) -> None:

@@ -44,6 +44,35 @@ def test_bench_rows_for_the_grid():
     assert format_rows(rows, ROOF, "csv").count("\n") == 9
 
 
+def test_bench_batch_rows_and_bytes():
+    """-b 2: two prompts at once; tokens/s counts both, the bytes read per step are the weights once and
+    both sequences' k, v."""
+    model, types = synthetic.synthetic_model(TINY, "f32", "cpu", torch.float32)
+    rows = bench_model(BenchModel("tiny", model, types), [8], [4], [0], 1, ROOF, batches=[2])
+    assert [r.test for r in rows] == ["pp8 b2", "tg4 after pp8 b2"]
+    tg = rows[1]
+    kv = 2 * 2 * TINY.n_layers * TINY.n_kv_heads * TINY.head_dim * (8 + 4 / 2) * 4
+    assert abs(tg.achieved * 1e9 - (weight_bytes_per_token(model) + kv) * tg.tps_mean / 2) < 1e-3 * tg.achieved * 1e9
+
+
+def test_decode_rows_match_one_sequence_at_a_time():
+    """generate.prefill_rows / decode_rows on the CPU: each sequence of a batch gets the logits that
+    prefill / decode_one give it alone."""
+    from localllm.cache import make_cache
+    from localllm.generate import decode_one, decode_rows, prefill, prefill_rows
+
+    model, _ = synthetic.synthetic_model(TINY, "f32", "cpu", torch.float32)
+    ids = torch.randint(0, TINY.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        cache = make_cache(TINY, 8, batch=2)
+        first = prefill_rows(model, cache, ids[:, :5].tolist())
+        step = decode_rows(model, cache, ids[:, 5])
+        for b in range(2):
+            one = make_cache(TINY, 8)
+            assert torch.allclose(prefill(model, one, ids[b, :5].tolist()), first[b], atol=1e-5)
+            assert torch.allclose(decode_one(model, one, ids[b, 5]), step[b], atol=1e-5)
+
+
 def test_cli_bench_synthetic_json():
     result = CliRunner().invoke(app, ["bench", "--synthetic", "smollm2-135m", "--type", "Q8_0", "-p", "4", "-n", "2",
                                       "-r", "1", "--device", "cpu", "--dtype", "float32", "-o", "json"])

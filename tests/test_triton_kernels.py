@@ -228,6 +228,28 @@ def test_decode_step_matches_model_forward(wtype, monkeypatch):
 
 
 
+@pytest.mark.parametrize("wtype", ["Q8_0", "f32"])
+def test_batched_step_rows_equal_single_sequences(wtype, monkeypatch):
+    """A step of B = 3 sequences (bench's batches; each its own cache rows, the same position) gives
+    each sequence's logits and cache rows bit for bit as a batch-1 step on that sequence alone."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=5)
+    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    tokens = torch.randint(0, TINY.vocab_size, (3, 6), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        batch = make_cache(TINY, 8, batch=3)
+        fast(tokens[:, :5], batch, 0)  # three different prompts
+        rows = GraphDecoder(fast, batch, use_graph=False).step(tokens[:, 5]).clone()
+        assert rows.shape == (3, TINY.vocab_size) and batch.length == 6
+        for b in range(3):
+            one = make_cache(TINY, 8)
+            one.k[:, 0], one.v[:, 0], one.length = batch.k[:, b], batch.v[:, b], 5
+            one.k[:, :, :, 5:] = 0
+            one.v[:, :, :, 5:] = 0
+            assert torch.equal(GraphDecoder(fast, one, use_graph=False).step(tokens[b, 5]), rows[b]), b
+            assert torch.equal(one.k[:, 0, :, 5], batch.k[:, b, :, 5]) and torch.equal(one.v[:, 0, :, 5], batch.v[:, b, :, 5])
+
+
 @pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "f32"])
 def test_verify_step_rows_equal_plain_steps(wtype, monkeypatch):
     """A step of 3 tokens (speculative decoding's verify pass on CUDA) gives each token's logits and
