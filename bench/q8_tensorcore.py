@@ -6,7 +6,9 @@
 The tensor-core form keeps Q8_0's planar layout (qs int8 (N, K), d fp16 (N, K/32)) and quantize_act's
 int8 x: per 32-value block, tl.dot(W block (BN, 32) int8, x block (32, 16) int8) -> int32 (exact, as
 dp4a sums), times d_w d_x into fp32; K split into an int64 fixed-point accumulator as
-triton_dense does. Both columns are checked against the fp64 product of the dequantized values.
+triton_dense does. A third column decodes whole (BN, BK) tiles in registers (q * d rounded to bf16)
+and takes bf16 x, one tl.dot per tile. Each column's error is against the fp64 product of the
+values it multiplies (dequantized W; int8 x, or bf16 x).
 Not used by localllm: it measures whether this structure would lift the quantized decode bars.
 """
 
@@ -56,6 +58,44 @@ def _q8tc_kernel(xq_ptr, xd_ptr, wq_ptr, wd_ptr, out_ptr, M, N, K, PER, BN: tl.c
     tl.atomic_add(o, (acc * FIXED_ONE).to(tl.int64), mask=mmask[None, :], sem="relaxed")
 
 
+@triton.jit
+def _q8tile_kernel(x_ptr, wq_ptr, wd_ptr, out_ptr, M, N, K, PER, BN: tl.constexpr, BK: tl.constexpr,
+                   STAGES: tl.constexpr, PDL: tl.constexpr):
+    """The other structure: a whole (BN, BK) int8 tile decoded in registers (q * d, rounded to bf16)
+    and multiplied with bf16 x (the norm kernel's output, as triton_dense takes it) in one tl.dot."""
+    _pdl_start(PDL)
+    t = tl.program_id(0)
+    s = tl.program_id(1)
+    n = t * BN + tl.arange(0, BN)
+    m = tl.arange(0, MP)
+    mmask = m < M
+    KB = K // 32
+    acc = tl.zeros((BN, MP), tl.float32)
+    k0 = s * PER
+    for k1 in tl.range(k0, tl.minimum(k0 + PER, K), BK, num_stages=STAGES):
+        k = k1 + tl.arange(0, BK)
+        w = tl.load(wq_ptr + n.to(tl.int64)[:, None] * K + k[None, :])
+        wd = tl.load(wd_ptr + n.to(tl.int64)[:, None] * KB + (k1 // 32 + tl.arange(0, BK // 32))[None, :])
+        wv = tl.reshape(tl.reshape(w.to(tl.float32), (BN, BK // 32, 32)) * wd.to(tl.float32)[:, :, None], (BN, BK))
+        x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=mmask[:, None], other=0.0)
+        acc = tl.dot(wv.to(tl.bfloat16), tl.trans(x), acc)
+    o = out_ptr + m[None, :] * N + n[:, None]
+    tl.atomic_add(o, (acc * FIXED_ONE).to(tl.int64), mask=mmask[None, :], sem="relaxed")
+
+
+def q8tile(x16: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor, config) -> None:
+    n, k = qs.shape
+    bn, bk, stages, warps, split = config
+    per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    _q8tile_kernel[(triton.cdiv(n, bn), triton.cdiv(k, per))](
+        x16, qs, d, out, x16.shape[0], n, k, per, BN=bn, BK=bk, STAGES=stages, PDL=PDL, num_warps=warps,
+        launch_pdl=PDL)
+
+
+TILE_CONFIGS = [(bn, bk, stages, warps, split) for bn in (64, 128) for bk in (64, 128) for stages in (3, 4)
+                for warps in (4, 8) for split in (1, 2, 4)]
+
+
 def q8tc(xa, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor, config) -> None:
     q, xd, _ = xa
     n, k = qs.shape
@@ -70,12 +110,30 @@ CONFIGS = [(bn, blocks, stages, 4, split) for bn in (64, 128) for blocks in (2, 
            for split in (1, 2, 4)]
 
 
+def sweep(configs, product, acc: torch.Tensor, ref: torch.Tensor, copies: int):
+    """-> (seconds per product, config, relative error vs ref) of the fastest config that runs."""
+    best = None
+    for cfg in configs:
+        try:
+            acc.zero_()
+            product(cfg)
+            e = ((from_fixed(acc).double() - ref).norm() / ref.norm()).item()
+            t = graph_seconds(lambda: [product(cfg) for _ in range(copies)]) / copies
+        except Exception as ex:  # noqa: BLE001 (out of shared memory, ...)
+            print(f"  {cfg}: {type(ex).__name__}")
+            continue
+        if best is None or t < best[0]:
+            best = (t, cfg, e)
+    return best
+
+
 def main() -> None:
     dev = "cuda"
     bw = copy_bandwidth(torch.device(dev))
     print(f"device {torch.cuda.get_device_name()}; copy {bw / 1e9:.0f} GB/s")
-    print("| product | integer-dot (committed) | int8 tensor cores, best config (BN, blocks, stages, warps, split) |")
-    print("| --- | ---: | --- |")
+    print("| product | integer-dot (committed) | int8 tensor cores per block (BN, blocks, stages, warps, split) | "
+          "tiles decoded to bf16, bf16 x (BN, BK, stages, warps, split) |")
+    print("| --- | ---: | --- | --- |")
     for name, (n, k) in SHAPES.items():
         g = torch.Generator(device=dev).manual_seed(n + k)
         base = torch.randn(2048, k, device=dev, generator=g)
@@ -94,21 +152,14 @@ def main() -> None:
         acc.zero_()
         triton_q8.gemv_q8(xa, blocks, residual=acc, split=None, inplace=True)
         e_int = ((from_fixed(acc).double() - ref).norm() / ref.norm()).item()
-        best = None
-        for cfg in CONFIGS:
-            try:
-                acc.zero_()
-                q8tc(xa, qs, d, acc, cfg)
-                e = ((from_fixed(acc).double() - ref).norm() / ref.norm()).item()
-                t = graph_seconds(lambda: [q8tc(xa, qs, d, acc, cfg) for _ in range(copies)]) / copies
-            except Exception as ex:  # noqa: BLE001 (out of shared memory, ...)
-                print(f"  {cfg}: {type(ex).__name__}")
-                continue
-            if best is None or t < best[0]:
-                best = (t, cfg, e)
+        best = sweep(CONFIGS, lambda cfg: q8tc(xa, qs, d, acc, cfg), acc, ref, copies)
+        x16 = x.to(torch.bfloat16)
+        ref16 = x16.double() @ dequantize_torch(raw, Q.Q8_0).double().T
+        tile = sweep(TILE_CONFIGS, lambda cfg: q8tile(x16, qs, d, acc, cfg), acc, ref16, copies)
         share = lambda t: f"{n * k * 1.0625 / t / bw:.1%}"  # noqa: E731
         print(f"| {name} {n}x{k} | {share(t_int)} ({t_int * 1e6:.1f} us, err {e_int:.1e}) | "
-              f"{share(best[0])} ({best[0] * 1e6:.1f} us, err {best[2]:.1e}) {best[1]} |", flush=True)
+              f"{share(best[0])} ({best[0] * 1e6:.1f} us, err {best[2]:.1e}) {best[1]} | "
+              f"{share(tile[0])} ({tile[0] * 1e6:.1f} us, err {tile[2]:.1e}) {tile[1]} |", flush=True)
 
 
 if __name__ == "__main__":
