@@ -27,12 +27,12 @@ def dense_case(fixed: bool):
     bn, bk, stages, warps = triton_dense.CONFIG
     const = {"BN": bn, "BK": bk, "STAGES": stages, "SPLIT": 2 if fixed else 1, "GLU": False, "HAS_BIAS": fixed,
              "HAS_RES": False, "ROUND": True, "IEEE": False, "PDL": True}
-    sig = {a: types.get(a, "i32") for a in fn.arg_names}
-    sig.update({a: "constexpr" for a in const})
-    return fn, sig, const, warps
+    return case(fn, types, const, warps)
 
 
-def simple_case(fn, types: dict, const: dict, warps: int = 4):
+def case(fn, types: dict, const: dict, warps: int = 4):
+    """fn's signature (the named pointer / float types, i32 for the other arguments, the constexprs),
+    its constexpr values and warps: compile_one's arguments."""
     sig = {a: types.get(a, "i32") for a in fn.arg_names}
     sig.update({a: "constexpr" for a in const})
     return fn, sig, const, warps
@@ -55,20 +55,20 @@ def compile_one(name: str, fn, sig: dict, const: dict, warps: int, odd: tuple[st
 def main() -> None:
     for fixed in (True, False):
         compile_one(f"dense fixed={fixed}", *dense_case(fixed))
-    compile_one("glu_rows", *simple_case(triton_decode._glu_rows_kernel, {"acc_ptr": "*i64", "out_ptr": "*bf16"},
+    compile_one("glu_rows", *case(triton_decode._glu_rows_kernel, {"acc_ptr": "*i64", "out_ptr": "*bf16"},
                                          {"BLOCK": 1024, "PDL": True}))
-    compile_one("rope_store", *simple_case(
+    compile_one("rope_store", *case(
         triton_decode._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
                                            "pos_ptr": "*i32", "inv_freq_ptr": "*fp32"},
         {"D": 128, "CLEAR": True, "PDL": True}, 1), odd=("T", "H", "HKV"))
-    compile_one("attention partial (GQA)", *simple_case(
+    compile_one("attention partial (GQA)", *case(
         triton_decode._attn_partial_gqa_kernel, {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
                                                  "pos_ptr": "*i32", "scale": "fp32"},
         {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "PDL": True}), odd=("T", "NSPLIT"))
-    compile_one("rmsnorm_rows int64", *simple_case(triton_prefill._rmsnorm_rows_kernel,
+    compile_one("rmsnorm_rows int64", *case(triton_prefill._rmsnorm_rows_kernel,
                                                    {"x_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16",
                                                     "eps": "fp32"}, {"BLOCK": 4096, "PDL": True}, 16))
-    compile_one("quant_act int64 norm", *simple_case(
+    compile_one("quant_act int64 norm", *case(
         triton_q8._quant_act_kernel, {"x_ptr": "*i64", "nw_ptr": "*bf16", "act_ptr": "*fp32", "q_ptr": "*i8",
                                       "d_ptr": "*fp32", "s_ptr": "*i32", "eps": "fp32"},
         {"NORM": True, "GLU": False, "BLOCKS": 128, "RSTD_BLOCK": 4096, "WHOLE": True, "PDL": True}, 8))

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dense_tune import SHAPES
 from graph_timing import graph_seconds
 from kernels import triton_dense
 from kernels.triton_dense import _tile_sums
@@ -28,12 +29,6 @@ from kernels.triton_base import PDL, _pdl_wait
 from kernels.triton_epilogue import COUNTERS, FIXED_ONE, _last_part
 from localllm.bench import copy_bandwidth
 
-SHAPES = {
-    "8b": {"q|k|v": (6144, 4096), "o": (4096, 4096), "gate/up": (28672, 4096), "down": (4096, 14336),
-           "head": (128256, 4096)},
-    "1b": {"q|k|v": (3072, 2048), "o": (2048, 2048), "gate/up": (16384, 2048), "down": (2048, 8192),
-           "head": (128256, 2048)},
-}
 MP = tl.constexpr(16)
 
 
@@ -115,7 +110,7 @@ def main() -> None:
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"device {torch.cuda.get_device_name()}; copy {bw / 1e9:.0f} GB/s")
     for group in args.shapes.split(","):
-        for name, (n, k) in SHAPES[group].items():
+        for name, (n, k, _) in SHAPES[group].items():
             print(f"| {group} {name} {n}x{k} | " + " | ".join(measure(n, k, bw, configs)) + " |", flush=True)
             torch.cuda.empty_cache()
 

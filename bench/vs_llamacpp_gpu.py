@@ -24,7 +24,6 @@ after its warm-up; localllm through localllm.bench.bench_model (two warm-ups). B
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from localllm.bench import BenchModel, bench_model, measure_roofline
+from localllm.bench import BenchModel, bench_model, free_memory, measure_roofline
 from localllm.device import pick_device, pick_dtype
 from localllm.errors import LocalLLMError
 from localllm.quantize_cmd import read_gguf_metadata
@@ -114,12 +113,6 @@ def localllm_speeds(cfg, wtype: str, device: str, p: int, n: int, reps: int, roo
     free_memory(device)
     by_test = {r.test: (r.tps_mean, r.tps_std) for r in rows}
     return {f"pp{p}": by_test[f"pp{p}"], f"tg{n}": by_test[f"tg{n} after pp{p}"]}
-
-
-def free_memory(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()  # llama-bench, another process, needs the GPU memory
 
 
 def read_vocab(path: Path) -> dict:

@@ -93,7 +93,7 @@ def fused_linear(
     if norm is not None:
         xf = from_fixed(x)
         x = norm[0] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm[1])).to(norm[0].dtype)
-    y = linear(from_fixed(x).to(act_dtype) if x.dtype == torch.int64 else x.to(act_dtype), w, bias)
+    y = linear(from_fixed(x).to(act_dtype), w, bias)
     if glu:
         y = F.silu(y[..., 0::2]) * y[..., 1::2]
     if residual is not None and inplace:

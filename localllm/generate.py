@@ -65,15 +65,8 @@ def graph_decoding(cache: KVCache) -> bool:
 
 
 def decode_one(model: Transformer, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
-    """token: 0-d id tensor at position cache.length -> logits (V,).
-
-    On CUDA (batch 1) the step is a replayed CUDA graph (cuda_decode.py); its logits buffer is
-    overwritten by the next step."""
-    if graph_decoding(cache):
-        from .cuda_decode import decoder_for  # Triton is imported only where it runs
-
-        return decoder_for(model, cache).step(token)
-    return model(token.view(1, 1), cache, cache.length)[0, -1]
+    """token: 0-d id tensor at position cache.length of a batch-1 cache -> logits (V,) (decode_rows)."""
+    return decode_rows(model, cache, token.view(1))[0]
 
 
 def decode_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
@@ -83,7 +76,7 @@ def decode_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> tor
     products read each weight once for all B rows); its logits buffer is overwritten by the next step."""
     b = cache.k.shape[1]
     if cache.k.device.type == "cuda":
-        from .cuda_decode import decoder_for
+        from .cuda_decode import decoder_for  # Triton is imported only where it runs
 
         return decoder_for(model, cache).step(tokens).view(b, -1)
     return model(tokens.view(b, 1), cache, cache.length)[:, -1]
