@@ -61,10 +61,13 @@ def main() -> None:
         triton_decode._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
                                            "pos_ptr": "*i32", "inv_freq_ptr": "*fp32"},
         {"D": 128, "CLEAR": True, "PDL": True}, 1), odd=("T", "H", "HKV"))
-    compile_one("attention partial (GQA)", *case(
-        triton_decode._attn_partial_gqa_kernel, {"q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
-                                                 "pos_ptr": "*i32", "scale": "fp32"},
-        {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "PDL": True}), odd=("T", "NSPLIT"))
+    for rope in (False, True):
+        compile_one(f"attention partial (GQA) rope={rope}", *case(
+            triton_decode._attn_partial_gqa_kernel,
+            {"q_ptr": "*i64" if rope else "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
+             "pos_ptr": "*i32", "inv_freq_ptr": "*fp32", "scale": "fp32"},
+            {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "ROPE": rope, "PDL": True}),
+            odd=("T", "NSPLIT"))
     compile_one("rmsnorm_rows int64", *case(triton_prefill._rmsnorm_rows_kernel,
                                                    {"x_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16",
                                                     "eps": "fp32"}, {"BLOCK": 4096, "PDL": True}, 16))
@@ -72,6 +75,22 @@ def main() -> None:
         triton_q8._quant_act_kernel, {"x_ptr": "*i64", "nw_ptr": "*bf16", "act_ptr": "*fp32", "q_ptr": "*i8",
                                       "d_ptr": "*fp32", "s_ptr": "*i32", "eps": "fp32"},
         {"NORM": True, "GLU": False, "BLOCKS": 128, "RSTD_BLOCK": 4096, "WHOLE": True, "PDL": True}, 8))
+
+    for fmt, chain in ((0, 0), (1, 0), (2, 1), (3, 2)):
+        compile_one(f"q8 product fmt {fmt} chain {chain}", *q8_case(fmt, chain), odd=("M", "step"))
+
+
+def q8_case(fmt: int, chain: int):
+    """_q8_gemv_kernel (weight format fmt: triton_q8.FMT) into an int64 accumulator, K split."""
+    types = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "out_ptr": "*i64", "bias_ptr": "*i64",
+             "res_ptr": "*i64", "act_ptr": "*bf16", "ws_ptr": "*i64", "cnt_ptr": "*i32", "P0": "*i32",
+             "P1": "*fp16", "P2": "*fp16" if fmt == 2 else "*i32", "P3": "*u8" if fmt == 2 else "*i8",
+             "P4": "*u8"}
+    bn, bk, warps = triton_q8.CONFIGS[list(triton_q8.FMT)[fmt]]
+    const = {"FMT": fmt, "UNIT": (32, 32, 64, 128)[fmt], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
+             "HAS_RES": False, "ROUND": True, "SPLIT": 4, "ROWS": 1, "ASM": True, "EVEN": True, "CHAIN": chain,
+             "PDL": True}
+    return case(triton_q8._q8_gemv_kernel, types, const, warps)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from localllm.generate import prefill
 from localllm.registry import shape_preset
 from localllm.synthetic import synthetic_model
 
+from decode_variants import constants, variant
+
 
 def step_time(dec: GraphDecoder, token: torch.Tensor, n: int) -> float:
     torch.cuda.synchronize()
@@ -67,15 +69,17 @@ def profile_prefill(preset: str, wtype: str, ctx: int) -> None:
     torch.cuda.empty_cache()
 
 
-def graph_decoder(preset: str, wtype: str, ctx: int):
+def graph_decoder(preset: str, wtype: str, ctx: int, plan: str = ""):
     """A synthetic model after a ctx-token prompt, its graph decoder (captured) and the step time."""
     cfg = shape_preset(preset)
     model, _ = synthetic_model(cfg, wtype, "cuda", torch.bfloat16)
     cache = make_cache(cfg, ctx + 64, dtype=torch.bfloat16, device="cuda")
     ids = torch.randint(0, cfg.vocab_size, (ctx,)).tolist()
     token = prefill(model, cache, ids).argmax()
-    graph = GraphDecoder(model, cache)
-    graph.step(token)
+    kwargs, consts = variant(plan)
+    graph = GraphDecoder(model, cache, **kwargs)
+    with constants(consts):  # read as the graph is captured
+        graph.step(token)
     return cfg, model, cache, token, graph, step_time(graph, token, 20)
 
 
@@ -102,8 +106,8 @@ def period(names: list[str], layers: int) -> int:
     raise ValueError("no period")
 
 
-def profile_graph(preset: str, wtype: str, ctx: int) -> None:
-    cfg, model, cache, token, graph, t_graph = graph_decoder(preset, wtype, ctx)
+def profile_graph(preset: str, wtype: str, ctx: int, plan: str = "") -> None:
+    cfg, model, cache, token, graph, t_graph = graph_decoder(preset, wtype, ctx, plan)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.step(token)
         torch.cuda.synchronize()
@@ -116,17 +120,22 @@ def profile_graph(preset: str, wtype: str, ctx: int) -> None:
     try:
         c = period(names, cfg.n_layers)
     except ValueError:  # layers of different kernels (a mix of weight types): totals by kernel name
-        print(f"\n### {preset} {wtype} graph step {t_graph * 1e3:.3f} ms; {len(ks)} kernels")
+        print(f"\n### {preset} {wtype} {plan} graph step {t_graph * 1e3:.3f} ms; {len(ks)} kernels")
         per = defaultdict(float)
         for name, us in zip(names, marginal):
             per[name] += us
         print("| kernel | us a step (marginal) |\n| --- | ---: |")
         for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
             print(f"| {name} | {us:.0f} |")
+        ropes = [i for i, n in enumerate(names) if n.startswith("_rope_store")]
+        lo, hi = ropes[min(3, len(ropes) - 1)], ropes[min(7, len(ropes) - 1)]
+        print(f"\nkernels {lo}..{hi} (from the 4th layer's rope): marginal us, grid")
+        for i in range(lo, hi):
+            print(f"| {names[i]} | {marginal[i]:.1f} |")
         return
     first = next(i for i in range(len(names)) if names[i:i + c] == names[i + c:i + 2 * c])
     span = ks[-1].time_range.end - ks[0].time_range.start
-    print(f"\n### {preset} {wtype} graph step {t_graph * 1e3:.3f} ms; profiled span {span / 1e3:.3f} ms; "
+    print(f"\n### {preset} {wtype} {plan} graph step {t_graph * 1e3:.3f} ms; profiled span {span / 1e3:.3f} ms; "
           f"{len(ks)} kernels, {c} a layer")
     print("| place | kernel | us a layer (marginal) | us alone (duration) |\n| --- | --- | ---: | ---: |")
     body = range(first, first + cfg.n_layers * c)
@@ -148,12 +157,15 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=640)
     ap.add_argument("--prefill", action="store_true", help="profile a prefill of --ctx tokens instead")
     ap.add_argument("--graph", action="store_true", help="profile the replayed decode graph (marginal times)")
+    ap.add_argument("--variant", default="", help="with --graph: a GraphDecoder variant (bench/decode_variants.py)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}")
     for case in args.cases:
         preset, wtype = case.split(":")
-        run = profile_prefill if args.prefill else profile_graph if args.graph else profile_one
-        run(preset, wtype, args.ctx)
+        if args.graph:
+            profile_graph(preset, wtype, args.ctx, args.variant)
+        else:
+            (profile_prefill if args.prefill else profile_one)(preset, wtype, args.ctx)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ TYPES = (Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K)
 CANDIDATES = {  # (BN rows, BK units per iteration, warps)
     Q.Q8_0: [(32, 4, 1), (64, 4, 2), (128, 4, 4), (64, 2, 2), (32, 8, 2), (64, 8, 4)],
     Q.Q4_0: [(32, 4, 1), (64, 4, 2), (128, 4, 4), (32, 8, 2), (64, 8, 4), (64, 2, 2)],
-    Q.Q4_K: [(32, 2, 1), (64, 2, 2), (128, 2, 4), (32, 4, 2), (64, 4, 4), (64, 1, 2)],
-    Q.Q6_K: [(32, 1, 1), (64, 1, 2), (128, 1, 4), (32, 2, 2), (64, 2, 4)],
+    Q.Q4_K: [(32, 2, 1), (64, 2, 2), (128, 2, 4), (32, 4, 2), (64, 4, 4), (64, 1, 2), (128, 1, 4), (256, 1, 8)],
+    Q.Q6_K: [(32, 1, 1), (64, 1, 2), (128, 1, 4), (32, 2, 2), (64, 2, 4), (16, 1, 1), (32, 1, 2)],
 }
 # One decode layer: (name, N, K, glu, residual); 8B and 1B.
 LAYERS = {
@@ -185,28 +185,50 @@ def breakdown(copy_gbs: float) -> list[str]:
     return out
 
 
+def product_copies(qtype: Q, n: int, k: int):
+    """An 8B product's weight repeated over >= 400 MB of copies, a quantized x and an fp32 accumulator
+    -> (bytes of one copy, time(**gemv_q8 keywords) in µs a product, the decode step's split K form)."""
+    _, base = random_weight(min(n, 2048), k, qtype, seed=n + k)
+    w1 = QWeight.cat([base] * (n // base.shape[0]))
+    copies = max(1, (400 << 20) // w1.nbytes)
+    ws = [QWeight.cat([w1]) for _ in range(copies)]
+    xa = triton_q8.quantize_act(torch.randn(1, k, device=DEV))
+    r = torch.zeros(1, n, device=DEV)
+
+    def time_us(**kw) -> float:
+        return graph_time(lambda: [triton_q8.gemv_q8(xa, w, residual=r, inplace=True, counters=CNT, **kw)
+                                   for w in ws]) * 1000 / copies
+
+    return w1.nbytes, time_us
+
+
 def split_sweep(copy_gbs: float) -> None:
     """µs of each 8B product (Q4_0, Q8_0) for explicit K splits against the automatic choice."""
-
     for qtype in (Q.Q4_0, Q.Q8_0):
         for name, n, k, glu, res in LAYERS["8B"]:
-            _, base = random_weight(min(n, 2048), k, qtype, seed=n + k)
-            w1 = QWeight.cat([base] * (n // base.shape[0]))
-            copies = max(1, (400 << 20) // w1.nbytes)
-            ws = [QWeight.cat([w1]) for _ in range(copies)]
-            xa = triton_q8.quantize_act(torch.randn(1, k, device=DEV))
-            r = torch.zeros(1, n, device=DEV)
+            nbytes, time_us = product_copies(qtype, n, k)
             bn, bk, _ = triton_q8.CONFIGS[qtype]
             auto = triton_epilogue.split_k(None, False, n // bn, k // triton_q8.UNIT[qtype], bk, torch.device(DEV))[0]
-            res_us = {}
-            for sp in (1, 2, 4, 8, 16, 32, 64):
-                if k // triton_q8.UNIT[qtype] < sp * bk:
-                    continue
-                res_us[sp] = graph_time(lambda: [triton_q8.gemv_q8(xa, w, residual=r, split=sp, inplace=True, counters=CNT)
-                                                 for w in ws]) * 1000 / copies
+            res_us = {sp: time_us(split=sp) for sp in (1, 2, 4, 8, 16, 32, 64)
+                      if k // triton_q8.UNIT[qtype] >= sp * bk}
             print(f"| {qtype.name} | {name} | auto {auto} | " + ", ".join(
-                f"{sp}: {t:.1f} µs ({w1.nbytes / t / 1e3 / copy_gbs:.0%})" for sp, t in res_us.items()) + " |", flush=True)
-            ws = None
+                f"{sp}: {t:.1f} µs ({nbytes / t / 1e3 / copy_gbs:.0%})" for sp, t in res_us.items()) + " |", flush=True)
+            time_us = None
+            torch.cuda.empty_cache()
+
+
+def product_sweep(copy_gbs: float, types: list[Q]) -> None:
+    """Each candidate config on each 8B product alone (graph over weight copies, the decode step's
+    split K into an fp32 accumulator): whether products of one type would want different tiles."""
+    for qtype in types:
+        for name, n, k, glu, res in LAYERS["8B"]:
+            nbytes, time_us = product_copies(qtype, n, k)
+            res_us = {cfg: time_us(split=None, config=cfg) for cfg in CANDIDATES[qtype]}
+            best = min(res_us, key=res_us.get)
+            print(f"| {qtype.name} | {name} {n}x{k} | best {best} {res_us[best]:.1f} µs "
+                  f"({nbytes / res_us[best] / 1e3 / copy_gbs:.0%}) | " + ", ".join(
+                      f"{c}: {t:.1f}" for c, t in res_us.items()) + " |", flush=True)
+            time_us = None
             torch.cuda.empty_cache()
 
 
@@ -241,6 +263,7 @@ def main() -> None:
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--breakdown", action="store_true", help="time each kernel of an 8B layer alone")
     ap.add_argument("--split-sweep", action="store_true", help="time the 8B products at explicit K splits")
+    ap.add_argument("--product-sweep", default="", help="types (e.g. Q4_K,Q6_K) whose configs to time per 8B product")
     ap.add_argument("--configs", help="a q8_configs.json of an earlier sweep, or 'current' (kernels/triton_q8.CONFIGS): skip the sweep")
     args = ap.parse_args()
     t0 = time.time()
@@ -263,6 +286,8 @@ def main() -> None:
         breakdown(copy_gbs)
     if args.split_sweep:
         split_sweep(copy_gbs)
+    if args.product_sweep:
+        product_sweep(copy_gbs, [Q[t] for t in args.product_sweep.split(",")])
     if args.bench_types:
         text = run_bench([], args.shapes.split(","), args.bench_types.split(","), [512], [128], [0], 3, DEV)
         print(text, flush=True)

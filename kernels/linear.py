@@ -68,6 +68,7 @@ def fused_linear(
     inplace: bool = False,
     xq: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     counters: torch.Tensor | None = None,
+    chain: int = 0,
 ) -> torch.Tensor:
     """A decode step's projection with its neighbours: x (1, K) ->
     [residual +] W @ RMSNorm(x) (norm=(weight, eps)) + bias, or with glu (rows of w interleaved
@@ -76,13 +77,15 @@ def fused_linear(
     quantize_act, norm fused, unless `xq` brings that quantized x already); quantized types without
     a kernel take the same torch ops as model.py. counters: split products' (kernels/triton_epilogue.split_buffers).
     x and an in-place residual may be int64 fixed-point accumulators (triton_epilogue.FIXED_ONE: the
-    decode step's residual stream), the product then added to it unrounded."""
+    decode step's residual stream), the product then added to it unrounded. chain: gemv_q8's (integer-dot
+    weights only)."""
     nw, eps = norm if norm is not None else (None, 0.0)
     if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
         from .triton_q8 import gemv_q8, quantize_act
 
         return gemv_q8(xq or quantize_act(x, nw, eps), w, bias=bias, residual=residual, glu=glu, act_dtype=act_dtype,
-                       out_dtype=out_dtype, split=split, inplace=inplace, counters=counters)
+                       out_dtype=out_dtype, split=split, inplace=inplace, counters=counters, chain=chain)
+    assert chain == 0, "chained products take integer-dot weights"
     if not isinstance(w, QWeight) or w.has_kernel:
         from .triton_gemv import gemv
 

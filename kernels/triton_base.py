@@ -41,6 +41,13 @@ def _pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
+def _pdl_trigger(PDL: tl.constexpr):
+    """Let the next kernel be scheduled once every program of this one has come here."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _pdl_start(PDL: tl.constexpr):
     """Let the next kernel be scheduled as soon as all of this one's programs have started
     (griddepcontrol.launch_dependents: its programs become resident and wait), then wait for the

@@ -122,27 +122,74 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_
 
 
 @triton.jit
-def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_stride, T, scale, NSPLIT,
-                             GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                             CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+def _rope_rows(src, heads, hmask, pos, inv_freq_ptr, D: tl.constexpr):
+    """Rows `heads` (R,) (where hmask; zeros elsewhere) of D values at src (fp32 or an int64
+    fixed-point accumulator), rotated as model.rope_rotate rotates them at position pos -> (R, D)
+    fp32: each value and its partner in the other half loaded, y = x cos + sign x' sin (sign -1 in
+    the first half), rope_store's operations."""
+    i = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    partner = (i + half) % D
+    ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % half)
+    x = _from_fixed(tl.load(src + heads[:, None] * D + i[None, :], mask=hmask[:, None], other=0))
+    xp = _from_fixed(tl.load(src + heads[:, None] * D + partner[None, :], mask=hmask[:, None], other=0))
+    sign = tl.where(i < half, -1.0, 1.0)
+    return x * tl.cos(ang)[None, :] + (sign[None, :] * xp) * tl.sin(ang)[None, :]
+
+
+@triton.jit
+def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T, H, HKV, D: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """Sequence b's T current tokens at pos0 + t that fall in chunk c: kv head j's k (rotated) and v
+    rows from qkv into the cache (every program of the chunk writes the same values; each then reads
+    its own writes), then a barrier so that all of the program's threads see them."""
+    i = tl.arange(0, D)
+    one = tl.zeros((1,), tl.int32)
+    for t in range(0, T):
+        p = pos0 + t
+        if (p >= c * CHUNK) & (p < (c + 1) * CHUNK):
+            src = qkv_ptr + (b * T + t).to(tl.int64) * (H + 2 * HKV) * D
+            k = tl.reshape(_rope_rows(src, one + H + j, one == 0, p, inv_freq_ptr, D), (D,))
+            tl.store(k_ptr + kv + p * D + i, k.to(k_ptr.dtype.element_ty))
+            v = _from_fixed(tl.load(src + (H + HKV + j) * D + i))
+            tl.store(v_ptr + kv + p * D + i, v.to(v_ptr.dtype.element_ty))
+    tl.debug_barrier()
+
+
+@triton.jit
+def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, scale,
+                             NSPLIT, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                             CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr):
     """Program (kv head j, chunk c, row r): the GROUP query heads of kv head j of row r (as in
     _attn_partial_kernel) over its cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] at once -> ws
     rows as _attn_partial_kernel's. Each k, v row is loaded
     once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
-    rounded to the cache dtype for that product, as prefill's SDPA takes it."""
+    rounded to the cache dtype for that product, as prefill's SDPA takes it.
+    ROPE: q_ptr is the q|k|v accumulator (B T, (H + 2 Hkv) D) (rope_store's input, one kernel fewer):
+    the program rotates its q heads itself and writes the current tokens' k, v rows of its chunk."""
     _pdl_start(PDL)
     j = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.program_id(2)
     kv = j.to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
-    n = tl.minimum(tl.load(pos_ptr) + r % T + 1, (c + 1) * CHUNK)
+    pos0 = tl.load(pos_ptr)
+    n = tl.minimum(pos0 + r % T + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     g = tl.arange(0, GP)
     gmask = g < GROUP
-    heads = r * tl.num_programs(0) * GROUP + j * GROUP + g  # rows of q (tokens, H, D)
     ty = k_ptr.dtype.element_ty
-    q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-         * scale).to(ty)
+    if ROPE:
+        H = tl.num_programs(0) * GROUP
+        _rope_current_rows(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, r // T, c, j, T, H, tl.num_programs(0), D,
+                           CHUNK)
+        src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
+        q = _rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D)
+        q = (q * scale).to(ty)
+        heads = r * H + j * GROUP + g
+    else:
+        heads = r * tl.num_programs(0) * GROUP + j * GROUP + g  # rows of q (tokens, H, D)
+        q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+             * scale).to(ty)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, D), tl.float32)
@@ -174,12 +221,17 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, 
 
 
 @triton.jit
-def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.constexpr, NS: tl.constexpr,
-                         QUANT: tl.constexpr, PDL: tl.constexpr):
+def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, qkv_ptr, NSPLIT, HEADS, D: tl.constexpr,
+                         NS: tl.constexpr, QUANT: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
     """Program (head, token r): out[r, head] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m)
     (empty chunks: m = -inf). QUANT: also quantize.act's int8 form of the rounded out (head h is
-    D / 32 whole blocks of row r)."""
+    D / 32 whole blocks of row r). CLEAR: zero heads h, h + H, .. < HEADS of row r of the q|k|v
+    accumulator the fused-rope partials read (for the next step's products)."""
     _pdl_start(PDL)
+    if CLEAR:
+        row = qkv_ptr + tl.program_id(1).to(tl.int64) * HEADS * D
+        for jj in range(tl.program_id(0), HEADS, tl.num_programs(0)):
+            tl.store(row + jj * D + tl.arange(0, D), tl.zeros((D,), qkv_ptr.dtype.element_ty))
     r = tl.program_id(1)
     HD = tl.num_programs(0) * D
     h = r * tl.num_programs(0) + tl.program_id(0)
@@ -196,8 +248,7 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, NSPLIT, D: tl.con
     if QUANT:
         b = tl.program_id(0) * (D // 32) + tl.arange(0, D // 32)
         v = tl.reshape(out.to(tl.float32), (D // 32, 32))
-        _store_blocks(v, b, (b >= 0)[:, None], q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), HD,
-                      D // 32)
+        _store_blocks(v, b, b >= 0, q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), D // 32)
 
 
 @triton.jit
@@ -271,30 +322,39 @@ def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, he
 
 
 def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quantize: bool = False,
-                     gqa: bool = True, tokens: int = 1):
+                     gqa: bool = True, tokens: int = 1, rope: tuple | None = None):
     """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
     to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
     dtype; with quantize, also its int8 form (kernels.triton_q8.quantize_act's (q, d, s), for an
     integer-dot output projection). Each row is computed exactly as a one-token call of its sequence
-    at its position computes it."""
+    at its position computes it.
+    rope = (qkv, inv_freq, D): rope_store fused in (q None): qkv the contiguous (B T, (H + 2 Hkv) D)
+    accumulator of q|k|v sums (int64 fixed point), rotated and its k, v rows written into the caches
+    as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16, chunk >= 16)."""
     k_cache, v_cache = _batched(k_cache), _batched(v_cache)
     t = tokens * k_cache.shape[0]  # rows
-    h, d = q.shape[0] // t, q.shape[1]
+    if rope is not None:
+        qkv, inv_freq, d = rope
+        assert gqa and d >= 16 and chunk >= 16 and qkv.is_contiguous() and qkv.shape[0] == t
+        h = qkv.shape[1] // d - 2 * n_kv
+    else:
+        h, d = q.shape[0] // t, q.shape[1]
     nsplit = triton.cdiv(k_cache.shape[2], chunk)
     strides = (k_cache.stride(1), k_cache.stride(0), tokens)
-    ws = torch.empty((t * h, nsplit, d + 2), dtype=torch.float32, device=q.device)
+    ws = torch.empty((t * h, nsplit, d + 2), dtype=torch.float32, device=k_cache.device)
     if gqa and d >= 16 and chunk >= 16:  # one program per kv head and chunk, its query heads on tensor cores
         group = h // n_kv
         _attn_partial_gqa_kernel[(n_kv, nsplit, t)](
-            q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit, GROUP=group,
-            GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
-            IEEE=k_cache.dtype == torch.float32, PDL=PDL, num_warps=4, launch_pdl=PDL)
+            rope[0] if rope else q, k_cache, v_cache, ws, pos, rope[1] if rope else ws, *strides, 1.0 / math.sqrt(d),
+            nsplit, GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
+            IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None, PDL=PDL, num_warps=4, launch_pdl=PDL)
     else:
         _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit,
                                           GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,
                                           num_warps=4, launch_pdl=PDL)
-    out = torch.empty((t, h * d), dtype=k_cache.dtype, device=q.device)
-    xq = act_buffers(t, h * d, q.device) if quantize else (out, out, out)
-    _attn_combine_kernel[(h, t)](ws, out, *xq, nsplit, D=d, NS=triton.next_power_of_2(nsplit), QUANT=quantize,
-                               PDL=PDL, num_warps=4, launch_pdl=PDL)
+    out = torch.empty((t, h * d), dtype=k_cache.dtype, device=k_cache.device)
+    xq = act_buffers(t, h * d, k_cache.device) if quantize else (out, out, out)
+    _attn_combine_kernel[(h, t)](ws, out, *xq, rope[0] if rope else out, nsplit, h + 2 * n_kv, D=d,
+                               NS=triton.next_power_of_2(nsplit), QUANT=quantize, CLEAR=rope is not None, PDL=PDL,
+                               num_warps=4, launch_pdl=PDL)
     return (out, xq) if quantize else out

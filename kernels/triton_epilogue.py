@@ -28,6 +28,7 @@ MAX_ROWS = 8
 # give the same sum in any order, so they need no ordered reduction (_split_finish's memory fence and
 # counter). Every fp32 partial of magnitude >= 2^-8 converts exactly; sums must stay below 2^31.
 FIXED_ONE = tl.constexpr(4294967296.0)
+FENCE = tl.constexpr(not INTERPRET)  # PTX fences (the interpreter runs programs one at a time)
 
 
 def to_fixed(t: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, 
     slowed the products, 2026-11-26.)"""
     if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
         t = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if _last_part(cnt_ptr, t, SPLIT):
+        if _last_part(cnt_ptr, t, SPLIT, rows):
             for r in tl.static_range(ROWS):
                 m = m0 + r
                 s = tl.zeros(rows.shape, tl.float32)
@@ -115,9 +116,15 @@ def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT:
 
 
 @triton.jit
-def _last_part(cnt_ptr, t, parts):
+def _last_part(cnt_ptr, t, parts, like):
     """True in the last of `parts` programs to reach this point for counter t (zero before): it may
-    then read the others' partial sums (loaded with cache_modifier=".cg") and must reset the counter."""
+    then read the others' partial sums (loaded with cache_modifier=".cg") and must reset the counter.
+    Every thread fences its own writes (fence.acq_rel.gpu; `like`: any tensor of the program, for the
+    per-thread instruction) before the barrier: the counter's release, by one thread, orders only
+    that thread's writes, and the partials of a program of several warps come from all of them."""
+    if FENCE:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [like.to(tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
     tl.debug_barrier()  # every thread's partial is written before the counter says so
     return tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == parts - 1
 
@@ -192,6 +199,7 @@ def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None,
 
 
 SPLIT_PROGRAMS_PER_SM = 64  # auto_split's aim: bench/verify_rows.py --split-target (H200)
+SPLIT_MAX = 16  # and its most parts
 
 
 def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
@@ -201,6 +209,6 @@ def auto_split(programs: int, groups: int, g: int, device: torch.device) -> int:
         return 1
     target = SPLIT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     split = 1
-    while programs * split * 2 <= target and groups // (split * 2) >= 2 * g and split < 16:
+    while programs * split * 2 <= target and groups // (split * 2) >= 2 * g and split < SPLIT_MAX:
         split *= 2
     return split

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_base import INTERPRET, PDL, _pdl_start, _pdl_wait
+from .triton_base import INTERPRET, PDL, _pdl_start, _pdl_trigger, _pdl_wait
 from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
 from .triton_gemv import _rstd
 
@@ -75,32 +75,40 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
     _pdl_start(PDL)
     m = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
-    bmask = (b < K // 32)[:, None]
+    bm = b < K // 32
     cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
     if GLU:
-        ACT: tl.constexpr = act_ptr.dtype.element_ty
         src = x_ptr + m * x_stride + 2 * cols
-        gate = _from_fixed(tl.load(src, mask=bmask, other=0)).to(ACT).to(tl.float32)
-        up = _from_fixed(tl.load(src + 1, mask=bmask, other=0)).to(ACT).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
-        v = (silu * up).to(ACT).to(tl.float32)
-        tl.store(src, tl.zeros_like(gate).to(x_ptr.dtype.element_ty), mask=bmask)
-        tl.store(src + 1, tl.zeros_like(up).to(x_ptr.dtype.element_ty), mask=bmask)
+        v = _glu_values(src, bm[:, None], act_ptr.dtype.element_ty)
     else:
-        v = _from_fixed(tl.load(x_ptr + m * x_stride + cols, mask=bmask, other=0))
+        v = _from_fixed(tl.load(x_ptr + m * x_stride + cols, mask=bm[:, None], other=0))
     if NORM:
-        nw = tl.load(nw_ptr + cols, mask=bmask, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + cols, mask=bm[:, None], other=0.0).to(tl.float32)
         if WHOLE:
             rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, 1), 0) / K + eps)
         else:
             rstd = _rstd(x_ptr + m * x_stride, K, eps, RSTD_BLOCK)
         v = v * rstd * nw
-    _store_blocks(v, b, bmask, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 16), K, BLOCKS)
+    _store_blocks(v, b, bm, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 16), BLOCKS)
 
 
 @triton.jit
-def _store_blocks(v, b, bmask, q_row, d_row, s_row, K, BLOCKS: tl.constexpr):
-    """v (BLOCKS, 32) fp32 values of 32-value blocks b of one row -> its q, d, s (quantize.act's rule)."""
+def _glu_values(src, mask, ACT: tl.constexpr):
+    """silu(gate) * up of the interleaved (gate, up) sums at src, src + 1 (fp32, or int64 fixed point)
+    where mask, every op rounded to ACT as model.py's modules round it; the sums are cleared (zeros)
+    for the next accumulation. Loads bypass L1 (.cg): other programs' atomics wrote the sums."""
+    gate = _from_fixed(tl.load(src, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
+    up = _from_fixed(tl.load(src + 1, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
+    tl.store(src, tl.zeros(gate.shape, src.dtype.element_ty), mask=mask)
+    tl.store(src + 1, tl.zeros(up.shape, src.dtype.element_ty), mask=mask)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
+    return (silu * up).to(ACT).to(tl.float32)
+
+
+@triton.jit
+def _store_blocks(v, b, bm, q_row, d_row, s_row, BLOCKS: tl.constexpr):
+    """v (BLOCKS, 32) fp32 values of 32-value blocks b of one row (those where bm) -> its q, d, s
+    (quantize.act's rule)."""
     d = tl.div_rn(tl.max(tl.abs(v), 1), 127.0)
     inv = tl.where(d == 0, 0.0, tl.div_rn(1.0, tl.where(d == 0, 1.0, d)))
     t = v * inv[:, None]
@@ -109,11 +117,11 @@ def _store_blocks(v, b, bmask, q_row, d_row, s_row, K, BLOCKS: tl.constexpr):
     q = (f + tl.floor(2 * (a - f))).to(tl.int32)
     q = tl.where(t < 0, -q, q)
     cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
-    tl.store(q_row + cols, q.to(tl.int8), mask=bmask)
-    tl.store(d_row + b, d, mask=b < K // 32)
-    s = tl.sum(tl.reshape(q, (BLOCKS, 2, 16)), 2)
-    h = 2 * b[:, None] + tl.arange(0, 2)[None, :]
-    tl.store(s_row + h, s, mask=bmask)
+    tl.store(q_row + cols, q.to(tl.int8), mask=bm[:, None])
+    tl.store(d_row + b, d, mask=bm)
+    lo = tl.arange(0, 32)[None, :] < 16  # the 16-value sums, as two masked row sums (no reshape: no
+    tl.store(s_row + 2 * b, tl.sum(tl.where(lo, q, 0), 1), mask=bm)  # layout change through shared memory)
+    tl.store(s_row + 2 * b + 1, tl.sum(tl.where(lo, 0, q), 1), mask=bm)
 
 
 def act_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -224,18 +232,28 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
                     U0, U1, U2, U3, U4, step, M, N, K, out_stride, units_per_split, FMT: tl.constexpr,
                     UNIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr,
-                    ROWS: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+                    ROWS: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, CHAIN: tl.constexpr,
+                    PDL: tl.constexpr):
     """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_epilogue.MAX_ROWS) x rows m
     (grid: (N / BN, M / ROWS, SPLIT)); each iteration takes BK units of K. step: the fields' row
     step (2 for an interleaved view; kept a runtime value so that the per-row scale loads keep the
     word tile's layout). The epilogue (bias, GLU, residual, split K) is triton_epilogue's.
     EVEN: N % BN == 0 and every BK-unit step exists. (Prefetching the first steps' weights into L2
-    before the PDL wait was tried: slower, 2026-11-26.)"""
+    before the PDL wait was tried: slower, 2026-11-26.)
+    CHAIN: products of one x into disjoint outputs, run back to back (Q4_K_M's q, k and v), overlap:
+    the first (1) lets the next be scheduled once it has waited for its input; the others (2) start
+    at once (their input is complete: the first waited for it) and wait at their end instead, so
+    each still ends after the one before it and the kernel after the chain sees all of them done."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u_lo = tl.program_id(2) * units_per_split
     u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)
     r3 = (rows * step)[None, :, None]
-    _pdl_wait(PDL)
+    if CHAIN == 2:
+        _pdl_trigger(PDL)
+    else:
+        _pdl_wait(PDL)
+        if CHAIN == 1:
+            _pdl_trigger(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     m0 = tl.program_id(1) * ROWS
     rmask = rows < N
@@ -279,9 +297,12 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     _row_out(a7, 7, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
              HAS_RES, ROUND, SPLIT)
     _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
+    if CHAIN == 2:
+        _pdl_wait(PDL)
 
 
 WHOLE_ROW_BLOCKS = 256  # norm rows of up to this many 32-value blocks take one program (K <= 8192)
+WHOLE_ROW_WARPS = 8
 
 
 def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -298,7 +319,7 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
     act_ref = torch.empty(1, dtype=glu_dtype or torch.float32, device=x.device)
     blocks, warps = 64 if INTERPRET else blocks, 4
     if norm_weight is not None and k // 32 <= WHOLE_ROW_BLOCKS:  # one program a row (WHOLE)
-        blocks, warps = triton.next_power_of_2(k // 32), 8
+        blocks, warps = triton.next_power_of_2(k // 32), WHOLE_ROW_WARPS
     grid = (m, triton.cdiv(k // 32, blocks))
     _quant_act_kernel[grid](x, norm_weight if norm_weight is not None else x, act_ref, q, d, s, k, x.stride(0), eps,
                             NORM=norm_weight is not None, GLU=glu_dtype is not None, BLOCKS=blocks,
@@ -323,10 +344,13 @@ def weight_args(w: QWeight) -> tuple[list[torch.Tensor], list[int], int]:
 def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bias: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, glu: bool = False, act_dtype: torch.dtype = torch.bfloat16,
             out_dtype: torch.dtype | None = None, config: tuple[int, int, int] | None = None,
-            split: int | None = 1, inplace: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
+            split: int | None = 1, inplace: bool = False, counters: torch.Tensor | None = None,
+            chain: int = 0) -> torch.Tensor:
     """xa = quantize_act(x) of x (M, K) -> (M, N) as triton_gemv.gemv (same bias / residual / glu /
     split / inplace / counters meaning), the product taken in integers; w block-major
-    (QWeight.to_blocks)."""
+    (QWeight.to_blocks). chain: 1 / 2 for the first / a later one of products overlapped on one x
+    (the kernel's CHAIN; split K's fp32 workspace is not for them)."""
+    assert chain == 0 or (inplace and residual is not None and residual.dtype == torch.int64)
     q, d, s = xa
     m, k = q.shape
     n = w.shape[0]
@@ -343,6 +367,7 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
         FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, GLU=glu, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=L.split, ROWS=L.rows,
         ASM=not INTERPRET,
-        EVEN=n % bn == 0 and units % bk == 0, PDL=PDL, num_warps=warps, launch_pdl=PDL,
+        EVEN=n % bn == 0 and units % bk == 0, CHAIN=chain, PDL=PDL,
+        num_warps=warps, launch_pdl=PDL,
     )
     return out

@@ -6,8 +6,9 @@ position: bench's batches of equal prompts) per layer is:
   h = RMSNorm(x)                       (a norm kernel: bf16 rows for dense weights; for integer-dot
                                         weights the kernel that quantizes h to int8)
   qkv += W_qkv @ h                     (q|k|v fused into one weight)
-  rope_store(qkv) -> q; k, v -> cache  (kernels/triton_decode.py; clears qkv)
-  a = attention(q, cache[:pos+1])      (split over 64-row chunks, then combined)
+  a = attention(rope(q), cache[:pos+1]) (kernels/triton_decode.py, split over 64-row chunks, then
+                                        combined; the chunk programs rotate q and k and write k, v
+                                        into the cache; the combine clears qkv)
   x += W_o @ a
   gu += W_gate|up @ RMSNorm(x)         (gate/up rows interleaved)
   a = silu(g) * u                      (triton_decode.glu_rows, or the int8 quantizer; clears gu)
@@ -100,9 +101,12 @@ class GraphDecoder:
     their weight reads across rows, triton_epilogue.MAX_ROWS at most), so verified ids are plain
     decoding's ids."""
 
-    def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1):
+    def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1,
+                 chain: bool = True, fuse_rope: bool = True):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
+        self.chain = chain  # separate integer-dot q, k, v products overlap (triton_q8's CHAIN)
+        self.fuse_rope = fuse_rope  # rope_store's work done by the attention kernel (decode_attention's rope)
         self.rows = rows = cache.k.shape[1] * tokens  # sequences x tokens each
         dev = cache.k.device
         fuse_blocks(model)
@@ -146,9 +150,9 @@ class GraphDecoder:
         else:
             xq = quantize_act(x, *norm) if all(int_dot(m.w) for m in ms) else None
             start = 0
-            for m in ms:
+            for j, m in enumerate(ms):
                 n = m.w.shape[0]
-                kw = {"xq": xq} if xq is not None else {"norm": norm}
+                kw = {"xq": xq, "chain": min(j, 1) + 1 if self.chain else 0} if xq is not None else {"norm": norm}
                 self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, **kw)
                 start += n
         if cfg.qk_norm:
@@ -158,14 +162,19 @@ class GraphDecoder:
             qkv = torch.cat((q, k, v), -1)
             self.qkv_acc.zero_()
         kc, vc = self.cache.k[i], self.cache.v[i]  # (B, Hkv, S, D)
-        q = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                       clear=qkv is self.qkv_acc)
+        if self.fuse_rope and qkv is self.qkv_acc and cfg.head_dim >= 16:
+            # the attention rotates q, k and stores k, v itself (and clears the accumulator)
+            q, rope = None, (qkv, self.inv_freq, cfg.head_dim)
+        else:
+            q, rope = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads,
+                                 cfg.head_dim, clear=qkv is self.qkv_acc), None
+        kw = {"tokens": self.tokens, "rope": rope}
         d32 = cfg.head_dim // 32
         if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
             # the output projection's int8 input comes from the attention's combine kernel
-            att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, tokens=self.tokens)
+            att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, **kw)
             return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True, xq=xq)
-        att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, tokens=self.tokens)
+        att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw)
         return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 import localllm.synthetic as synthetic  # noqa: E402
 from kernels import triton_decode, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
 from kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
+from kernels.triton_epilogue import to_fixed  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
 from localllm.cuda_decode import GraphDecoder  # noqa: E402
@@ -159,6 +160,28 @@ def test_rope_store_and_attention_match_torch():
     # clear: the qkv accumulator is zero once read, the results unchanged
     acc = qkv.clone()
     assert torch.equal(triton_decode.rope_store(acc, kc, vc, p, inv_freq, H, HKV, D, clear=True), q)
+    assert not acc.any()
+
+
+@pytest.mark.parametrize("tokens,batch", [(1, 1), (3, 1), (1, 2)])
+def test_attention_with_rope_fused_equals_rope_store_then_attention(tokens, batch):
+    """decode_attention(rope=...): the chunk programs rotate q and k and write the current tokens' k, v
+    rows themselves: the cache rows rope_store writes, the attention of its q (in the fp32 rounding of
+    the same operations), and the q|k|v accumulator zero afterwards. Tokens 3: a verify pass (each
+    token sees the earlier ones of the same step); batch 2: two sequences, each its own cache."""
+    g = torch.Generator().manual_seed(19)
+    H, HKV, D, S, pos = 4, 2, 64, 80, 62  # the 3 tokens straddle the chunk boundary at 64
+    rows = tokens * batch
+    acc = to_fixed(torch.randn(rows, (H + 2 * HKV) * D, generator=g))
+    caches = [torch.randn(batch, HKV, S, D, generator=g) for _ in range(2)]
+    kc, vc = caches[0].clone(), caches[1].clone()
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
+    p = torch.tensor([pos], dtype=torch.int32)
+    q = triton_decode.rope_store(acc.clone(), caches[0], caches[1], p, inv_freq, H, HKV, D)
+    want = triton_decode.decode_attention(q, caches[0], caches[1], p, HKV, quantize=True, tokens=tokens)
+    got = triton_decode.decode_attention(None, kc, vc, p, HKV, quantize=True, tokens=tokens, rope=(acc, inv_freq, D))
+    assert rel(kc, caches[0]) < 1e-7 and torch.equal(vc, caches[1])
+    assert rel(got[0], want[0]) < 1e-5 and rel(got[1][1], want[1][1]) < 1e-5
     assert not acc.any()
 
 

@@ -159,3 +159,4 @@ def test_partial_unit_steps_read_nothing_past_k(qtype):
     qp[:, :576], dp[:, :18], sp[:, :36] = q, d, s
     got = triton_q8.gemv_q8((qp[:, :576], dp[:, :18], sp[:, :36]), w, act_dtype=torch.float32, config=(64, 4, 4))
     assert rel(got, dequantize_act(q, d).double() @ ref.double().T) < 1e-6
+

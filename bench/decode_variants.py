@@ -1,0 +1,142 @@
+"""Decode speed of GraphDecoder variants against the default, same model and card.
+
+    python bench/decode_variants.py --preset llama-3.1-8b --types Q8_0,Q4_0,Q4_K_M --variant "split=16"
+
+A variant is `;`-separated settings: `split=N` (split K aiming at N programs an SM:
+triton_epilogue.SPLIT_PROGRAMS_PER_SM), `splitcap=N` (at most N parts: triton_epilogue.SPLIT_MAX),
+`qwarps=N` (warps of the one-program activation quantizer), `q4_k=BN,BK,W` (a type's integer-dot tile
+config: triton_q8.CONFIGS),
+`nochain` (separate q, k, v products wait for each other: GraphDecoder(chain=False)), `ropekernel`
+(rope_store before the attention instead of inside it: GraphDecoder(fuse_rope=False)). Printed per
+type and variant: decode tokens/s after a --depth prompt (median of --reps runs of --steps steps,
+one replayed graph a step), the share of the copy bandwidth measured here, and how the first
+step's logits compare with the default's (split K's parts truncate to fixed point apart, so
+another split moves the last bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import gguf
+import torch
+
+from kernels import triton_epilogue, triton_q8
+from localllm.bench import copy_bandwidth, free_memory, kv_bytes_per_token, weight_bytes_per_token
+from localllm.cache import make_cache
+from localllm.cuda_decode import GraphDecoder
+from localllm.generate import prefill
+from localllm.registry import shape_preset
+from localllm.spec_bench import random_prompt
+from localllm.synthetic import synthetic_model
+
+# module constants the kernels' launchers read as the graph is captured
+Q = gguf.GGMLQuantizationType
+CONSTANTS = {"split": (triton_epilogue, "SPLIT_PROGRAMS_PER_SM"), "splitcap": (triton_epilogue, "SPLIT_MAX"),
+             "qwarps": (triton_q8, "WHOLE_ROW_WARPS")}
+
+
+def variant(text: str) -> tuple[dict, dict]:
+    """-> (GraphDecoder keyword arguments, {(module, constant or CONFIGS key): value})."""
+    kwargs, consts = {}, {}
+    for part in filter(None, text.split(";")):
+        key, _, value = part.partition("=")
+        if key in CONSTANTS:
+            consts[CONSTANTS[key]] = int(value)
+        elif key.upper() in Q.__members__:  # a type's integer-dot tile config, e.g. q4_k=32,2,1
+            consts[("CONFIGS", Q[key.upper()])] = tuple(int(v) for v in value.split(","))
+        elif key == "nochain":
+            kwargs["chain"] = False
+        elif key == "ropekernel":
+            kwargs["fuse_rope"] = False
+        else:
+            raise SystemExit(f"unknown variant setting {part!r}")
+    return kwargs, consts
+
+
+@contextlib.contextmanager
+def constants(consts: dict):
+    """Set (module, name) attributes or ("CONFIGS", type) entries of triton_q8.CONFIGS for the block,
+    then restore them."""
+    def put(where, key, value):
+        if where == "CONFIGS":
+            triton_q8.CONFIGS[key] = value
+        else:
+            setattr(where, key, value)
+
+    kept = {(w, k): triton_q8.CONFIGS[k] if w == "CONFIGS" else getattr(w, k) for w, k in consts}
+    for (w, k), v in consts.items():
+        put(w, k, v)
+    try:
+        yield
+    finally:
+        for (w, k), v in kept.items():
+            put(w, k, v)
+
+
+def decode_rate(dec: GraphDecoder, cache, depth: int, steps: int, reps: int) -> tuple[float, torch.Tensor]:
+    """-> (median tokens/s of `steps` greedy steps from depth, the logits of the first step)."""
+    rates, first = [], None
+    for r in range(reps + 1):
+        cache.length = depth
+        tok = torch.zeros(1, dtype=torch.long, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s in range(steps):
+            logits = dec.step(tok)
+            if s == 0 and first is None:
+                first = logits.clone()
+            tok = logits.argmax().view(1)
+        torch.cuda.synchronize()
+        if r:
+            rates.append(steps / (time.perf_counter() - t0))
+    return statistics.median(rates), first
+
+
+@torch.inference_mode()
+def one_type(preset: str, wtype: str, plans: list[str], args, bw: float) -> None:
+    cfg = shape_preset(preset)
+    model, _ = synthetic_model(cfg, wtype, torch.device("cuda"), torch.bfloat16, seed=0)
+    cache = make_cache(cfg, args.depth + args.steps + 1, dtype=torch.bfloat16, device=torch.device("cuda"))
+    prefill(model, cache, random_prompt(cfg.vocab_size, args.depth, 0), 0)
+    nbytes = weight_bytes_per_token(model) + kv_bytes_per_token(cache, args.depth + args.steps / 2)
+    base = None
+    for text in plans:
+        kwargs, consts = variant(text)
+        dec = GraphDecoder(model, cache, **kwargs)
+        with constants(consts):
+            rate, logits = decode_rate(dec, cache, args.depth, args.steps, args.reps)
+        base = logits if base is None else base
+        same = "same bits" if torch.equal(logits, base) else \
+            f"rel. diff {((logits - base).norm() / base.norm()).item():.1e}, top-1 {'=' if logits.argmax() == base.argmax() else '!='}"
+        print(f"| {preset} {wtype} | {text or '(default)'} | {rate:.1f} | {nbytes * rate / bw:.1%} | {same} |",
+              flush=True)
+        del dec
+        free_memory("cuda")
+    del model, cache
+    free_memory("cuda")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="llama-3.1-8b")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K_M")
+    ap.add_argument("--variant", action="append", default=None, help="a variant (repeat); the default comes first")
+    ap.add_argument("--depth", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    plans = [""] + [v for v in args.variant or [] if v]
+    bw = copy_bandwidth(torch.device("cuda"))
+    print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s")
+    print("| model | variant | tokens/s | of copy bandwidth | logits as the default's |")
+    print("| --- | --- | ---: | ---: | --- |")
+    for wtype in args.types.split(","):
+        one_type(args.preset, wtype, plans, args, bw)
+
+
+if __name__ == "__main__":
+    main()
