@@ -13,7 +13,9 @@ decode_attention: q (T H, D), token r against cache rows [0, pos + r] of k, v (H
   dtype; or one per query head; then a combine kernel: one load step per program, not a long
   dependent loop). Token r's row takes exactly the operations a one-token call at pos + r takes.
   `pos` is a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the
-  capacity S.
+  capacity S. With rope=(qkv, inv_freq, D) it also does rope_store's work (the decode step's form,
+  one kernel fewer): the chunk programs rotate q and the current tokens' k themselves and write k, v
+  into the cache; the combine clears qkv.
 embed_fixed: ids (T,) -> their embedding rows (T, C) into the residual stream, an int64 fixed-point
   accumulator (F.embedding, times FIXED_ONE, truncated: triton_epilogue.to_fixed).
 glu_rows: gate/up sums (T, 2F) interleaved, in an int64 fixed-point accumulator -> silu(gate) * up
