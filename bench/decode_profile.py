@@ -127,9 +127,10 @@ def profile_graph(preset: str, wtype: str, ctx: int, plan: str = "") -> None:
         print("| kernel | us a step (marginal) |\n| --- | ---: |")
         for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
             print(f"| {name} | {us:.0f} |")
-        ropes = [i for i, n in enumerate(names) if n.startswith("_rope_store")]
-        lo, hi = ropes[min(3, len(ropes) - 1)], ropes[min(7, len(ropes) - 1)]
-        print(f"\nkernels {lo}..{hi} (from the 4th layer's rope): marginal us, grid")
+        # layers are told apart by their attention combine (one a layer, with or without rope_store)
+        marks = [i for i, n in enumerate(names) if n.startswith("_attn_combine")]
+        lo, hi = marks[min(3, len(marks) - 1)], marks[min(7, len(marks) - 1)]
+        print(f"\nkernels {lo}..{hi} (from the 4th layer's attention combine): marginal us")
         for i in range(lo, hi):
             print(f"| {names[i]} | {marginal[i]:.1f} |")
         return

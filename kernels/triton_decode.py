@@ -146,12 +146,12 @@ def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T
     rows from qkv into the cache (every program of the chunk writes the same values; each then reads
     its own writes), then a barrier so that all of the program's threads see them."""
     i = tl.arange(0, D)
-    one = tl.zeros((1,), tl.int32)
+    k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
     for t in range(0, T):
         p = pos0 + t
         if (p >= c * CHUNK) & (p < (c + 1) * CHUNK):
             src = qkv_ptr + (b * T + t).to(tl.int64) * (H + 2 * HKV) * D
-            k = tl.reshape(_rope_rows(src, one + H + j, one == 0, p, inv_freq_ptr, D), (D,))
+            k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,))
             tl.store(k_ptr + kv + p * D + i, k.to(k_ptr.dtype.element_ty))
             v = _from_fixed(tl.load(src + (H + HKV + j) * D + i))
             tl.store(v_ptr + kv + p * D + i, v.to(v_ptr.dtype.element_ty))
@@ -180,16 +180,14 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     g = tl.arange(0, GP)
     gmask = g < GROUP
     ty = k_ptr.dtype.element_ty
+    H = tl.num_programs(0) * GROUP
+    heads = r * H + j * GROUP + g  # rows of q (tokens, H, D)
     if ROPE:
-        H = tl.num_programs(0) * GROUP
         _rope_current_rows(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, r // T, c, j, T, H, tl.num_programs(0), D,
                            CHUNK)
         src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
-        q = _rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D)
-        q = (q * scale).to(ty)
-        heads = r * H + j * GROUP + g
+        q = (_rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D) * scale).to(ty)
     else:
-        heads = r * tl.num_programs(0) * GROUP + j * GROUP + g  # rows of q (tokens, H, D)
         q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
              * scale).to(ty)
     m_i = tl.full((GP,), float("-inf"), tl.float32)

@@ -152,7 +152,8 @@ class GraphDecoder:
             start = 0
             for j, m in enumerate(ms):
                 n = m.w.shape[0]
-                kw = {"xq": xq, "chain": min(j, 1) + 1 if self.chain else 0} if xq is not None else {"norm": norm}
+                chain = (1 if j == 0 else 2) if self.chain else 0  # triton_q8's CHAIN: first, later
+                kw = {"xq": xq, "chain": chain} if xq is not None else {"norm": norm}
                 self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, **kw)
                 start += n
         if cfg.qk_norm:

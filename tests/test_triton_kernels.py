@@ -26,7 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 import localllm.synthetic as synthetic  # noqa: E402
 from kernels import triton_decode, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
 from kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
-from kernels.triton_epilogue import to_fixed  # noqa: E402
+from kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
 from localllm.cuda_decode import GraphDecoder  # noqa: E402
@@ -189,7 +189,6 @@ def test_glu_rows_matches_modules_and_clears():
     """triton_decode.glu_rows: interleaved gate/up sums in int64 fixed point -> F.silu(gate) * up with
     each op rounded to the activation dtype as the modules round it; the accumulator is left zero."""
     from kernels.triton_decode import glu_rows
-    from kernels.triton_epilogue import from_fixed, to_fixed
 
     g = torch.Generator().manual_seed(5)
     acc = to_fixed(3 * torch.randn(3, 2 * 1500, generator=g))  # F = 1500: a partial last block
@@ -303,7 +302,6 @@ def test_dense_kernel_rows_are_batch_invariant(dtype, norm, fixed):
     added into an int64 fixed-point accumulator with K split between programs (fixed), or finished
     by one program per tile (fp32 residual)."""
     from kernels import triton_dense
-    from kernels.triton_epilogue import from_fixed, to_fixed
 
     g = torch.Generator().manual_seed(21)
     w = torch.randn(200, 512, generator=g).to(dtype)
