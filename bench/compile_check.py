@@ -61,12 +61,13 @@ def main() -> None:
         triton_decode._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
                                            "pos_ptr": "*i32", "inv_freq_ptr": "*fp32"},
         {"D": 128, "CLEAR": True, "PDL": True}, 1), odd=("T", "H", "HKV"))
-    for rope in (False, True):
-        compile_one(f"attention partial (GQA) rope={rope}", *case(
+    for rope, one in ((False, True), (True, True), (True, False)):
+        compile_one(f"attention partial (GQA) rope={rope} one={one}", *case(
             triton_decode._attn_partial_gqa_kernel,
             {"q_ptr": "*i64" if rope else "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
              "pos_ptr": "*i32", "inv_freq_ptr": "*fp32", "scale": "fp32"},
-            {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "ROPE": rope, "PDL": True}),
+            {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "ROPE": rope, "ONE": one,
+             "PDL": True}),
             odd=("T", "NSPLIT"))
     compile_one("rmsnorm_rows int64", *case(triton_prefill._rmsnorm_rows_kernel,
                                                    {"x_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16",
@@ -89,6 +90,7 @@ def q8_case(fmt: int, chain: int):
     bn, bk, warps = triton_q8.CONFIGS[list(triton_q8.FMT)[fmt]]
     const = {"FMT": fmt, "UNIT": (32, 32, 64, 128)[fmt], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
              "HAS_RES": False, "ROUND": True, "SPLIT": 4, "ROWS": 1, "ASM": True, "EVEN": True, "CHAIN": chain,
+             "PRELOAD": triton_q8.PRELOAD[list(triton_q8.FMT)[fmt]],
              "PDL": True}
     return case(triton_q8._q8_gemv_kernel, types, const, warps)
 

@@ -4,8 +4,9 @@
 
 A variant is `;`-separated settings: `split=N` (split K aiming at N programs an SM:
 triton_epilogue.SPLIT_PROGRAMS_PER_SM), `splitcap=N` (at most N parts: triton_epilogue.SPLIT_MAX),
-`qwarps=N` (warps of the one-program activation quantizer), `q4_k=BN,BK,W` (a type's integer-dot tile
-config: triton_q8.CONFIGS),
+`qwarps=N` (warps of the one-program activation quantizer), `preload=0|1|2` or `preload.q6_k=N`
+(integer-dot products, or one type's, load their first N steps' weights before their PDL wait:
+triton_q8.PRELOAD), `q4_k=BN,BK,W` (a type's integer-dot tile config: triton_q8.CONFIGS),
 `nochain` (separate q, k, v products wait for each other: GraphDecoder(chain=False)), `ropekernel`
 (rope_store before the attention instead of inside it: GraphDecoder(fuse_rope=False)). Printed per
 type and variant: decode tokens/s after a --depth prompt (median of --reps runs of --steps steps,
@@ -39,15 +40,19 @@ CONSTANTS = {"split": (triton_epilogue, "SPLIT_PROGRAMS_PER_SM"), "splitcap": (t
              "qwarps": (triton_q8, "WHOLE_ROW_WARPS")}
 
 
-def variant(text: str) -> tuple[dict, dict]:
-    """-> (GraphDecoder keyword arguments, {(module, constant or CONFIGS key): value})."""
-    kwargs, consts = {}, {}
+def variant(text: str) -> tuple[dict, list]:
+    """-> (GraphDecoder keyword arguments, [(module or dict, name or key, value)])."""
+    kwargs, consts = {}, []
     for part in filter(None, text.split(";")):
         key, _, value = part.partition("=")
+        name, _, qtype = key.partition(".")
         if key in CONSTANTS:
-            consts[CONSTANTS[key]] = int(value)
+            consts.append((*CONSTANTS[key], int(value)))
         elif key.upper() in Q.__members__:  # a type's integer-dot tile config, e.g. q4_k=32,2,1
-            consts[("CONFIGS", Q[key.upper()])] = tuple(int(v) for v in value.split(","))
+            consts.append((triton_q8.CONFIGS, Q[key.upper()], tuple(int(v) for v in value.split(","))))
+        elif name == "preload" and (not qtype or qtype.upper() in Q.__members__):  # preload=N, preload.q6_k=N
+            types = [Q[qtype.upper()]] if qtype else list(triton_q8.PRELOAD)
+            consts += [(triton_q8.PRELOAD, t, int(value)) for t in types]
         elif key == "nochain":
             kwargs["chain"] = False
         elif key == "ropekernel":
@@ -58,22 +63,21 @@ def variant(text: str) -> tuple[dict, dict]:
 
 
 @contextlib.contextmanager
-def constants(consts: dict):
-    """Set (module, name) attributes or ("CONFIGS", type) entries of triton_q8.CONFIGS for the block,
-    then restore them."""
+def constants(consts: list):
+    """Set (module, attribute, value) or (dict, key, value) for the block, then restore them."""
     def put(where, key, value):
-        if where == "CONFIGS":
-            triton_q8.CONFIGS[key] = value
+        if isinstance(where, dict):
+            where[key] = value
         else:
             setattr(where, key, value)
 
-    kept = {(w, k): triton_q8.CONFIGS[k] if w == "CONFIGS" else getattr(w, k) for w, k in consts}
-    for (w, k), v in consts.items():
+    kept = [(w, k, w[k] if isinstance(w, dict) else getattr(w, k)) for w, k, _ in consts]
+    for w, k, v in consts:
         put(w, k, v)
     try:
         yield
     finally:
-        for (w, k), v in kept.items():
+        for w, k, v in reversed(kept):
             put(w, k, v)
 
 

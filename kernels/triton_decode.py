@@ -159,22 +159,61 @@ def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T
 
 
 @triton.jit
+def _rope_current_row(qkv_ptr, k_ptr, v_ptr, kv, p, inv_freq_ptr, src, j, H, HKV, k, v, rows, D: tl.constexpr):
+    """The one current token (plain decoding) at p, a row of this chunk: kv head j's k (rotated) and
+    v rows from its q|k|v sums at src into the cache and into the chunk's tiles k, v (CHUNK, D) from
+    registers (the values the cache now holds; no barrier and read back) -> (k, v)."""
+    i = tl.arange(0, D)
+    k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
+    k_t = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,)).to(k_ptr.dtype.element_ty)
+    v_t = _from_fixed(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
+    tl.store(k_ptr + kv + p * D + i, k_t)
+    tl.store(v_ptr + kv + p * D + i, v_t)
+    return tl.where((rows == p)[:, None], k_t[None, :], k), tl.where((rows == p)[:, None], v_t[None, :], v)
+
+
+@triton.jit
+def _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE: tl.constexpr):
+    """One online-softmax step of q (GP, D) over a tile of cache rows k, v (S, D) (those where valid)
+    -> (m_i, l_i, acc) updated."""
+    if IEEE:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    p = tl.exp(scores - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    if IEEE:
+        pv = tl.dot(p.to(k.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(k.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, scale,
                              NSPLIT, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                             CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr):
+                             CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, ONE: tl.constexpr,
+                             PDL: tl.constexpr):
     """Program (kv head j, chunk c, row r): the GROUP query heads of kv head j of row r (as in
     _attn_partial_kernel) over its cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] at once -> ws
     rows as _attn_partial_kernel's. Each k, v row is loaded
     once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
     rounded to the cache dtype for that product, as prefill's SDPA takes it.
     ROPE: q_ptr is the q|k|v accumulator (B T, (H + 2 Hkv) D) (rope_store's input, one kernel fewer):
-    the program rotates its q heads itself and writes the current tokens' k, v rows of its chunk."""
-    _pdl_start(PDL)
+    the program rotates its q heads itself and writes the current tokens' k, v rows of its chunk, then
+    reads them back after a barrier. ONE (plain decoding, T = 1; CHUNK == BLOCK_S: one tile): the
+    chunk's earlier rows, written by earlier steps, are loaded before the PDL wait (while the q|k|v
+    products still run) and the current row joins the tile from registers.
+    (Merging a verify pass's T rows from registers cost it more than the read back, 2026-11-26.)"""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     j = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.program_id(2)
     kv = j.to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
-    pos0 = tl.load(pos_ptr)
+    pos0 = tl.load(pos_ptr)  # written only by the step's last kernel (a graph replay runs after the last)
     n = tl.minimum(pos0 + r % T + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     g = tl.arange(0, GP)
@@ -182,38 +221,41 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     ty = k_ptr.dtype.element_ty
     H = tl.num_programs(0) * GROUP
     heads = r * H + j * GROUP + g  # rows of q (tokens, H, D)
-    if ROPE:
-        _rope_current_rows(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, r // T, c, j, T, H, tl.num_programs(0), D,
-                           CHUNK)
-        src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
-        q = (_rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D) * scale).to(ty)
-    else:
-        q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-             * scale).to(ty)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, D), tl.float32)
-    for s0 in range(c * CHUNK, n, BLOCK_S):
-        rows = s0 + tl.arange(0, BLOCK_S)
-        valid = rows < n
+    if ROPE and ONE:
+        rows = c * CHUNK + tl.arange(0, CHUNK)
         offs = kv + rows[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        k = tl.load(k_ptr + offs, mask=(rows < pos0)[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=(rows < pos0)[:, None], other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
+        if (pos0 >= c * CHUNK) & (pos0 < (c + 1) * CHUNK):
+            k, v = _rope_current_row(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, src, j, H, tl.num_programs(0), k, v,
+                                     rows, D)
+        q = (_rope_rows(src, j * GROUP + g, gmask, pos0, inv_freq_ptr, D) * scale).to(ty)
+        if c * CHUNK < n:
+            m_i, l_i, acc = _attn_tile(q, k, v, rows < n, m_i, l_i, acc, IEEE)
+    else:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        if ROPE:
+            _rope_current_rows(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, r // T, c, j, T, H, tl.num_programs(0),
+                               D, CHUNK)
+            src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
+            q = (_rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D) * scale).to(ty)
         else:
-            scores = tl.dot(q, tl.trans(k))
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        if IEEE:
-            pv = tl.dot(p.to(ty), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(ty), v)
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+            q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+                 * scale).to(ty)
+        for s0 in range(c * CHUNK, n, BLOCK_S):
+            rows = s0 + tl.arange(0, BLOCK_S)
+            valid = rows < n
+            offs = kv + rows[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+            m_i, l_i, acc = _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE)
     base = ws_ptr + (heads * NSPLIT + c) * (D + 2)
     tl.store(base[:, None] + d[None, :], acc, mask=gmask[:, None])
     tl.store(base + D, m_i, mask=gmask)
@@ -330,12 +372,12 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quant
     at its position computes it.
     rope = (qkv, inv_freq, D): rope_store fused in (q None): qkv the contiguous (B T, (H + 2 Hkv) D)
     accumulator of q|k|v sums (int64 fixed point), rotated and its k, v rows written into the caches
-    as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16, chunk >= 16)."""
+    as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16) and 16 <= chunk <= 64."""
     k_cache, v_cache = _batched(k_cache), _batched(v_cache)
     t = tokens * k_cache.shape[0]  # rows
     if rope is not None:
         qkv, inv_freq, d = rope
-        assert gqa and d >= 16 and chunk >= 16 and qkv.is_contiguous() and qkv.shape[0] == t
+        assert gqa and d >= 16 and 16 <= chunk <= 64 and qkv.is_contiguous() and qkv.shape[0] == t
         h = qkv.shape[1] // d - 2 * n_kv
     else:
         h, d = q.shape[0] // t, q.shape[1]
@@ -347,7 +389,8 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quant
         _attn_partial_gqa_kernel[(n_kv, nsplit, t)](
             rope[0] if rope else q, k_cache, v_cache, ws, pos, rope[1] if rope else ws, *strides, 1.0 / math.sqrt(d),
             nsplit, GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
-            IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None, PDL=PDL, num_warps=4, launch_pdl=PDL)
+            IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None, ONE=tokens == 1, PDL=PDL, num_warps=4,
+            launch_pdl=PDL)
     else:
         _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit,
                                           GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,

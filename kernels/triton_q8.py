@@ -47,6 +47,10 @@ assert set(FMT) == TYPES
 CONFIGS = {Q.Q8_0: (32, 4, 1), Q.Q4_0: (32, 4, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
 if INTERPRET:  # the interpreter pays per program: few large ones
     CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
+# Products load their first PRELOAD steps' weights (BK units each) before their PDL wait, overlapping
+# the kernel before them (a quantizer or the attention's combine: while it runs, the next product's
+# first programs are resident and idle): 0, 1 or 2 per type (bench/decode_variants.py, H100).
+PRELOAD = {Q.Q8_0: 1, Q.Q4_0: 2, Q.Q4_K: 2, Q.Q6_K: 2}
 M4, M30 = tl.constexpr(0x0F0F0F0F), tl.constexpr(0x30303030)  # nibble and Q6_K high-bit masks
 
 
@@ -141,53 +145,73 @@ def _ld(ptr, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _unit_sum(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd, xs, u3, r3, m3, um3,
-              ASM: tl.constexpr, EVEN: tl.constexpr):
-    """u3 (BK, 1, 1) units, r3 (1, BN, 1) row offsets (row * step) -> (BK, BN, 1) fp32 sums of W x over
-    each unit. Fields are block-major: P + unit * U + row * (elements per unit row) + e. xq: int32
-    words of the quantized x row (loaded (BK, 1, 4), the same for every thread), xd its block scales,
-    xs its 16-value sums. Word loads are (BK, BN, 4): one 16-byte vector per thread."""
+def _unit_w(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, m3, EVEN: tl.constexpr):
+    """The weight fields of units u3 (BK, 1, 1) of rows r3 (1, BN, 1) (row offsets: row * step), as a
+    tuple for _unit_dot. Fields are block-major: P + unit * U + row * (elements per unit row) + e; word
+    loads are (BK, BN, 4): one 16-byte vector per thread. Weights are never written, so a product may
+    load them before its PDL wait (PRELOAD)."""
     j = tl.arange(0, 4)[None, None, :]
-    if FMT == 0:  # Q8_0: 8 words of int8 quants per block; w = d q
-        s = tl.zeros((u3.shape[0], r3.shape[1], 4), tl.int32)
-        for h in tl.static_range(2):
-            w = _ld(P0 + u3 * U0 + r3 * 8 + 4 * h + j, m3, EVEN)
-            s = _dp4a(w, _ld(xq + 8 * u3 + 4 * h + j, um3, EVEN), s, ASM)
-        d = _ld(P1 + u3 * U1 + r3, m3, EVEN).to(tl.float32)
-        return tl.sum(s, 2, keep_dims=True).to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
-    elif FMT == 1:  # Q4_0: 4 words of nibbles per block (low: values 0-15, high: 16-31); w = d (q - 8)
-        w = _ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN)
+    if FMT == 0:  # Q8_0: 8 words of int8 quants per block, its scale
+        return (_ld(P0 + u3 * U0 + r3 * 8 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 8 + 4 + j, m3, EVEN),
+                _ld(P1 + u3 * U1 + r3, m3, EVEN))
+    elif FMT == 1:  # Q4_0: 4 words of nibbles per block, its scale
+        return _ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN), _ld(P1 + u3 * U1 + r3, m3, EVEN)
+    elif FMT == 2:  # Q4_K chunk u: 8 words, the super-block's d and dmin, sub-blocks 2u, 2u + 1's sc and mn
+        sb = 2 * u3
+        return (_ld(P0 + u3 * U0 + r3 * 8 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 8 + 4 + j, m3, EVEN),
+                _ld(P1 + (u3 // 4) * U1 + r3, m3, EVEN), _ld(P2 + (u3 // 4) * U2 + r3, m3, EVEN),
+                _ld(P3 + sb * U3 + r3, m3, EVEN), _ld(P4 + sb * U4 + r3, m3, EVEN),
+                _ld(P3 + (sb + 1) * U3 + r3, m3, EVEN), _ld(P4 + (sb + 1) * U4 + r3, m3, EVEN))
+    else:  # Q6_K half u: ql words 4k + j and 8 + 4k + j, qh words 4k + j (k = 0, 1), d, 8 group scales
+        g = 8 * u3
+        return (_ld(P0 + u3 * U0 + r3 * 16 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 16 + 8 + j, m3, EVEN),
+                _ld(P2 + u3 * U2 + r3 * 8 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 16 + 4 + j, m3, EVEN),
+                _ld(P0 + u3 * U0 + r3 * 16 + 12 + j, m3, EVEN), _ld(P2 + u3 * U2 + r3 * 8 + 4 + j, m3, EVEN),
+                _ld(P1 + (u3 // 2) * U1 + r3, m3, EVEN),
+                _ld(P3 + g * U3 + r3, m3, EVEN), _ld(P3 + (g + 1) * U3 + r3, m3, EVEN),
+                _ld(P3 + (g + 2) * U3 + r3, m3, EVEN), _ld(P3 + (g + 3) * U3 + r3, m3, EVEN),
+                _ld(P3 + (g + 4) * U3 + r3, m3, EVEN), _ld(P3 + (g + 5) * U3 + r3, m3, EVEN),
+                _ld(P3 + (g + 6) * U3 + r3, m3, EVEN), _ld(P3 + (g + 7) * U3 + r3, m3, EVEN))
+
+
+@triton.jit
+def _unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN: tl.constexpr):
+    """W: _unit_w's fields of units u3 -> (BK, BN, 1) fp32 sums of W x over each unit. xq: int32 words
+    of the quantized x row (loaded (BK, 1, 4), the same for every thread), xd its block scales, xs its
+    16-value sums."""
+    j = tl.arange(0, 4)[None, None, :]
+    if FMT == 0:  # Q8_0: w = d q
+        s = _dp4a(W[0], _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(W[0]), ASM)
+        s = _dp4a(W[1], _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM)
+        return tl.sum(s, 2, keep_dims=True).to(tl.float32) * (W[2].to(tl.float32) * _ld(xd + u3, um3, EVEN))
+    elif FMT == 1:  # Q4_0: low nibbles values 0-15, high 16-31; w = d (q - 8)
+        w = W[0]
         s = _dp4a(w & M4, _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
         s = tl.sum(_dp4a((w >> 4) & M4, _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
         sx = _ld(xs + 2 * u3, um3, EVEN) + _ld(xs + 2 * u3 + 1, um3, EVEN)
-        d = _ld(P1 + u3 * U1 + r3, m3, EVEN).to(tl.float32)
-        return (s - 8 * sx).to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
-    elif FMT == 2:  # Q4_K chunk u: 8 words; w = d sc q - dmin mn per 32-value sub-block (2u: low nibbles)
-        s_lo = tl.zeros((u3.shape[0], r3.shape[1], 4), tl.int32)
+        return (s - 8 * sx).to(tl.float32) * (W[1].to(tl.float32) * _ld(xd + u3, um3, EVEN))
+    elif FMT == 2:  # Q4_K chunk u: w = d sc q - dmin mn per 32-value sub-block (2u: low nibbles)
+        s_lo = tl.zeros_like(W[0])
         s_hi = s_lo
         for h in tl.static_range(2):
-            w = _ld(P0 + u3 * U0 + r3 * 8 + 4 * h + j, m3, EVEN)
+            w = W[h]
             s_lo = _dp4a(w & M4, _ld(xq + 16 * u3 + 4 * h + j, um3, EVEN), s_lo, ASM)
             s_hi = _dp4a((w >> 4) & M4, _ld(xq + 16 * u3 + 8 + 4 * h + j, um3, EVEN), s_hi, ASM)
-        d = _ld(P1 + (u3 // 4) * U1 + r3, m3, EVEN).to(tl.float32)
-        dmin = _ld(P2 + (u3 // 4) * U2 + r3, m3, EVEN).to(tl.float32)
+        d, dmin = W[2].to(tl.float32), W[3].to(tl.float32)
         y = tl.zeros(d.shape, tl.float32)
         for h in tl.static_range(2):
             s = tl.sum(s_lo if h == 0 else s_hi, 2, keep_dims=True)
             sb = 2 * u3 + h
-            sc = _ld(P3 + sb * U3 + r3, m3, EVEN).to(tl.int32)
-            mn = _ld(P4 + sb * U4 + r3, m3, EVEN).to(tl.int32)
+            sc, mn = W[4 + 2 * h].to(tl.int32), W[5 + 2 * h].to(tl.int32)
             sx = _ld(xs + 2 * sb, um3, EVEN) + _ld(xs + 2 * sb + 1, um3, EVEN)
             part = d * (s * sc).to(tl.float32) - dmin * (sx * mn).to(tl.float32)
             y += part * _ld(xd + sb, um3, EVEN)
         return y
-    else:  # Q6_K half u: ql words 4k + j and 8 + 4k + j, qh words 4k + j of the unit; w = d sc (q - 32)
-        d = _ld(P1 + (u3 // 2) * U1 + r3, m3, EVEN).to(tl.float32)
+    else:  # Q6_K half u: w = d sc (q - 32)
+        d = W[6].to(tl.float32)
         y = tl.zeros(d.shape, tl.float32)
         for k in tl.static_range(2):  # k: the 16-value group of each quarter
-            ql_a = _ld(P0 + u3 * U0 + r3 * 16 + 4 * k + j, m3, EVEN)
-            ql_b = _ld(P0 + u3 * U0 + r3 * 16 + 8 + 4 * k + j, m3, EVEN)
-            qh = _ld(P2 + u3 * U2 + r3 * 8 + 4 * k + j, m3, EVEN)
+            ql_a, ql_b, qh = W[3 * k], W[3 * k + 1], W[3 * k + 2]
             for t in tl.static_range(4):  # quarter t: values 32t + 16k + 4j of the half
                 if t == 0:
                     q = (ql_a & M4) | ((qh << 4) & M30)
@@ -200,22 +224,37 @@ def _unit_sum(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd,
                 a = tl.sum(_dp4a(q, _ld(xq + 32 * u3 + 8 * t + 4 * k + j, um3, EVEN), tl.zeros_like(q), ASM), 2,
                            keep_dims=True)
                 g = 8 * u3 + 2 * t + k
-                sc = _ld(P3 + g * U3 + r3, m3, EVEN).to(tl.int32)
+                sc = W[7 + 2 * t + k].to(tl.int32)
                 y += (sc * (a - 32 * _ld(xs + g, um3, EVEN))).to(tl.float32) * _ld(xd + 4 * u3 + t, um3, EVEN)
         return d * y
 
 
 @triton.jit
-def _row_units(acc, R: tl.constexpr, ROWS: tl.constexpr, FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4,
-               xq_ptr, xd_ptr, xs_ptr, m0, K, u3, r3, m3, um3, ASM: tl.constexpr, EVEN: tl.constexpr):
-    """acc + x row m0 + R's sums over the units u3 (a no-op for R >= ROWS). Each row runs a one-row
-    program's operations (its weight loads again: L1 hits), so a verify pass of several tokens sums
-    each row exactly as the decode step of that token does (speculative decoding)."""
+def _row_units(acc, R: tl.constexpr, ROWS: tl.constexpr, FMT: tl.constexpr, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3,
+               um3, ASM: tl.constexpr, EVEN: tl.constexpr):
+    """acc + x row m0 + R's sums over the units u3 of the weight fields W (a no-op for R >= ROWS).
+    Each row runs a one-row program's operations on the same loaded fields, so a verify pass of
+    several tokens sums each row exactly as the decode step of that token does (speculative
+    decoding)."""
     if R < ROWS:
         m64 = (m0 + R).to(tl.int64)
         xq, xd, xs = xq_ptr + m64 * (K // 4), xd_ptr + m64 * (K // 32), xs_ptr + m64 * (K // 16)
-        acc += _unit_sum(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq, xd, xs, u3, r3, m3, um3, ASM, EVEN)
+        acc += _unit_dot(FMT, W, xq, xd, xs, u3, um3, ASM, EVEN)
     return acc
+
+
+@triton.jit
+def _rows_step(A, ROWS: tl.constexpr, FMT: tl.constexpr, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3,
+               ASM: tl.constexpr, EVEN: tl.constexpr):
+    """The 8 row accumulators A (a tuple; rows >= ROWS stay as they are) + the units u3 of W."""
+    return (_row_units(A[0], 0, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[1], 1, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[2], 2, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[3], 3, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[4], 4, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[5], 5, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[6], 6, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN),
+            _row_units(A[7], 7, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN))
 
 
 @triton.jit
@@ -233,13 +272,16 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
                     UNIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr,
                     ROWS: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, CHAIN: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PRELOAD: tl.constexpr, PDL: tl.constexpr):
     """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_epilogue.MAX_ROWS) x rows m
     (grid: (N / BN, M / ROWS, SPLIT)); each iteration takes BK units of K. step: the fields' row
     step (2 for an interleaved view; kept a runtime value so that the per-row scale loads keep the
     word tile's layout). The epilogue (bias, GLU, residual, split K) is triton_epilogue's.
-    EVEN: N % BN == 0 and every BK-unit step exists. (Prefetching the first steps' weights into L2
-    before the PDL wait was tried: slower, 2026-11-26.)
+    EVEN: N % BN == 0 and every BK-unit step exists.
+    PRELOAD: the first PRELOAD steps' weights are loaded into registers before the PDL wait (weights
+    are never written), so the first programs stream while the small kernel before them runs (8B
+    Q8_0 290 -> 306, Q4_K_M 399 -> 437 tokens/s, H100). Prefetching them into L2 there instead was
+    slower (2026-11-26).
     CHAIN: products of one x into disjoint outputs, run back to back (Q4_K_M's q, k and v), overlap:
     the first (1) lets the next be scheduled once it has waited for its input; the others (2) start
     at once (their input is complete: the first waited for it) and wait at their end instead, so
@@ -248,6 +290,14 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     u_lo = tl.program_id(2) * units_per_split
     u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)
     r3 = (rows * step)[None, :, None]
+    rmask = rows < N
+    u3 = (u_lo + tl.arange(0, BK))[:, None, None]
+    um3 = u3 < u_hi
+    if PRELOAD >= 1:  # the first units' weights, while the kernel before still runs
+        W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
+    if PRELOAD >= 2:
+        W2 = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3 + BK, r3, rmask[None, :, None] & (u3 + BK < u_hi),
+                     EVEN)
     if CHAIN == 2:
         _pdl_trigger(PDL)
     else:
@@ -256,29 +306,18 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
             _pdl_trigger(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     m0 = tl.program_id(1) * ROWS
-    rmask = rows < N
-    a0 = tl.zeros((BK, BN, 1), tl.float32)
-    a1, a2, a3, a4, a5, a6, a7 = a0, a0, a0, a0, a0, a0, a0
-    for u0 in range(u_lo, u_hi, BK):
+    a = tl.zeros((BK, BN, 1), tl.float32)
+    A = (a, a, a, a, a, a, a, a)
+    if PRELOAD >= 1:
+        A = _rows_step(A, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN)
+    if PRELOAD >= 2:
+        A = _rows_step(A, ROWS, FMT, W2, xq_ptr, xd_ptr, xs_ptr, m0, K, u3 + BK, u3 + BK < u_hi, ASM, EVEN)
+    for u0 in range(u_lo + PRELOAD * BK, u_hi, BK):
         u3 = (u0 + tl.arange(0, BK))[:, None, None]
         um3 = u3 < u_hi
-        m3 = rmask[None, :, None] & um3
-        a0 = _row_units(a0, 0, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a1 = _row_units(a1, 1, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a2 = _row_units(a2, 2, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a3 = _row_units(a3, 3, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a4 = _row_units(a4, 4, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a5 = _row_units(a5, 5, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a6 = _row_units(a6, 6, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
-        a7 = _row_units(a7, 7, ROWS, FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, xq_ptr, xd_ptr, xs_ptr, m0, K,
-                        u3, r3, m3, um3, ASM, EVEN)
+        W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
+        A = _rows_step(A, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN)
+    a0, a1, a2, a3, a4, a5, a6, a7 = A
     pout, pstride = _part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
     _row_out(a0, 0, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
              HAS_RES, ROUND, SPLIT)
@@ -361,13 +400,16 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     units = k // UNIT[w.qtype]
     L = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype, act_dtype, q.device, counters)
     out = L.out
+    even = n % bn == 0 and units % bk == 0
+    # unmasked (even) tiles must exist: at most the shortest part's steps
+    preload = min(PRELOAD[w.qtype], (units - (L.split - 1) * L.per_split) // bk) if even else PRELOAD[w.qtype]
     _q8_gemv_kernel[L.grid](
         q.view(torch.int32), d, s, out, bias if bias is not None else out, residual if residual is not None else out,
         L.act_ref, L.ws, L.counters, *ptrs, *strides, step, m, n, k, out.stride(0), L.per_split,
         FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, GLU=glu, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=L.split, ROWS=L.rows,
         ASM=not INTERPRET,
-        EVEN=n % bn == 0 and units % bk == 0, CHAIN=chain, PDL=PDL,
+        EVEN=even, CHAIN=chain, PRELOAD=preload, PDL=PDL,
         num_warps=warps, launch_pdl=PDL,
     )
     return out
