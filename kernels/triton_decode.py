@@ -140,35 +140,37 @@ def _rope_rows(src, heads, hmask, pos, inv_freq_ptr, D: tl.constexpr):
 
 
 @triton.jit
-def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T, H, HKV, D: tl.constexpr,
-                       CHUNK: tl.constexpr):
-    """Sequence b's T current tokens at pos0 + t that fall in chunk c: kv head j's k (rotated) and v
-    rows from qkv into the cache (every program of the chunk writes the same values; each then reads
-    its own writes), then a barrier so that all of the program's threads see them."""
+def _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D: tl.constexpr):
+    """One current token's q|k|v sums at src (fp32 or int64 fixed point) at position p: kv head j's k
+    (rotated) and v rows into the cache row p -> (k, v) (D,) as the cache now holds them."""
     i = tl.arange(0, D)
     k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
+    k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,)).to(k_ptr.dtype.element_ty)
+    v = _from_fixed(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
+    tl.store(k_ptr + kv + p * D + i, k)
+    tl.store(v_ptr + kv + p * D + i, v)
+    return k, v
+
+
+@triton.jit
+def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T, H, HKV, D: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """Sequence b's T current tokens at pos0 + t that fall in chunk c: _store_current (every program of
+    the chunk writes the same values; each then reads its own writes), then a barrier so that all of
+    the program's threads see them."""
     for t in range(0, T):
         p = pos0 + t
         if (p >= c * CHUNK) & (p < (c + 1) * CHUNK):
             src = qkv_ptr + (b * T + t).to(tl.int64) * (H + 2 * HKV) * D
-            k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,))
-            tl.store(k_ptr + kv + p * D + i, k.to(k_ptr.dtype.element_ty))
-            v = _from_fixed(tl.load(src + (H + HKV + j) * D + i))
-            tl.store(v_ptr + kv + p * D + i, v.to(v_ptr.dtype.element_ty))
+            _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D)
     tl.debug_barrier()
 
 
 @triton.jit
-def _rope_current_row(qkv_ptr, k_ptr, v_ptr, kv, p, inv_freq_ptr, src, j, H, HKV, k, v, rows, D: tl.constexpr):
-    """The one current token (plain decoding) at p, a row of this chunk: kv head j's k (rotated) and
-    v rows from its q|k|v sums at src into the cache and into the chunk's tiles k, v (CHUNK, D) from
-    registers (the values the cache now holds; no barrier and read back) -> (k, v)."""
-    i = tl.arange(0, D)
-    k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
-    k_t = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,)).to(k_ptr.dtype.element_ty)
-    v_t = _from_fixed(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
-    tl.store(k_ptr + kv + p * D + i, k_t)
-    tl.store(v_ptr + kv + p * D + i, v_t)
+def _rope_current_row(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, k, v, rows, D: tl.constexpr):
+    """The one current token (plain decoding) at p, a row of this chunk: _store_current, and its k, v
+    into the chunk's tiles k, v (CHUNK, D) from registers (no barrier and read back) -> (k, v)."""
+    k_t, v_t = _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D)
     return tl.where((rows == p)[:, None], k_t[None, :], k), tl.where((rows == p)[:, None], v_t[None, :], v)
 
 
@@ -233,8 +235,7 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
             tl.extra.cuda.gdc_wait()
         src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
         if (pos0 >= c * CHUNK) & (pos0 < (c + 1) * CHUNK):
-            k, v = _rope_current_row(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, src, j, H, tl.num_programs(0), k, v,
-                                     rows, D)
+            k, v = _rope_current_row(src, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, j, H, tl.num_programs(0), k, v, rows, D)
         q = (_rope_rows(src, j * GROUP + g, gmask, pos0, inv_freq_ptr, D) * scale).to(ty)
         if c * CHUNK < n:
             m_i, l_i, acc = _attn_tile(q, k, v, rows < n, m_i, l_i, acc, IEEE)
