@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kernels import triton_decode
+from kernels import triton_attention
 
 sys.path.insert(0, "bench")
 from q8_tune import graph_time  # noqa: E402
@@ -32,9 +32,9 @@ def main() -> None:
                                                  vc[None, :, :pos + 1].float(), enable_gqa=True).reshape(1, -1)
             for gqa in (False, True):
                 for chunk in (16, 32, 64, 128):
-                    out = triton_decode.decode_attention(q, kc, vc, p, hkv, chunk=chunk, gqa=gqa)
+                    out = triton_attention.decode_attention(q, kc, vc, p, hkv, chunk=chunk, gqa=gqa)
                     err = ((out.float() - ref).norm() / ref.norm()).item()
-                    us = graph_time(lambda: [triton_decode.decode_attention(q, k, v, p, hkv, chunk=chunk, gqa=gqa)
+                    us = graph_time(lambda: [triton_attention.decode_attention(q, k, v, p, hkv, chunk=chunk, gqa=gqa)
                                              for k, v in layers]) * 1000 / 32
                     print(f"| H{h} Hkv{hkv} D{d} | {pos} | {'gqa' if gqa else 'per head'} chunk {chunk} | {us:.1f} "
                           f"| {err:.1e} |", flush=True)

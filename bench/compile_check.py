@@ -13,7 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_decode, triton_dense, triton_prefill, triton_q8
+from kernels import triton_attention, triton_decode, triton_dense, triton_prefill, triton_q8
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -58,12 +58,12 @@ def main() -> None:
     compile_one("glu_rows", *case(triton_decode._glu_rows_kernel, {"acc_ptr": "*i64", "out_ptr": "*bf16"},
                                          {"BLOCK": 1024, "PDL": True}))
     compile_one("rope_store", *case(
-        triton_decode._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
+        triton_attention._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
                                            "pos_ptr": "*i32", "inv_freq_ptr": "*fp32"},
         {"D": 128, "CLEAR": True, "PDL": True}, 1), odd=("T", "H", "HKV"))
     for rope, one in ((False, True), (True, True), (True, False)):
         compile_one(f"attention partial (GQA) rope={rope} one={one}", *case(
-            triton_decode._attn_partial_gqa_kernel,
+            triton_attention._attn_partial_gqa_kernel,
             {"q_ptr": "*i64" if rope else "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
              "pos_ptr": "*i32", "inv_freq_ptr": "*fp32", "scale": "fp32"},
             {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "ROPE": rope, "ONE": one,

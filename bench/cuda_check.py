@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from kernels import triton_decode, triton_gemv
+from kernels import triton_attention, triton_gemv
 from kernels.qweight import KERNEL_TYPES, QWeight
 from quantize import dequantize_torch, quantize_tensor
 
@@ -77,14 +77,14 @@ def check_attention() -> list[str]:
         vc = torch.randn(HKV, S, D, device=DEV).bfloat16()
         inv = 1.0 / (500000.0 ** (torch.arange(0, D, 2, device=DEV).float() / D))
         p = torch.tensor([pos], dtype=torch.int32, device=DEV)
-        q = triton_decode.rope_store(qkv, kc, vc, p, inv, H, HKV, D)
+        q = triton_attention.rope_store(qkv, kc, vc, p, inv, H, HKV, D)
         ang = pos * inv
         from localllm.model import rope_rotate
 
         qr, kr, _ = qkv.view(H + 2 * HKV, D).split([H, HKV, HKV])
         e_q = rel(q, rope_rotate(qr[None, :, None], ang.cos(), ang.sin())[0, :, 0])
         e_k = rel(kc[:, pos], rope_rotate(kr[None, :, None], ang.cos(), ang.sin())[0, :, 0])
-        att = triton_decode.decode_attention(q, kc, vc, p, HKV)
+        att = triton_attention.decode_attention(q, kc, vc, p, HKV)
         ref = F.scaled_dot_product_attention(q[None, :, None].float(), kc[None, :, :pos + 1].float(),
                                              vc[None, :, :pos + 1].float(), enable_gqa=True).reshape(1, -1)
         out.append(f"| H{H} Hkv{HKV} D{D} pos{pos} | rope q {e_q:.1e}, k {e_k:.1e} | attention vs fp32 SDPA {rel(att, ref):.1e} |")
@@ -155,7 +155,7 @@ def sweep(cfg_out: dict) -> list[str]:
                 try:
                     ms = do_bench(lambda: triton_gemv.gemv(x, w, config=c, split=None), warmup=10, rep=40)
                     res[c] = nbytes / ms / 1e6
-                except Exception as e:  # a config that does not compile (registers, shared memory)
+                except Exception:  # a config that does not compile (registers, shared memory)
                     res[c] = 0.0
                 totals[c] = totals.get(c, 0.0) + res[c]
             best = max(res, key=res.get)

@@ -52,6 +52,8 @@ def variant(text: str) -> tuple[dict, list]:
             consts.append((triton_q8.CONFIGS, Q[key.upper()], tuple(int(v) for v in value.split(","))))
         elif name == "preload" and (not qtype or qtype.upper() in Q.__members__):  # preload=N, preload.q6_k=N
             types = [Q[qtype.upper()]] if qtype else list(triton_q8.PRELOAD)
+            if int(value) not in (0, 1, 2):
+                raise SystemExit(f"preload takes 0, 1 or 2 steps, not {value}")
             consts += [(triton_q8.PRELOAD, t, int(value)) for t in types]
         elif key == "nochain":
             kwargs["chain"] = False

@@ -286,6 +286,7 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     the first (1) lets the next be scheduled once it has waited for its input; the others (2) start
     at once (their input is complete: the first waited for it) and wait at their end instead, so
     each still ends after the one before it and the kernel after the chain sees all of them done."""
+    tl.static_assert(PRELOAD <= 2, "PRELOAD takes 0, 1 or 2 steps (W, W2 below)")
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     u_lo = tl.program_id(2) * units_per_split
     u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)

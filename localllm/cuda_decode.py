@@ -6,7 +6,7 @@ position: bench's batches of equal prompts) per layer is:
   h = RMSNorm(x)                       (a norm kernel: bf16 rows for dense weights; for integer-dot
                                         weights the kernel that quantizes h to int8)
   qkv += W_qkv @ h                     (q|k|v fused into one weight)
-  a = attention(rope(q), cache[:pos+1]) (kernels/triton_decode.py, split over 64-row chunks, then
+  a = attention(rope(q), cache[:pos+1]) (kernels/triton_attention.py, split over 64-row chunks, then
                                         combined; the chunk programs rotate q and k and write k, v
                                         into the cache; the combine clears qkv)
   x += W_o @ a
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
-from kernels.triton_decode import decode_attention, embed_fixed, glu_rows, rope_store
+from kernels.triton_attention import decode_attention, rope_store
+from kernels.triton_decode import embed_fixed, glu_rows
 from kernels.triton_epilogue import COUNTERS, from_fixed
 from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act

@@ -1,5 +1,6 @@
-"""The Triton kernels (kernels/triton_gemv.py, kernels/triton_decode.py) against their torch references,
-executed on the CPU by Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported here).
+"""The Triton kernels (kernels/triton_gemv.py, triton_decode.py, triton_attention.py, ...) against their
+torch references, executed on the CPU by Triton's interpreter (TRITON_INTERPRET=1, set before triton is
+imported here).
 
 References: quantize.dequantize_torch (bit for bit) for the dequantize kernel; x.float() @ w.T in fp32
 for the products; model.py's modules for the fused prologues/epilogues and for a whole decode step.
@@ -14,7 +15,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
 for _name in ("kernels.triton_base", "kernels.triton_epilogue", "kernels.triton_gemv", "kernels.triton_dense",
-              "kernels.triton_decode", "kernels.triton_q8", "kernels.triton_prefill"):
+              "kernels.triton_q8", "kernels.triton_decode", "kernels.triton_attention", "kernels.triton_prefill"):
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
 
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from kernels import triton_decode, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
+from kernels import triton_attention, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
 from kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
 from kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
@@ -141,7 +142,7 @@ def test_rope_store_and_attention_match_torch():
     kc, vc = torch.randn(HKV, S, D, generator=g), torch.randn(HKV, S, D, generator=g)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
     p = torch.tensor([pos], dtype=torch.int32)
-    q = triton_decode.rope_store(qkv, kc, vc, p, inv_freq, H, HKV, D)
+    q = triton_attention.rope_store(qkv, kc, vc, p, inv_freq, H, HKV, D)
     ang = pos * inv_freq
     from localllm.model import rope_rotate
 
@@ -152,14 +153,14 @@ def test_rope_store_and_attention_match_torch():
     ref = F.scaled_dot_product_attention(q[None, :, None], kc[None, :, :pos + 1], vc[None, :, :pos + 1], enable_gqa=True)
     for chunk in (4, 16, 128):  # chunks past pos are empty and must weigh nothing; 16+: GQA groups
         for gqa in (False, True):
-            out = triton_decode.decode_attention(q, kc, vc, p, HKV, chunk=chunk, gqa=gqa)
+            out = triton_attention.decode_attention(q, kc, vc, p, HKV, chunk=chunk, gqa=gqa)
             assert rel(out, ref.reshape(1, -1)) < 1e-5
     # the combine kernel's int8 form of its output is quantize.act's, for an integer-dot o projection
-    out, xq = triton_decode.decode_attention(q, kc, vc, p, HKV, quantize=True)
+    out, xq = triton_attention.decode_attention(q, kc, vc, p, HKV, quantize=True)
     assert all(torch.equal(a, b) for a, b in zip(xq, quantize_act(out)))
     # clear: the qkv accumulator is zero once read, the results unchanged
     acc = qkv.clone()
-    assert torch.equal(triton_decode.rope_store(acc, kc, vc, p, inv_freq, H, HKV, D, clear=True), q)
+    assert torch.equal(triton_attention.rope_store(acc, kc, vc, p, inv_freq, H, HKV, D, clear=True), q)
     assert not acc.any()
 
 
@@ -177,9 +178,9 @@ def test_attention_with_rope_fused_equals_rope_store_then_attention(tokens, batc
     kc, vc = caches[0].clone(), caches[1].clone()
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
     p = torch.tensor([pos], dtype=torch.int32)
-    q = triton_decode.rope_store(acc.clone(), caches[0], caches[1], p, inv_freq, H, HKV, D)
-    want = triton_decode.decode_attention(q, caches[0], caches[1], p, HKV, quantize=True, tokens=tokens)
-    got = triton_decode.decode_attention(None, kc, vc, p, HKV, quantize=True, tokens=tokens, rope=(acc, inv_freq, D))
+    q = triton_attention.rope_store(acc.clone(), caches[0], caches[1], p, inv_freq, H, HKV, D)
+    want = triton_attention.decode_attention(q, caches[0], caches[1], p, HKV, quantize=True, tokens=tokens)
+    got = triton_attention.decode_attention(None, kc, vc, p, HKV, quantize=True, tokens=tokens, rope=(acc, inv_freq, D))
     assert rel(kc, caches[0]) < 1e-7 and torch.equal(vc, caches[1])
     assert rel(got[0], want[0]) < 1e-5 and rel(got[1][1], want[1][1]) < 1e-5
     assert not acc.any()
@@ -374,7 +375,7 @@ def test_fixed_point_accumulators_read_like_fp32_ones():
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
     pos = torch.tensor([3], dtype=torch.int32)
     caches = [torch.zeros(HKV, 8, D) for _ in range(4)]
-    want = triton_decode.rope_store(values, caches[0], caches[1], pos, inv_freq, H, HKV, D)
-    got = triton_decode.rope_store(qkv, caches[2], caches[3], pos, inv_freq, H, HKV, D, clear=True)
+    want = triton_attention.rope_store(values, caches[0], caches[1], pos, inv_freq, H, HKV, D)
+    got = triton_attention.rope_store(qkv, caches[2], caches[3], pos, inv_freq, H, HKV, D, clear=True)
     assert torch.equal(got, want) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     assert not qkv.any()

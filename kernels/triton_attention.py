@@ -1,0 +1,350 @@
+"""Triton kernels of the decode step around the KV cache (shapes for one layer), for T tokens at
+positions pos .. pos + T - 1 (T = 1: plain decoding; T > 1: speculative decoding's verify pass).
+
+rope_store: qkv (T, (H + 2 Hkv) D) -> q rotated (T H, D); k rotated and v written into the cache rows
+  pos + r. Must match model.rope_rotate with model.rope_tables' angles (pos * inv_freq in fp32) and
+  KVCache.update.
+decode_attention: q (T H, D), token r against cache rows [0, pos + r] of k, v (Hkv, S, D) -> (T, H D).
+  Both also take B sequences at once (batch B, caches (B, Hkv, S, D), rows r = b T + t: sequence b's
+  token t at pos + t); every sequence is at the same position (bench's equal prompts).
+  Must match F.scaled_dot_product_attention(q, k[:, :pos+1], v[:, :pos+1], enable_gqa=True) (scale
+  1/sqrt(D)), computed with an online softmax in fp32, split over chunks of CHUNK rows (one program
+  per kv head and chunk, its GQA group of query heads on tensor cores with q rounded to the cache
+  dtype; or one per query head; then a combine kernel: one load step per program, not a long
+  dependent loop). Token r's row takes exactly the operations a one-token call at pos + r takes.
+  `pos` is a device tensor, so all of them run inside a CUDA graph, whose grid is fixed by the
+  capacity S. With rope=(qkv, inv_freq, D) it also does rope_store's work (the decode step's form,
+  one kernel fewer): the chunk programs rotate q and the current tokens' k themselves and write k, v
+  into the cache; the combine clears qkv.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_base import PDL, _pdl_start
+from .triton_epilogue import _from_fixed
+from .triton_q8 import _store_blocks, act_buffers
+
+
+@triton.jit
+def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEAR: tl.constexpr):
+    i = tl.arange(0, HALF)
+    x1 = _from_fixed(tl.load(src + i))
+    x2 = _from_fixed(tl.load(src + HALF + i))
+    if CLEAR:  # src is a split-K accumulator: leave it zero for the next step (parts add to it)
+        tl.store(src + i, tl.zeros_like(x1).to(src.dtype.element_ty))
+        tl.store(src + HALF + i, tl.zeros_like(x2).to(src.dtype.element_ty))
+    if ROTATE:
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+    else:
+        y1 = x1
+        y2 = x2
+    ty = dst.dtype.element_ty
+    if src.dtype.element_ty == tl.int64:  # a fixed-point accumulator: fp32 values
+        tl.store(dst + i, y1.to(ty))
+        tl.store(dst + HALF + i, y2.to(ty))
+    else:  # rounded as qkv's dtype holds them
+        tl.store(dst + i, y1.to(src.dtype.element_ty).to(ty))
+        tl.store(dst + HALF + i, y2.to(src.dtype.element_ty).to(ty))
+
+
+@triton.jit
+def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, H, HKV,
+                       D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
+    """Program (j, r), row r = b T + t: sequence b's token t at pos + t (its cache seq_stride elements
+    after sequence 0's): j < H: q head j; j < H + Hkv: k head; else v head (grid: (H + 2 Hkv, B T))."""
+    _pdl_start(PDL)
+    j = tl.program_id(0)
+    r = tl.program_id(1)
+    b = (r // T).to(tl.int64)
+    pos = tl.load(pos_ptr) + r % T
+    k_ptr += b * seq_stride
+    v_ptr += b * seq_stride
+    qkv_ptr += r * (H + 2 * HKV) * D
+    q_ptr += r * H * D
+    half = tl.arange(0, D // 2)
+    ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + half)
+    c = tl.cos(ang)
+    s = tl.sin(ang)
+    src = qkv_ptr + j * D
+    if j < H:
+        _rotate_store(src, q_ptr + j * D, c, s, D // 2, True, CLEAR)
+    elif j < H + HKV:
+        _rotate_store(src, k_ptr + (j - H) * head_stride + pos * D, c, s, D // 2, True, CLEAR)
+    else:
+        _rotate_store(src, v_ptr + (j - H - HKV) * head_stride + pos * D, c, s, D // 2, False, CLEAR)
+
+
+@triton.jit
+def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_stride, T, scale, NSPLIT,
+                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+                         PDL: tl.constexpr):
+    """Program (h, c, r): query head h of row r (sequence r // T's token r % T, at pos + r % T) over its
+    cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] -> ws[r, h, c] = (unnormalised sum of p v
+    (D), running max m, sum of p l)."""
+    _pdl_start(PDL)
+    r = tl.program_id(2)
+    kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
+    h = r * tl.num_programs(0) + tl.program_id(0)
+    c = tl.program_id(1)
+    n = tl.minimum(tl.load(pos_ptr) + r % T + 1, (c + 1) * CHUNK)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + h * D + d).to(tl.float32) * scale
+    m_i = tl.max(tl.full((BLOCK_S,), float("-inf"), tl.float32), 0)
+    l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)
+    acc = tl.zeros((D,), tl.float32)
+    for s0 in range(c * CHUNK, n, BLOCK_S):
+        rows = s0 + tl.arange(0, BLOCK_S)
+        valid = rows < n
+        offs = kv + rows[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(valid, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 0))
+        p = tl.exp(scores - m_new)
+        alpha = tl.exp(m_i - m_new)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    base = ws_ptr + (h * NSPLIT + c) * (D + 2)
+    tl.store(base + d, acc)
+    tl.store(base + D, m_i)
+    tl.store(base + D + 1, l_i)
+
+
+@triton.jit
+def _rope_rows(src, heads, hmask, pos, inv_freq_ptr, D: tl.constexpr):
+    """Rows `heads` (R,) (where hmask; zeros elsewhere) of D values at src (fp32 or an int64
+    fixed-point accumulator), rotated as model.rope_rotate rotates them at position pos -> (R, D)
+    fp32: each value and its partner in the other half loaded, y = x cos + sign x' sin (sign -1 in
+    the first half), rope_store's operations."""
+    i = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    partner = (i + half) % D
+    ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % half)
+    x = _from_fixed(tl.load(src + heads[:, None] * D + i[None, :], mask=hmask[:, None], other=0))
+    xp = _from_fixed(tl.load(src + heads[:, None] * D + partner[None, :], mask=hmask[:, None], other=0))
+    sign = tl.where(i < half, -1.0, 1.0)
+    return x * tl.cos(ang)[None, :] + (sign[None, :] * xp) * tl.sin(ang)[None, :]
+
+
+@triton.jit
+def _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D: tl.constexpr):
+    """One current token's q|k|v sums at src (fp32 or int64 fixed point) at position p: kv head j's k
+    (rotated) and v rows into the cache row p -> (k, v) (D,) as the cache now holds them."""
+    i = tl.arange(0, D)
+    k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
+    k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,)).to(k_ptr.dtype.element_ty)
+    v = _from_fixed(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
+    tl.store(k_ptr + kv + p * D + i, k)
+    tl.store(v_ptr + kv + p * D + i, v)
+    return k, v
+
+
+@triton.jit
+def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T, H, HKV, D: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """Sequence b's T current tokens at pos0 + t that fall in chunk c: _store_current (every program of
+    the chunk writes the same values; each then reads its own writes), then a barrier so that all of
+    the program's threads see them."""
+    for t in range(0, T):
+        p = pos0 + t
+        if (p >= c * CHUNK) & (p < (c + 1) * CHUNK):
+            src = qkv_ptr + (b * T + t).to(tl.int64) * (H + 2 * HKV) * D
+            _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _rope_current_row(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, k, v, rows, D: tl.constexpr):
+    """The one current token (plain decoding) at p, a row of this chunk: _store_current, and its k, v
+    into the chunk's tiles k, v (CHUNK, D) from registers (no barrier and read back) -> (k, v)."""
+    k_t, v_t = _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D)
+    return tl.where((rows == p)[:, None], k_t[None, :], k), tl.where((rows == p)[:, None], v_t[None, :], v)
+
+
+@triton.jit
+def _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE: tl.constexpr):
+    """One online-softmax step of q (GP, D) over a tile of cache rows k, v (S, D) (those where valid)
+    -> (m_i, l_i, acc) updated."""
+    if IEEE:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    p = tl.exp(scores - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    if IEEE:
+        pv = tl.dot(p.to(k.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(k.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, scale,
+                             NSPLIT, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                             CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, ONE: tl.constexpr,
+                             PDL: tl.constexpr):
+    """Program (kv head j, chunk c, row r): the GROUP query heads of kv head j of row r (as in
+    _attn_partial_kernel) over its cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] at once -> ws
+    rows as _attn_partial_kernel's. Each k, v row is loaded
+    once for the whole group and multiplied on tensor cores (the group padded to GP >= 16 rows); q is
+    rounded to the cache dtype for that product, as prefill's SDPA takes it.
+    ROPE: q_ptr is the q|k|v accumulator (B T, (H + 2 Hkv) D) (rope_store's input, one kernel fewer):
+    the program rotates its q heads itself and writes the current tokens' k, v rows of its chunk, then
+    reads them back after a barrier. ONE (plain decoding, T = 1; CHUNK == BLOCK_S: one tile): the
+    chunk's earlier rows, written by earlier steps, are loaded before the PDL wait (while the q|k|v
+    products still run) and the current row joins the tile from registers.
+    (Merging a verify pass's T rows from registers cost it more than the read back, 2026-11-26.)"""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    j = tl.program_id(0)
+    c = tl.program_id(1)
+    r = tl.program_id(2)
+    kv = j.to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
+    pos0 = tl.load(pos_ptr)  # written only by the step's last kernel (a graph replay runs after the last)
+    n = tl.minimum(pos0 + r % T + 1, (c + 1) * CHUNK)
+    d = tl.arange(0, D)
+    g = tl.arange(0, GP)
+    gmask = g < GROUP
+    ty = k_ptr.dtype.element_ty
+    H = tl.num_programs(0) * GROUP
+    heads = r * H + j * GROUP + g  # rows of q (tokens, H, D)
+    m_i = tl.full((GP,), float("-inf"), tl.float32)
+    l_i = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, D), tl.float32)
+    if ROPE and ONE:
+        rows = c * CHUNK + tl.arange(0, CHUNK)
+        offs = kv + rows[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + offs, mask=(rows < pos0)[:, None], other=0.0)
+        v = tl.load(v_ptr + offs, mask=(rows < pos0)[:, None], other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
+        if (pos0 >= c * CHUNK) & (pos0 < (c + 1) * CHUNK):
+            k, v = _rope_current_row(src, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, j, H, tl.num_programs(0), k, v, rows, D)
+        q = (_rope_rows(src, j * GROUP + g, gmask, pos0, inv_freq_ptr, D) * scale).to(ty)
+        if c * CHUNK < n:
+            m_i, l_i, acc = _attn_tile(q, k, v, rows < n, m_i, l_i, acc, IEEE)
+    else:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        if ROPE:
+            _rope_current_rows(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, r // T, c, j, T, H, tl.num_programs(0),
+                               D, CHUNK)
+            src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
+            q = (_rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D) * scale).to(ty)
+        else:
+            q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+                 * scale).to(ty)
+        for s0 in range(c * CHUNK, n, BLOCK_S):
+            rows = s0 + tl.arange(0, BLOCK_S)
+            valid = rows < n
+            offs = kv + rows[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+            m_i, l_i, acc = _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE)
+    base = ws_ptr + (heads * NSPLIT + c) * (D + 2)
+    tl.store(base[:, None] + d[None, :], acc, mask=gmask[:, None])
+    tl.store(base + D, m_i, mask=gmask)
+    tl.store(base + D + 1, l_i, mask=gmask)
+
+
+@triton.jit
+def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, qkv_ptr, NSPLIT, HEADS, D: tl.constexpr,
+                         NS: tl.constexpr, QUANT: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
+    """Program (head, token r): out[r, head] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m)
+    (empty chunks: m = -inf). QUANT: also quantize.act's int8 form of the rounded out (head h is
+    D / 32 whole blocks of row r). CLEAR: zero heads h, h + H, .. < HEADS of row r of the q|k|v
+    accumulator the fused-rope partials read (for the next step's products)."""
+    _pdl_start(PDL)
+    if CLEAR:
+        row = qkv_ptr + tl.program_id(1).to(tl.int64) * HEADS * D
+        for jj in range(tl.program_id(0), HEADS, tl.num_programs(0)):
+            tl.store(row + jj * D + tl.arange(0, D), tl.zeros((D,), qkv_ptr.dtype.element_ty))
+    r = tl.program_id(1)
+    HD = tl.num_programs(0) * D
+    h = r * tl.num_programs(0) + tl.program_id(0)
+    c = tl.arange(0, NS)
+    valid = c < NSPLIT
+    base = ws_ptr + (h * NSPLIT + c) * (D + 2)
+    m = tl.load(base + D, mask=valid, other=float("-inf"))
+    l = tl.load(base + D + 1, mask=valid, other=0.0)
+    wgt = tl.exp(m - tl.max(m, 0))
+    d = tl.arange(0, D)
+    acc = tl.load(base[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    out = (tl.sum(acc * wgt[:, None], 0) / tl.sum(l * wgt, 0)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + h * D + d, out)
+    if QUANT:
+        b = tl.program_id(0) * (D // 32) + tl.arange(0, D // 32)
+        v = tl.reshape(out.to(tl.float32), (D // 32, 32))
+        _store_blocks(v, b, b >= 0, q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), D // 32)
+
+
+def _batched(k_cache: torch.Tensor) -> torch.Tensor:
+    """A layer's cache as (B, Hkv, S, D) (one sequence may come as (Hkv, S, D))."""
+    return k_cache if k_cache.dim() == 4 else k_cache.unsqueeze(0)
+
+
+def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,
+               clear: bool = False) -> torch.Tensor:
+    """qkv (B T, (H + 2 Hkv) D) contiguous: B sequences of T tokens at positions pos .. pos + T - 1;
+    k_cache, v_cache (B, Hkv, S, D) (or (Hkv, S, D), B = 1) of one layer -> q (B T H, D). clear: zero
+    qkv once read (an accumulator of split-K products)."""
+    k_cache, v_cache = _batched(k_cache), _batched(v_cache)
+    t = qkv.shape[0]
+    dtype = torch.float32 if qkv.dtype == torch.int64 else qkv.dtype  # a fixed-point accumulator: fp32 q
+    q = torch.empty((t * n_heads, head_dim), dtype=dtype, device=qkv.device)
+    grid = (n_heads + 2 * n_kv, t)
+    _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(1), k_cache.stride(0),
+                             t // k_cache.shape[0], n_heads, n_kv, D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1,
+                             launch_pdl=PDL)
+    return q
+
+
+def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quantize: bool = False,
+                     gqa: bool = True, tokens: int = 1, rope: tuple | None = None):
+    """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
+    to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
+    dtype; with quantize, also its int8 form (kernels.triton_q8.quantize_act's (q, d, s), for an
+    integer-dot output projection). Each row is computed exactly as a one-token call of its sequence
+    at its position computes it.
+    rope = (qkv, inv_freq, D): rope_store fused in (q None): qkv the contiguous (B T, (H + 2 Hkv) D)
+    accumulator of q|k|v sums (int64 fixed point), rotated and its k, v rows written into the caches
+    as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16) and 16 <= chunk <= 64."""
+    k_cache, v_cache = _batched(k_cache), _batched(v_cache)
+    t = tokens * k_cache.shape[0]  # rows
+    if rope is not None:
+        qkv, inv_freq, d = rope
+        assert gqa and d >= 16 and 16 <= chunk <= 64 and qkv.is_contiguous() and qkv.shape[0] == t
+        h = qkv.shape[1] // d - 2 * n_kv
+    else:
+        h, d = q.shape[0] // t, q.shape[1]
+    nsplit = triton.cdiv(k_cache.shape[2], chunk)
+    strides = (k_cache.stride(1), k_cache.stride(0), tokens)
+    ws = torch.empty((t * h, nsplit, d + 2), dtype=torch.float32, device=k_cache.device)
+    if gqa and d >= 16 and chunk >= 16:  # one program per kv head and chunk, its query heads on tensor cores
+        group = h // n_kv
+        _attn_partial_gqa_kernel[(n_kv, nsplit, t)](
+            rope[0] if rope else q, k_cache, v_cache, ws, pos, rope[1] if rope else ws, *strides, 1.0 / math.sqrt(d),
+            nsplit, GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
+            IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None, ONE=tokens == 1, PDL=PDL, num_warps=4,
+            launch_pdl=PDL)
+    else:
+        _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit,
+                                          GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,
+                                          num_warps=4, launch_pdl=PDL)
+    out = torch.empty((t, h * d), dtype=k_cache.dtype, device=k_cache.device)
+    xq = act_buffers(t, h * d, k_cache.device) if quantize else (out, out, out)
+    _attn_combine_kernel[(h, t)](ws, out, *xq, rope[0] if rope else out, nsplit, h + 2 * n_kv, D=d,
+                               NS=triton.next_power_of_2(nsplit), QUANT=quantize, CLEAR=rope is not None, PDL=PDL,
+                               num_warps=4, launch_pdl=PDL)
+    return (out, xq) if quantize else out
