@@ -83,9 +83,18 @@ def constants(consts: list):
             put(w, k, v)
 
 
-def decode_rate(dec: GraphDecoder, cache, depth: int, steps: int, reps: int) -> tuple[float, torch.Tensor]:
-    """-> (median tokens/s of `steps` greedy steps from depth, the logits of the first step)."""
-    rates, first = [], None
+def gpu_state() -> str:
+    """The card's SM clock (MHz), temperature (C) and power (W) now, by NVML ("" without pynvml)."""
+    try:
+        return f"{torch.cuda.clock_rate()} MHz {torch.cuda.temperature()} C {torch.cuda.power_draw() / 1000:.0f} W"
+    except Exception:  # no pynvml
+        return ""
+
+
+def decode_rate(dec: GraphDecoder, cache, depth: int, steps: int, reps: int) -> tuple[float, torch.Tensor, str]:
+    """-> (median tokens/s of `steps` greedy steps from depth, the logits of the first step, the
+    card's gpu_state while the last run's steps were still queued)."""
+    rates, first, state = [], None, ""
     for r in range(reps + 1):
         cache.length = depth
         tok = torch.zeros(1, dtype=torch.long, device="cuda")
@@ -96,10 +105,11 @@ def decode_rate(dec: GraphDecoder, cache, depth: int, steps: int, reps: int) -> 
             if s == 0 and first is None:
                 first = logits.clone()
             tok = logits.argmax().view(1)
+        state = gpu_state()
         torch.cuda.synchronize()
         if r:
             rates.append(steps / (time.perf_counter() - t0))
-    return statistics.median(rates), first
+    return statistics.median(rates), first, state
 
 
 @torch.inference_mode()
@@ -114,11 +124,11 @@ def one_type(preset: str, wtype: str, plans: list[str], args, bw: float) -> None
         kwargs, consts = variant(text)
         dec = GraphDecoder(model, cache, **kwargs)
         with constants(consts):
-            rate, logits = decode_rate(dec, cache, args.depth, args.steps, args.reps)
+            rate, logits, state = decode_rate(dec, cache, args.depth, args.steps, args.reps)
         base = logits if base is None else base
         same = "same bits" if torch.equal(logits, base) else \
             f"rel. diff {((logits - base).norm() / base.norm()).item():.1e}, top-1 {'=' if logits.argmax() == base.argmax() else '!='}"
-        print(f"| {preset} {wtype} | {text or '(default)'} | {rate:.1f} | {nbytes * rate / bw:.1%} | {same} |",
+        print(f"| {preset} {wtype} | {text or '(default)'} | {rate:.1f} | {nbytes * rate / bw:.1%} | {same} | {state} |",
               flush=True)
         del dec
         free_memory("cuda")
@@ -138,8 +148,8 @@ def main() -> None:
     plans = [""] + [v for v in args.variant or [] if v]
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s")
-    print("| model | variant | tokens/s | of copy bandwidth | logits as the default's |")
-    print("| --- | --- | ---: | ---: | --- |")
+    print("| model | variant | tokens/s | of copy bandwidth | logits as the default's | card (SM clock, temperature, power) |")
+    print("| --- | --- | ---: | ---: | --- | --- |")
     for wtype in args.types.split(","):
         one_type(args.preset, wtype, plans, args, bw)
 

@@ -119,28 +119,37 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_
 
 
 @triton.jit
-def _rope_rows(src, heads, hmask, pos, inv_freq_ptr, D: tl.constexpr):
-    """Rows `heads` (R,) (where hmask; zeros elsewhere) of D values at src (fp32 or an int64
-    fixed-point accumulator), rotated as model.rope_rotate rotates them at position pos -> (R, D)
-    fp32: each value and its partner in the other half loaded, y = x cos + sign x' sin (sign -1 in
-    the first half), rope_store's operations."""
+def _rope_angles(pos, inv_freq_ptr, D: tl.constexpr):
+    """-> (cos, sin) (D,) of position pos's angles pos * inv_freq (fp32, each frequency twice: value i
+    and its partner in the other half), as rope_store computes them."""
     i = tl.arange(0, D)
-    half: tl.constexpr = D // 2
-    partner = (i + half) % D
-    ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % half)
-    x = _from_fixed(tl.load(src + heads[:, None] * D + i[None, :], mask=hmask[:, None], other=0))
-    xp = _from_fixed(tl.load(src + heads[:, None] * D + partner[None, :], mask=hmask[:, None], other=0))
-    sign = tl.where(i < half, -1.0, 1.0)
-    return x * tl.cos(ang)[None, :] + (sign[None, :] * xp) * tl.sin(ang)[None, :]
+    ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % (D // 2))
+    return tl.cos(ang), tl.sin(ang)
 
 
 @triton.jit
-def _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D: tl.constexpr):
-    """One current token's q|k|v sums at src (fp32 or int64 fixed point) at position p: kv head j's k
-    (rotated) and v rows into the cache row p -> (k, v) (D,) as the cache now holds them."""
+def _rope_rows(src, heads, hmask, cos, sin, D: tl.constexpr):
+    """Rows `heads` (R,) (where hmask; zeros elsewhere) of D values at src (fp32 or an int64
+    fixed-point accumulator), rotated as model.rope_rotate rotates them by the angles (cos, sin) of
+    _rope_angles -> (R, D) fp32: each value and its partner in the other half loaded,
+    y = x cos + sign x' sin (sign -1 in the first half), rope_store's operations."""
+    i = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    partner = (i + half) % D
+    x = _from_fixed(tl.load(src + heads[:, None] * D + i[None, :], mask=hmask[:, None], other=0))
+    xp = _from_fixed(tl.load(src + heads[:, None] * D + partner[None, :], mask=hmask[:, None], other=0))
+    sign = tl.where(i < half, -1.0, 1.0)
+    return x * cos[None, :] + (sign[None, :] * xp) * sin[None, :]
+
+
+@triton.jit
+def _store_current(src, k_ptr, v_ptr, kv, p, cos, sin, j, H, HKV, D: tl.constexpr):
+    """One current token's q|k|v sums at src (fp32 or int64 fixed point) at position p (angles cos,
+    sin): kv head j's k (rotated) and v rows into the cache row p -> (k, v) (D,) as the cache now
+    holds them."""
     i = tl.arange(0, D)
     k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
-    k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, p, inv_freq_ptr, D), (D,)).to(k_ptr.dtype.element_ty)
+    k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, cos, sin, D), (D,)).to(k_ptr.dtype.element_ty)
     v = _from_fixed(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
     tl.store(k_ptr + kv + p * D + i, k)
     tl.store(v_ptr + kv + p * D + i, v)
@@ -157,15 +166,16 @@ def _rope_current_rows(qkv_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, b, c, j, T
         p = pos0 + t
         if (p >= c * CHUNK) & (p < (c + 1) * CHUNK):
             src = qkv_ptr + (b * T + t).to(tl.int64) * (H + 2 * HKV) * D
-            _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D)
+            cos, sin = _rope_angles(p, inv_freq_ptr, D)
+            _store_current(src, k_ptr, v_ptr, kv, p, cos, sin, j, H, HKV, D)
     tl.debug_barrier()
 
 
 @triton.jit
-def _rope_current_row(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, k, v, rows, D: tl.constexpr):
+def _rope_current_row(src, k_ptr, v_ptr, kv, p, cos, sin, j, H, HKV, k, v, rows, D: tl.constexpr):
     """The one current token (plain decoding) at p, a row of this chunk: _store_current, and its k, v
     into the chunk's tiles k, v (CHUNK, D) from registers (no barrier and read back) -> (k, v)."""
-    k_t, v_t = _store_current(src, k_ptr, v_ptr, kv, p, inv_freq_ptr, j, H, HKV, D)
+    k_t, v_t = _store_current(src, k_ptr, v_ptr, kv, p, cos, sin, j, H, HKV, D)
     return tl.where((rows == p)[:, None], k_t[None, :], k), tl.where((rows == p)[:, None], v_t[None, :], v)
 
 
@@ -202,8 +212,9 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     the program rotates its q heads itself and writes the current tokens' k, v rows of its chunk, then
     reads them back after a barrier. ONE (plain decoding, T = 1; CHUNK == BLOCK_S: one tile): the
     chunk's earlier rows, written by earlier steps, are loaded before the PDL wait (while the q|k|v
-    products still run) and the current row joins the tile from registers.
-    (Merging a verify pass's T rows from registers cost it more than the read back, 2026-11-26.)"""
+    products still run) and the current row joins the tile from registers; so are the rope angles.
+    (Merging a verify pass's T rows from registers cost it more than the read back, and letting the
+    next kernel be scheduled only once the chunk's loads were issued lost 0-4%, 2026-11-26.)"""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     j = tl.program_id(0)
@@ -226,12 +237,13 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
         offs = kv + rows[:, None] * D + d[None, :]
         k = tl.load(k_ptr + offs, mask=(rows < pos0)[:, None], other=0.0)
         v = tl.load(v_ptr + offs, mask=(rows < pos0)[:, None], other=0.0)
+        cos, sin = _rope_angles(pos0, inv_freq_ptr, D)
         if PDL:
             tl.extra.cuda.gdc_wait()
         src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
         if (pos0 >= c * CHUNK) & (pos0 < (c + 1) * CHUNK):
-            k, v = _rope_current_row(src, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, j, H, tl.num_programs(0), k, v, rows, D)
-        q = (_rope_rows(src, j * GROUP + g, gmask, pos0, inv_freq_ptr, D) * scale).to(ty)
+            k, v = _rope_current_row(src, k_ptr, v_ptr, kv, pos0, cos, sin, j, H, tl.num_programs(0), k, v, rows, D)
+        q = (_rope_rows(src, j * GROUP + g, gmask, cos, sin, D) * scale).to(ty)
         if c * CHUNK < n:
             m_i, l_i, acc = _attn_tile(q, k, v, rows < n, m_i, l_i, acc, IEEE)
     else:
@@ -241,7 +253,8 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
             _rope_current_rows(q_ptr, k_ptr, v_ptr, kv, pos0, inv_freq_ptr, r // T, c, j, T, H, tl.num_programs(0),
                                D, CHUNK)
             src = q_ptr + r.to(tl.int64) * (H + 2 * tl.num_programs(0)) * D
-            q = (_rope_rows(src, j * GROUP + g, gmask, pos0 + r % T, inv_freq_ptr, D) * scale).to(ty)
+            cos, sin = _rope_angles(pos0 + r % T, inv_freq_ptr, D)
+            q = (_rope_rows(src, j * GROUP + g, gmask, cos, sin, D) * scale).to(ty)
         else:
             q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
                  * scale).to(ty)

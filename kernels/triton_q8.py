@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_base import INTERPRET, PDL, _pdl_start, _pdl_trigger, _pdl_wait
+from .triton_base import INTERPRET, PDL, _pdl_trigger, _pdl_wait
 from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
 from .triton_gemv import _rstd
 
@@ -75,19 +75,23 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
     holds the whole row and takes rstd from the values it loaded, one pass over x instead of two:
     8B 4.4 -> 3.1 us a call, H200); GLU: x is (M, 2K)
     fp32 sums of interleaved (gate, up) rows, the values are silu(gate) * up rounded like model.py's
-    modules in the activation dtype, and the sums are cleared (zeros) for the next accumulation."""
-    _pdl_start(PDL)
+    modules in the activation dtype, and the sums are cleared (zeros) for the next accumulation.
+    The next kernel (a product, loading weights before its wait) is let be scheduled at the start:
+    doing so only once x's loads were issued lost 1-2% (8B Q4_0, Q4_K_M, H100 2026-11-26)."""
     m = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     bm = b < K // 32
     cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
+    _pdl_trigger(PDL)
+    if NORM:  # the norm weight is never written: loaded before the wait
+        nw = tl.load(nw_ptr + cols, mask=bm[:, None], other=0.0).to(tl.float32)
+    _pdl_wait(PDL)
     if GLU:
         src = x_ptr + m * x_stride + 2 * cols
         v = _glu_values(src, bm[:, None], act_ptr.dtype.element_ty)
     else:
         v = _from_fixed(tl.load(x_ptr + m * x_stride + cols, mask=bm[:, None], other=0))
     if NORM:
-        nw = tl.load(nw_ptr + cols, mask=bm[:, None], other=0.0).to(tl.float32)
         if WHOLE:
             rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, 1), 0) / K + eps)
         else:
@@ -363,8 +367,8 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
     grid = (m, triton.cdiv(k // 32, blocks))
     _quant_act_kernel[grid](x, norm_weight if norm_weight is not None else x, act_ref, q, d, s, k, x.stride(0), eps,
                             NORM=norm_weight is not None, GLU=glu_dtype is not None, BLOCKS=blocks,
-                            RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), WHOLE=blocks * 32 >= k, PDL=PDL,
-                            num_warps=warps, launch_pdl=PDL)
+                            RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), WHOLE=blocks * 32 >= k,
+                            PDL=PDL, num_warps=warps, launch_pdl=PDL)
     return q, d, s
 
 
@@ -402,8 +406,11 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     L = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype, act_dtype, q.device, counters)
     out = L.out
     even = n % bn == 0 and units % bk == 0
-    # unmasked (even) tiles must exist: at most the shortest part's steps
+    # unmasked (even) tiles must exist: at most the shortest part's steps. Several x rows (a verify
+    # pass, a batch): none; ROWS x PRELOAD unrolled copies of a step gave Q6_K a kernel that Triton
+    # 3.6's coalesce pass failed on (H100, 2026-11-26) and that took minutes to compile
     preload = min(PRELOAD[w.qtype], (units - (L.split - 1) * L.per_split) // bk) if even else PRELOAD[w.qtype]
+    preload = preload if L.rows == 1 else 0
     _q8_gemv_kernel[L.grid](
         q.view(torch.int32), d, s, out, bias if bias is not None else out, residual if residual is not None else out,
         L.act_ref, L.ws, L.counters, *ptrs, *strides, step, m, n, k, out.stride(0), L.per_split,
