@@ -119,6 +119,13 @@ def one_type(preset: str, wtype: str, plans: list[str], args, bw: float) -> None
     cache = make_cache(cfg, args.depth + args.steps + 1, dtype=torch.bfloat16, device=torch.device("cuda"))
     prefill(model, cache, random_prompt(cfg.vocab_size, args.depth, 0), 0)
     nbytes = weight_bytes_per_token(model) + kv_bytes_per_token(cache, args.depth + args.steps / 2)
+    # A decode graph captured and stepped, then dropped: once a second decode graph has been captured,
+    # the driver runs every decode graph's PDL overlap slower (8B Q4_0 470 against 487 tokens/s, H100,
+    # driver 580, 2026-11-26). Without it the process's first decoder (the default) ran in the faster
+    # state and every variant in the slower one.
+    cache.length = args.depth
+    GraphDecoder(model, cache).step(torch.zeros(1, dtype=torch.long, device="cuda"))
+    free_memory("cuda")
     base = None
     for text in plans:
         kwargs, consts = variant(text)
