@@ -4,7 +4,8 @@
 
 A variant is `;`-separated settings: `split=N` (split K aiming at N programs an SM:
 triton_epilogue.SPLIT_PROGRAMS_PER_SM), `splitcap=N` (at most N parts: triton_epilogue.SPLIT_MAX),
-`qwarps=N` (warps of the one-program activation quantizer), `preload=0|1|2` or `preload.q6_k=N`
+`qwarps=N` (warps of the one-program activation quantizer), `chunk=N` (cache rows an attention
+program takes, 16..64: triton_attention.CHUNK), `preload=0|1|2` or `preload.q6_k=N`
 (integer-dot products, or one type's, load their first N steps' weights before their PDL wait:
 triton_q8.PRELOAD), `q4_k=BN,BK,W` (a type's integer-dot tile config: triton_q8.CONFIGS),
 `nochain` (separate q, k, v products wait for each other: GraphDecoder(chain=False)), `ropekernel`
@@ -25,7 +26,7 @@ import time
 import gguf
 import torch
 
-from kernels import triton_epilogue, triton_q8
+from kernels import triton_attention, triton_epilogue, triton_q8
 from localllm.bench import copy_bandwidth, free_memory, kv_bytes_per_token, weight_bytes_per_token
 from localllm.cache import make_cache
 from localllm.cuda_decode import GraphDecoder
@@ -37,7 +38,7 @@ from localllm.synthetic import synthetic_model
 # module constants the kernels' launchers read as the graph is captured
 Q = gguf.GGMLQuantizationType
 CONSTANTS = {"split": (triton_epilogue, "SPLIT_PROGRAMS_PER_SM"), "splitcap": (triton_epilogue, "SPLIT_MAX"),
-             "qwarps": (triton_q8, "WHOLE_ROW_WARPS")}
+             "qwarps": (triton_q8, "WHOLE_ROW_WARPS"), "chunk": (triton_attention, "CHUNK")}
 
 
 def variant(text: str) -> tuple[dict, list]:

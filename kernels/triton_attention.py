@@ -30,6 +30,8 @@ from .triton_base import PDL, _pdl_start
 from .triton_epilogue import _from_fixed
 from .triton_q8 import _store_blocks, act_buffers
 
+CHUNK = 64  # cache rows a program takes (bench/attn_tune.py; decode_variants chunk=N)
+
 
 @triton.jit
 def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEAR: tl.constexpr):
@@ -214,7 +216,7 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     chunk's earlier rows, written by earlier steps, are loaded before the PDL wait (while the q|k|v
     products still run) and the current row joins the tile from registers; so are the rope angles.
     (Merging a verify pass's T rows from registers cost it more than the read back, and letting the
-    next kernel be scheduled only once the chunk's loads were issued lost 0-4%, 2026-11-26.)"""
+    next kernel be scheduled only once the chunk's loads were issued gained nothing, 2026-11-26.)"""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     j = tl.program_id(0)
@@ -323,7 +325,7 @@ def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, he
     return q
 
 
-def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quantize: bool = False,
+def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = None, quantize: bool = False,
                      gqa: bool = True, tokens: int = 1, rope: tuple | None = None):
     """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
     to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
@@ -335,6 +337,7 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int = 64, quant
     as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16) and 16 <= chunk <= 64."""
     k_cache, v_cache = _batched(k_cache), _batched(v_cache)
     t = tokens * k_cache.shape[0]  # rows
+    chunk = chunk or CHUNK
     if rope is not None:
         qkv, inv_freq, d = rope
         assert gqa and d >= 16 and 16 <= chunk <= 64 and qkv.is_contiguous() and qkv.shape[0] == t
