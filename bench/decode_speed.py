@@ -71,7 +71,7 @@ def main() -> None:
     tg = [s.generate_tps() for s in runs]
     pp = [s.prompt_tps() for s in runs]
     device = str(lm.model.token_embd.weight.device)
-    bw = copy_bandwidth(device.split(":")[0])
+    bw = copy_bandwidth(lm.model.token_embd.weight.device)
     wb = weight_bytes(lm.model)
     mean_tg = statistics.mean(tg)
     print(f"model {lm.path.name} | device {device} | dtype {lm.model.token_embd.weight.dtype} | threads {torch.get_num_threads()}")
