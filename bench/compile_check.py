@@ -87,11 +87,11 @@ def q8_case(fmt: int, chain: int):
              "res_ptr": "*i64", "act_ptr": "*bf16", "ws_ptr": "*i64", "cnt_ptr": "*i32", "P0": "*i32",
              "P1": "*fp16", "P2": "*fp16" if fmt == 2 else "*i32", "P3": "*u8" if fmt == 2 else "*i8",
              "P4": "*u8"}
-    bn, bk, warps = triton_q8.CONFIGS[list(triton_q8.FMT)[fmt]]
+    qtype = list(triton_q8.FMT)[fmt]
+    bn, bk, warps = triton_q8.CONFIGS[qtype]
     const = {"FMT": fmt, "UNIT": (32, 32, 64, 128)[fmt], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
              "HAS_RES": False, "ROUND": True, "SPLIT": 4, "ROWS": 1, "ASM": True, "EVEN": True, "CHAIN": chain,
-             "PRELOAD": triton_q8.PRELOAD[list(triton_q8.FMT)[fmt]],
-             "PDL": True}
+             "PRELOAD": triton_q8.PRELOAD[qtype], "PDL": True}
     return case(triton_q8._q8_gemv_kernel, types, const, warps)
 
 

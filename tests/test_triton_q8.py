@@ -161,14 +161,14 @@ def test_partial_unit_steps_read_nothing_past_k(qtype):
     assert rel(got, dequantize_act(q, d).double() @ ref.double().T) < 1e-6
 
 
-
 @pytest.mark.parametrize("preload", [0, 1, 2])
 @pytest.mark.parametrize("split", [1, 8], ids=["whole", "split"])
 def test_preloaded_steps_give_the_same_sums(weight, preload, split, monkeypatch):
     """Weights loaded before the PDL wait (PRELOAD steps) sum exactly as loaded in the loop, also on
-    the unmasked path whose parts have fewer steps than PRELOAD (split 8: one step each)."""
+    the unmasked path whose parts have fewer steps than PRELOAD (split 8: one step each). One x row:
+    programs of several rows preload nothing (gemv_q8)."""
     qtype, ref, qw = weight
-    _, xa, xv = act(2, 9)
+    _, xa, xv = act(1, 9)
     w, config = qw.rows(0, 32), (8, 2, 4)  # even: 32 rows, 512 columns
     monkeypatch.setitem(triton_q8.PRELOAD, qtype, 0)
     want = triton_q8.gemv_q8(xa, w, act_dtype=torch.float32, config=config, split=split)
