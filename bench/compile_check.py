@@ -57,6 +57,10 @@ def main() -> None:
         compile_one(f"dense fixed={fixed}", *dense_case(fixed))
     compile_one("glu_rows", *case(triton_decode._glu_rows_kernel, {"acc_ptr": "*i64", "out_ptr": "*bf16"},
                                          {"BLOCK": 1024, "PDL": True}))
+    compile_one("greedy_ids", *case(triton_decode._greedy_kernel, {"logits_ptr": "*fp32", "out_ptr": "*i64",
+                                                                  "best_ptr": "*i64", "cnt_ptr": "*i32",
+                                                                  "pos_ptr": "*i32"},
+                                    {"BLOCK": triton_decode.ARGMAX_BLOCK, "PDL": True}, 8), odd=("V", "advance"))
     compile_one("rope_store", *case(
         triton_attention._rope_store_kernel, {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16",
                                            "pos_ptr": "*i32", "inv_freq_ptr": "*fp32"},

@@ -9,9 +9,10 @@ program takes, 16..64: triton_attention.CHUNK), `preload=0|1|2` or `preload.q6_k
 (integer-dot products, or one type's, load their first N steps' weights before their PDL wait:
 triton_q8.PRELOAD), `q4_k=BN,BK,W` (a type's integer-dot tile config: triton_q8.CONFIGS),
 `nochain` (separate q, k, v products wait for each other: GraphDecoder(chain=False)), `ropekernel`
-(rope_store before the attention instead of inside it: GraphDecoder(fuse_rope=False)). Printed per
-type and variant: decode tokens/s after a --depth prompt (median of --reps runs of --steps steps,
-one replayed graph a step), the share of the copy bandwidth measured here, and how the first
+(rope_store before the attention instead of inside it: GraphDecoder(fuse_rope=False)),
+`torchargmax` (the next id by torch's argmax after each replay instead of the graph's own greedy_ids,
+GraphDecoder(greedy=True), as localllm bench steps). Printed per type and variant: decode tokens/s
+after a --depth prompt (median of --reps runs of --steps greedy steps, one replayed graph a step), the share of the copy bandwidth measured here, and how the first
 step's logits compare with the default's (split K's parts truncate to fixed point apart, so
 another split moves the last bits).
 """
@@ -60,6 +61,8 @@ def variant(text: str) -> tuple[dict, list]:
             kwargs["chain"] = False
         elif key == "ropekernel":
             kwargs["fuse_rope"] = False
+        elif key == "torchargmax":  # the next id by torch's argmax after the graph, not inside it
+            kwargs["greedy"] = False
         else:
             raise SystemExit(f"unknown variant setting {part!r}")
     return kwargs, consts
@@ -102,10 +105,14 @@ def decode_rate(dec: GraphDecoder, cache, depth: int, steps: int, reps: int) -> 
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for s in range(steps):
-            logits = dec.step(tok)
+            if dec.greedy:  # as localllm bench steps (generate.greedy_rows)
+                tok = dec.step_greedy(tok)
+                logits = dec.logits.view(-1)
+            else:
+                logits = dec.step(tok)
+                tok = logits.argmax().view(1)
             if s == 0 and first is None:
                 first = logits.clone()
-            tok = logits.argmax().view(1)
         state = gpu_state()
         torch.cuda.synchronize()
         if r:
@@ -130,7 +137,7 @@ def one_type(preset: str, wtype: str, plans: list[str], args, bw: float) -> None
     base = None
     for text in plans:
         kwargs, consts = variant(text)
-        dec = GraphDecoder(model, cache, **kwargs)
+        dec = GraphDecoder(model, cache, **{"greedy": True, **kwargs})
         with constants(consts):
             rate, logits, state = decode_rate(dec, cache, args.depth, args.steps, args.reps)
         base = logits if base is None else base

@@ -5,6 +5,9 @@ embed_fixed: ids (T,) -> their embedding rows (T, C) into the residual stream, a
 glu_rows: gate/up sums (T, 2F) interleaved, in an int64 fixed-point accumulator -> silu(gate) * up
   (T, F) in the activation dtype, each op rounded as model.py's modules round it (the dense products'
   down-projection input); the accumulator is cleared for the next step.
+greedy_ids: logits (T, V) fp32 -> each row's argmax (T,) int64, the first index of the largest value as
+  torch.argmax gives it, inside the step's graph (torch's argmax of a 128k vocabulary took ~30 µs of
+  an 8B Q4_0 step's 2.12 ms, H100).
 """
 
 from __future__ import annotations
@@ -63,4 +66,57 @@ def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024) -> torch.
     assert acc.dtype == torch.int64 and acc.is_contiguous()
     out = torch.empty((t, f), dtype=dtype, device=acc.device)
     _glu_rows_kernel[(t, triton.cdiv(f, block))](acc, out, f, BLOCK=block, PDL=PDL, num_warps=4, launch_pdl=PDL)
+    return out
+
+
+ARGMAX_BLOCK = 4096  # logits a greedy_ids program takes
+INT64_MIN = tl.constexpr(-(1 << 63))  # greedy_ids' empty key
+
+
+@triton.jit
+def _argmax_key(v, i):
+    """Value v (fp32) at index i (< 2^31) -> an int64 whose order is (v, -i)'s: v's bits made
+    monotonic (negative floats' magnitude bits flipped; -0.0 taken as +0.0) above 2^31 - 1 - i."""
+    bits = (v + 0.0).to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    return (key << 32) | (0x7FFFFFFF - i).to(tl.int64)
+
+
+@triton.jit
+def _greedy_kernel(logits_ptr, out_ptr, best_ptr, cnt_ptr, pos_ptr, V, stride, advance, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
+    """Program (block j, row r): the largest key of logits [j BLOCK, (j + 1) BLOCK) of row r into
+    best[r] (atomic max); the row's last program (its counter) writes out[r], resets best[r] and
+    cnt[r] for the next call, and row 0's adds `advance` to pos[0]."""
+    _pdl_start(PDL)
+    j = tl.program_id(0)
+    r = tl.program_id(1)
+    i = j * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(logits_ptr + r.to(tl.int64) * stride + i, mask=i < V, other=float("-inf"))
+    tl.atomic_max(best_ptr + r, tl.max(_argmax_key(v, i), 0), sem="relaxed")
+    if tl.atomic_add(cnt_ptr + r, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        key = tl.atomic_xchg(best_ptr + r, INT64_MIN, sem="acquire")
+        tl.store(out_ptr + r, 0x7FFFFFFF - (key & 0x7FFFFFFF))
+        tl.atomic_xchg(cnt_ptr + r, 0, sem="relaxed")
+        if (r == 0) & (advance != 0):
+            tl.store(pos_ptr, tl.load(pos_ptr) + advance)
+
+
+def greedy_state(t: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """greedy_ids' (best, count) buffers for t rows, as it leaves them."""
+    return (torch.full((t,), INT64_MIN.value, dtype=torch.int64, device=device),
+            torch.zeros(t, dtype=torch.int32, device=device))
+
+
+def greedy_ids(logits: torch.Tensor, out: torch.Tensor, best: torch.Tensor, count: torch.Tensor,
+               pos: torch.Tensor | None = None, advance: int = 0) -> torch.Tensor:
+    """logits (T, V) fp32 -> out (T,) int64 = logits.argmax(-1). (best, count) = greedy_state(T) is the
+    kernel's state (left as it was found, for the next call); pos (1,) int32 has
+    `advance` added once every row is done (the decode step's position, one kernel fewer)."""
+    t, v = logits.shape
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1 and v < 2**31 and out.shape == (t,)
+    grid = (triton.cdiv(v, ARGMAX_BLOCK), t)
+    _greedy_kernel[grid](logits, out, best, count, pos if pos is not None else count, v, logits.stride(0),
+                         advance if pos is not None else 0, BLOCK=ARGMAX_BLOCK, PDL=PDL, num_warps=8,
+                         launch_pdl=PDL)
     return out

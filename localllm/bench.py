@@ -28,7 +28,7 @@ import torch
 from kernels.qweight import QWeight
 
 from .cache import make_cache
-from .generate import decode_rows, prefill_rows
+from .generate import greedy_rows, prefill_rows
 from .model import Linear, Transformer
 from .tokenizer import Tokenizer
 
@@ -158,7 +158,7 @@ def one_run(model: Transformer, p: int, n: int, depth: int, cache, seed: int) ->
     t1 = time.perf_counter()
     tokens = logits.argmax(-1)
     for _ in range(n):
-        tokens = decode_rows(model, cache, tokens).argmax(-1)
+        tokens = greedy_rows(model, cache, tokens)
     sync(device)
     return t1 - t0, time.perf_counter() - t1
 

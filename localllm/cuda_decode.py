@@ -13,7 +13,8 @@ position: bench's batches of equal prompts) per layer is:
   gu += W_gate|up @ RMSNorm(x)         (gate/up rows interleaved)
   a = silu(g) * u                      (triton_decode.glu_rows, or the int8 quantizer; clears gu)
   x += W_down @ a
-then logits = W_out @ RMSNorm(x) in fp32. x (the residual stream), qkv and gu are int64 fixed-point
+then logits = W_out @ RMSNorm(x) in fp32 (with greedy, then each row's argmax as the next step's input
+ids: one launch a token). x (the residual stream), qkv and gu are int64 fixed-point
 accumulators (triton_epilogue.FIXED_ONE): products split over K for enough warps add their parts
 into them with integer atomics, which give the same sum in any order. So the same step gives the
 same bits every time, and since every kernel computes each token's row the same way whatever T is,
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from kernels.linear import fused_linear
 from kernels.qweight import INT_DOT_TYPES, QWeight
 from kernels.triton_attention import decode_attention, rope_store
-from kernels.triton_decode import embed_fixed, glu_rows
+from kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, greedy_state
 from kernels.triton_epilogue import COUNTERS, from_fixed
 from kernels.triton_prefill import rmsnorm_rows
 from kernels.triton_q8 import quantize_act
@@ -103,12 +104,15 @@ class GraphDecoder:
     decoding's ids."""
 
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1,
-                 chain: bool = True, fuse_rope: bool = True):
+                 chain: bool = True, fuse_rope: bool = True, greedy: bool = False):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
         self.chain = chain  # separate integer-dot q, k, v products overlap (triton_q8's CHAIN)
         self.fuse_rope = fuse_rope  # rope_store's work done by the attention kernel (decode_attention's rope)
         self.rows = rows = cache.k.shape[1] * tokens  # sequences x tokens each
+        # greedy: the step ends with each row's argmax written into its own input ids (step_greedy)
+        assert not greedy or tokens == 1, "greedy ids are the next step's input: one token a step"
+        self.greedy = greedy
         dev = cache.k.device
         fuse_blocks(model)
         self.layers = [LayerWeights(b) for b in model.blk]
@@ -126,6 +130,7 @@ class GraphDecoder:
         self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
+        self.best, self.count = greedy_state(rows, dev)  # greedy_ids' state
         self.expected_len = -1
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -205,7 +210,10 @@ class GraphDecoder:
             x = self._ffn(x, L)
         logits = self._lin(x, m.output_weight(), norm=(m.output_norm.weight, self.cfg.norm_eps),
                            out_dtype=torch.float32)
-        self.pos += self.tokens
+        if self.greedy:  # the ids into self.token, and pos advanced by the same kernel
+            greedy_ids(logits, self.token, self.best, self.count, self.pos, self.tokens)
+        else:
+            self.pos += self.tokens
         return logits
 
     def _capture(self) -> None:
@@ -227,18 +235,26 @@ class GraphDecoder:
         (V,) fp32 for one row, (B T, V) for several. The returned tensor is overwritten by the next step."""
         if self.cache.length + self.tokens > self.cache.capacity:
             raise ValueError("the KV cache is full")
-        self.token.copy_(token.view(self.rows))
         if self.cache.length != self.expected_len:
             self.pos.fill_(self.cache.length)
+        if self.use_graph and self.graph is None:
+            self._capture()  # its warm-up step's cache rows are written again by the replay below
+        if token is not self.token:  # (step_greedy's ids come back as self.token itself)
+            self.token.copy_(token.view(self.rows))
         if not self.use_graph:
             self.logits = self._step()
         else:
-            if self.graph is None:
-                self._capture()
             self.graph.replay()
         self.cache.length += self.tokens
         self.expected_len = self.cache.length
         return self.logits[0] if self.rows == 1 else self.logits
+
+    def step_greedy(self, token: torch.Tensor) -> torch.Tensor:
+        """step(token), -> the rows' greedy ids (B,) int64 computed inside the step (greedy=True): the
+        next step's input buffer itself, overwritten by it; pass it back as is (no copy)."""
+        assert self.greedy
+        self.step(token)
+        return self.token
 
 
 def held_for(model: Transformer, attr: str, cache: KVCache, make):
@@ -251,8 +267,8 @@ def held_for(model: Transformer, attr: str, cache: KVCache, make):
     return obj
 
 
-def decoder_for(model: Transformer, cache: KVCache, tokens: int = 1) -> GraphDecoder:
-    """The model's decoder of `tokens` tokens a step for this cache (one kept per token count: a new
-    cache replaces its graph)."""
-    attr = "_graph_decoder" if tokens == 1 else f"_graph_decoder_{tokens}"
-    return held_for(model, attr, cache, lambda m, c: GraphDecoder(m, c, tokens=tokens))
+def decoder_for(model: Transformer, cache: KVCache, tokens: int = 1, greedy: bool = False) -> GraphDecoder:
+    """The model's decoder of `tokens` tokens a step for this cache (one kept per token count and
+    greedy: a new cache replaces its graph)."""
+    attr = "_graph_decoder" + ("" if tokens == 1 else f"_{tokens}") + ("_greedy" if greedy else "")
+    return held_for(model, attr, cache, lambda m, c: GraphDecoder(m, c, tokens=tokens, greedy=greedy))

@@ -82,6 +82,17 @@ def decode_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> tor
     return model(tokens.view(b, 1), cache, cache.length)[:, -1]
 
 
+def greedy_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens (B,) as decode_rows takes them -> the argmax ids (B,) of their logits. On CUDA the argmax
+    is the graph's last kernel and the ids stay the decoder's input buffer (overwritten by the next
+    step; passed back, they are not copied): one launch a token."""
+    if cache.k.device.type == "cuda":
+        from .cuda_decode import decoder_for
+
+        return decoder_for(model, cache, greedy=True).step_greedy(tokens)
+    return decode_rows(model, cache, tokens).argmax(-1)
+
+
 def check_fits(prompt_len: int, cache: KVCache) -> None:
     if prompt_len == 0:
         raise LocalLLMError("the prompt is empty (no tokens to start from)")

@@ -273,6 +273,52 @@ def test_batched_step_rows_equal_single_sequences(wtype, monkeypatch):
             assert torch.equal(one.k[:, 0, :, 5], batch.k[:, b, :, 5]) and torch.equal(one.v[:, 0, :, 5], batch.v[:, b, :, 5])
 
 
+def test_greedy_ids_are_torch_argmax():
+    """greedy_ids against torch.argmax: rows over several programs, masked tails, ties (the first
+    index wins, across programs too), all-negative rows, -0.0 against 0.0; its state is left for the
+    next call and pos advances once."""
+    from kernels.triton_decode import ARGMAX_BLOCK, greedy_ids, greedy_state
+
+    g = torch.Generator().manual_seed(11)
+    t, v = 4, 2 * ARGMAX_BLOCK + 77
+    best, count = greedy_state(t, "cpu")
+    pos, out = torch.tensor([5], dtype=torch.int32), torch.empty(t, dtype=torch.int64)
+    for trial in range(3):
+        x = torch.randn(t, v, generator=g)
+        x[0, v // 3:] = float("-inf")
+        x[1, [v - 1, ARGMAX_BLOCK + 3, 17]] = x[1].max() + 1  # a three-way tie over three programs
+        x[2] = -x[2].abs() - 1
+        x[3] = -x[3].abs()
+        x[3, [ARGMAX_BLOCK + 9, 40]] = torch.tensor([0.0, -0.0])  # equal maxima: the first (40) wins
+        greedy_ids(x, out, best, count, pos, 1)
+        assert torch.equal(out, x.argmax(-1)) and out[1] == 17 and out[3] == 40, trial
+        assert pos.item() == 6 + trial
+        assert torch.equal(greedy_state(t, "cpu")[0], best) and not count.any()
+
+
+@pytest.mark.parametrize("wtype", ["Q4_0", "f32"])
+def test_greedy_step_gives_the_argmax_of_plain_steps(wtype, monkeypatch):
+    """GraphDecoder(greedy=True).step_greedy of B = 2 sequences: its ids (fed back as they are) are
+    the argmax of a plain decoder's logits, step after step, and its logits are those logits."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=8)
+    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    prompt = torch.randint(0, TINY.vocab_size, (2, 5), generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        caches = make_cache(TINY, 9, batch=2), make_cache(TINY, 9, batch=2)
+        for c in caches:
+            fast(prompt, c, 0)
+        greedy = GraphDecoder(fast, caches[0], use_graph=False, greedy=True)
+        plain = GraphDecoder(fast, caches[1], use_graph=False)
+        ids = want = prompt[:, -1]
+        for _ in range(3):
+            ids = greedy.step_greedy(ids)
+            logits = plain.step(want)
+            want = logits.argmax(-1)
+            assert torch.equal(greedy.logits, logits) and torch.equal(ids, want)
+        assert caches[0].length == 8 and greedy.pos.item() == 8 and torch.equal(caches[0].k, caches[1].k)
+
+
 @pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "f32"])
 def test_verify_step_rows_equal_plain_steps(wtype, monkeypatch):
     """A step of 3 tokens (speculative decoding's verify pass on CUDA) gives each token's logits and
