@@ -42,9 +42,11 @@ FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
 UNIT = {Q.Q8_0: 32, Q.Q4_0: 32, Q.Q4_K: 64, Q.Q6_K: 128}
 TYPES = INT_DOT_TYPES
 assert set(FMT) == TYPES
-# (rows per program BN, units per iteration BK, warps): bench/q8_tune.py's sweep (H200).
+# (rows per program BN, units per iteration BK, warps): bench/q8_tune.py's sweep (H200); Q8_0 and Q4_0
+# take 2 units a step instead of 4 in the whole decode step (bench/decode_variants.py, H100: 8B Q4_0
+# 477.0 -> 494.5 tokens/s, Q8_0 310.4 -> 316.5; BK 1, or BN 16 / 64 with BK 2, were slower).
 # Every product is also split over K (triton_epilogue.auto_split) so that enough warps stream: 2026-11-26.
-CONFIGS = {Q.Q8_0: (32, 4, 1), Q.Q4_0: (32, 4, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
+CONFIGS = {Q.Q8_0: (32, 2, 1), Q.Q4_0: (32, 2, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
 if INTERPRET:  # the interpreter pays per program: few large ones
     CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
 # Products load their first PRELOAD steps' weights (BK units each) before their PDL wait, overlapping
