@@ -8,6 +8,8 @@
    residual forms (vs model.py's module ops in bf16), rope_store and decode attention (vs SDPA);
 2. logits of synthetic models on CUDA (bf16, quantized weights kept quantized, CUDA-graph decode)
    against the same weights on the CPU in fp32 (prefill and 6 decode steps);
+   greedy: graph steps ending in greedy_ids (localllm bench's form) against plain graph steps and
+   torch's argmax, ids and logits bit for bit;
 3. a sweep of the matvec kernels' tile configs at 8B shapes (GB/s of weight bytes; K split as in
    decode), cuBLAS for bf16;
    the best configs go to DIR/gemv_configs.json (to copy into triton_gemv.CONFIGS).
@@ -129,6 +131,37 @@ def check_logits() -> list[str]:
     return out
 
 
+def check_greedy(steps: int = 24) -> list[str]:
+    """GraphDecoder(greedy=True).step_greedy (ids fed back uncopied) against a plain GraphDecoder fed
+    torch's argmax of its logits, on two caches holding the same prompt (llama-3.2-1b shape)."""
+    from localllm.cache import make_cache
+    from localllm.cuda_decode import GraphDecoder
+    from localllm.generate import prefill
+    from localllm.registry import shape_preset
+    from localllm.spec_bench import random_prompt
+    from localllm.synthetic import synthetic_model
+
+    out = ["| shape | type | steps | ids equal | logits equal |", "| --- | --- | ---: | --- | --- |"]
+    cfg = shape_preset("llama-3.2-1b")
+    for wtype in ("bf16", "Q4_0", "Q4_K_M"):
+        model, _ = synthetic_model(cfg, wtype, torch.device(DEV), torch.bfloat16, seed=4)
+        caches = [make_cache(cfg, 64 + steps, dtype=torch.bfloat16, device=torch.device(DEV)) for _ in range(2)]
+        prompt = random_prompt(cfg.vocab_size, 64, 5)
+        first = [prefill(model, c, prompt, 0).argmax(-1).view(1) for c in caches]
+        greedy, plain = GraphDecoder(model, caches[0], greedy=True), GraphDecoder(model, caches[1])
+        ids, want, same_ids, same_logits = first[0], first[1], True, True
+        for _ in range(steps):
+            ids = greedy.step_greedy(ids)
+            logits = plain.step(want)
+            want = logits.argmax().view(1)
+            same_ids &= torch.equal(ids, want)
+            same_logits &= torch.equal(greedy.logits[0], logits)
+        out.append(f"| llama-3.2-1b | {wtype} | {steps} | {same_ids} | {same_logits} |")
+        del model, caches, greedy, plain
+        torch.cuda.empty_cache()
+    return out
+
+
 SWEEP = [(2, 16, 4), (4, 16, 4), (2, 32, 4), (4, 32, 4), (8, 32, 4), (4, 64, 4), (2, 64, 4), (4, 32, 2),
          (8, 64, 8), (8, 16, 2), (16, 32, 8), (2, 32, 2)]
 
@@ -172,13 +205,13 @@ def sweep(cfg_out: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: kernels,attention,logits,sweep")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: kernels,attention,logits,greedy,sweep")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}")
     skip = set(args.skip.split(","))
     cfg_out: dict = {}
     for name, fn in (("kernels", check_kernels), ("attention", check_attention), ("logits", check_logits),
-                     ("sweep", lambda: sweep(cfg_out))):
+                     ("greedy", check_greedy), ("sweep", lambda: sweep(cfg_out))):
         if name in skip:
             continue
         print(f"\n## {name}\n", flush=True)
