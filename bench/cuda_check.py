@@ -133,15 +133,19 @@ def check_logits() -> list[str]:
 
 def check_greedy(steps: int = 24) -> list[str]:
     """GraphDecoder(greedy=True).step_greedy (ids fed back uncopied) against a plain GraphDecoder fed
-    torch's argmax of its logits, on two caches holding the same prompt (llama-3.2-1b shape)."""
+    torch's argmax of its logits, on two caches holding the same prompt (llama-3.2-1b shape); and
+    generate() with a temperature-0 sampler (which steps through greedy_rows) on a third."""
     from localllm.cache import make_cache
     from localllm.cuda_decode import GraphDecoder
-    from localllm.generate import prefill
+    from localllm.generate import generate, prefill
+    from localllm.sampling import Sampler
+    from localllm.settings import SamplingSettings
     from localllm.registry import shape_preset
     from localllm.spec_bench import random_prompt
     from localllm.synthetic import synthetic_model
 
-    out = ["| shape | type | steps | ids equal | logits equal |", "| --- | --- | ---: | --- | --- |"]
+    out = ["| shape | type | steps | ids equal | logits equal | generate()'s ids equal |",
+           "| --- | --- | ---: | --- | --- | --- |"]
     cfg = shape_preset("llama-3.2-1b")
     for wtype in ("bf16", "Q4_0", "Q4_K_M"):
         model, _ = synthetic_model(cfg, wtype, torch.device(DEV), torch.bfloat16, seed=4)
@@ -150,14 +154,18 @@ def check_greedy(steps: int = 24) -> list[str]:
         first = [prefill(model, c, prompt, 0).argmax(-1).view(1) for c in caches]
         greedy, plain = GraphDecoder(model, caches[0], greedy=True), GraphDecoder(model, caches[1])
         ids, want, same_ids, same_logits = first[0], first[1], True, True
+        plain_ids = [int(want)]
         for _ in range(steps):
             ids = greedy.step_greedy(ids)
             logits = plain.step(want)
             want = logits.argmax().view(1)
+            plain_ids.append(int(want))
             same_ids &= torch.equal(ids, want)
             same_logits &= torch.equal(greedy.logits[0], logits)
-        out.append(f"| llama-3.2-1b | {wtype} | {steps} | {same_ids} | {same_logits} |")
-        del model, caches, greedy, plain
+        cache = make_cache(cfg, 64 + steps + 1, dtype=torch.bfloat16, device=torch.device(DEV))
+        gen = list(generate(model, cache, prompt, Sampler(SamplingSettings(temperature=0), DEV), steps + 1))
+        out.append(f"| llama-3.2-1b | {wtype} | {steps} | {same_ids} | {same_logits} | {gen == plain_ids} |")
+        del model, caches, cache, greedy, plain
         torch.cuda.empty_cache()
     return out
 

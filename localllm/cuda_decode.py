@@ -239,7 +239,7 @@ class GraphDecoder:
             self.pos.fill_(self.cache.length)
         if self.use_graph and self.graph is None:
             self._capture()  # its warm-up step's cache rows are written again by the replay below
-        if token is not self.token:  # (step_greedy's ids come back as self.token itself)
+        if token.data_ptr() != self.token.data_ptr():  # (step_greedy's ids, or a view, come back as they are)
             self.token.copy_(token.view(self.rows))
         if not self.use_graph:
             self.logits = self._step()

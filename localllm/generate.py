@@ -15,7 +15,7 @@ import torch
 from .cache import KVCache
 from .errors import LocalLLMError
 from .model import Transformer
-from .sampling import Sampler
+from .sampling import Sampler, is_plain_greedy
 from .tokenizer import StreamDecoder, Tokenizer
 
 
@@ -132,8 +132,9 @@ def generate(
     t0 = time.perf_counter()
     logits = prefill(model, cache, prompt[reuse:], reuse)
     budget = min(max_tokens, cache.capacity - len(prompt))
+    greedy = is_plain_greedy(sampler)  # then the decode step picks the next id itself (greedy_rows)
+    token = sampler(logits, history)
     for i in range(budget):
-        token = sampler(logits, history)
         tid = int(token)  # the one host sync per token: we must know the id to stream it
         if i == 0:
             stats.prompt_tokens, stats.prompt_seconds = len(prompt) - reuse, time.perf_counter() - t0
@@ -143,8 +144,10 @@ def generate(
         yield tid
         stats.generated_tokens += 1
         history = torch.cat((history, token.view(1)))
-        if i + 1 < budget:
-            logits = decode_one(model, cache, token)
+        if i + 1 < budget and greedy:
+            token = greedy_rows(model, cache, token.view(1))[0]
+        elif i + 1 < budget:
+            token = sampler(decode_one(model, cache, token), history)
         stats.generate_seconds = time.perf_counter() - t0
 
 
