@@ -163,7 +163,8 @@ def check_greedy(steps: int = 24) -> list[str]:
             same_ids &= torch.equal(ids, want)
             same_logits &= torch.equal(greedy.logits[0], logits)
         cache = make_cache(cfg, 64 + steps + 1, dtype=torch.bfloat16, device=torch.device(DEV))
-        gen = list(generate(model, cache, prompt, Sampler(SamplingSettings(temperature=0), DEV), steps + 1))
+        sampler = Sampler(SamplingSettings(temperature=0), DEV)
+        gen = list(generate(model, cache, prompt, sampler, steps + 1))
         out.append(f"| llama-3.2-1b | {wtype} | {steps} | {same_ids} | {same_logits} | {gen == plain_ids} |")
         del model, caches, cache, greedy, plain
         torch.cuda.empty_cache()

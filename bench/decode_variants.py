@@ -12,9 +12,9 @@ triton_q8.PRELOAD), `q4_k=BN,BK,W` (a type's integer-dot tile config: triton_q8.
 (rope_store before the attention instead of inside it: GraphDecoder(fuse_rope=False)),
 `torchargmax` (the next id by torch's argmax after each replay instead of the graph's own greedy_ids,
 GraphDecoder(greedy=True), as localllm bench steps). Printed per type and variant: decode tokens/s
-after a --depth prompt (median of --reps runs of --steps greedy steps, one replayed graph a step), the share of the copy bandwidth measured here, and how the first
-step's logits compare with the default's (split K's parts truncate to fixed point apart, so
-another split moves the last bits).
+after a --depth prompt (median of --reps runs of --steps greedy steps, one replayed graph a step),
+the share of the copy bandwidth measured here, and how the first step's logits compare with the
+default's (split K's parts truncate to fixed point apart, so another split moves the last bits).
 """
 
 from __future__ import annotations
