@@ -144,10 +144,9 @@ def generate(
         yield tid
         stats.generated_tokens += 1
         history = torch.cat((history, token.view(1)))
-        if i + 1 < budget and greedy:
-            token = greedy_rows(model, cache, token.view(1))[0]
-        elif i + 1 < budget:
-            token = sampler(decode_one(model, cache, token), history)
+        if i + 1 < budget:
+            token = greedy_rows(model, cache, token.view(1))[0] if greedy else \
+                sampler(decode_one(model, cache, token), history)
         stats.generate_seconds = time.perf_counter() - t0
 
 
