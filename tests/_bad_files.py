@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-VOCAB_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vocab"
+VOCAB_DIR = Path(__file__).resolve().parent / "data" / "vocab"
 
 # The tiny model: dim 64, 2 layers, 4 heads of 16, 2 kv heads. ffn 256 so that ffn_down's rows
 # (256 values) are a whole number of 256-value K-quant/IQ blocks when a test patches its type.

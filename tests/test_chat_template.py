@@ -24,7 +24,7 @@ from localllm.gguf_file import open_gguf
 from localllm.load import load_tokenizer
 from localllm.tokenizer import load_gguf_tokenizer
 
-VOCAB_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vocab"
+VOCAB_DIR = Path(__file__).resolve().parent / "data" / "vocab"
 
 # ---- the published templates ---------------------------------------------------------------------
 
@@ -450,7 +450,7 @@ def smol(default_path):
 def spm_files(tmp_path_factory):
     """name -> GGUF path: the llama-spm vocabulary with the Llama 2 / Mistral templates."""
     path = VOCAB_DIR / "ggml-vocab-llama-spm.gguf"
-    assert path.is_file(), f"shared vocab test data missing: {path}"
+    assert path.is_file(), f"vocab test data missing: {path}"
     meta = open_gguf(path).metadata
     root = tmp_path_factory.mktemp("spm")
     return {name: write_spm_gguf(root / f"{name}.gguf", meta, tpl)

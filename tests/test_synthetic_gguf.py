@@ -21,7 +21,7 @@ from localllm.synthetic import synthetic_state, write_synthetic_gguf
 from localllm.weights import QuantizedTensor
 
 Q = gguf.GGMLQuantizationType
-VOCAB = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vocab" / "ggml-vocab-llama-spm.gguf"
+VOCAB = Path(__file__).resolve().parent / "data" / "vocab" / "ggml-vocab-llama-spm.gguf"
 # Llama-shaped, small; dim 256 keeps K-quants whole, head_dim 64 with llama3 rope scaling (rope_freqs).
 TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, head_dim=64,
                    vocab_size=32000, context_length=4096, norm_eps=1e-5, rope_theta=500000.0,
@@ -31,7 +31,7 @@ STORED = {"F16": torch.float16, "BF16": torch.bfloat16}
 
 @pytest.fixture(scope="module")
 def tokenizer() -> dict:
-    assert VOCAB.is_file(), f"shared vocab test data missing: {VOCAB}"
+    assert VOCAB.is_file(), f"vocab test data missing: {VOCAB}"
     return read_gguf_metadata(VOCAB, keep=lambda key: key.startswith("tokenizer."))
 
 

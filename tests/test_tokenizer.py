@@ -17,7 +17,7 @@ from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
 from localllm.tokenizer import StreamDecoder, Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
-VOCAB_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vocab"
+VOCAB_DIR = Path(__file__).resolve().parent / "data" / "vocab"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 # name -> (kind, pre, add_bos) as llama.cpp sets them up for that file
@@ -104,7 +104,7 @@ def read_cases(name: str) -> list[tuple[str, list[int]]]:
 
 @pytest.mark.parametrize("name", list(VOCABS))
 def test_llama_cpp_vocab_cases(name):
-    assert VOCAB_DIR.is_dir(), f"shared vocab test data missing: {VOCAB_DIR}"
+    assert VOCAB_DIR.is_dir(), f"vocab test data missing: {VOCAB_DIR}"
     tok = gguf_tokenizer(vocab_path(name))
     cases = read_cases(name)
     assert len(cases) > 40
