@@ -46,6 +46,11 @@ def user_errors(fn):
     return wrapper
 
 
+def note(text: str) -> None:
+    """One `note:` line on stderr (escaped: notes quote user text and token texts)."""
+    err.print(f"[yellow]note:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def split_model_prompt(args: list[str]) -> tuple[str | None, str]:
     if len(args) == 1:
         return None, args[0]
@@ -121,11 +126,16 @@ def complete(
     from localllm.runner import describe_stats, timed_drafter, timed_open
     from localllm.speculative import SpecStats
 
+    from localllm.user_text import PromptText
+
     model, prompt = split_model_prompt(args)
+    typed = PromptText(note)
+    prompt = typed.clean(prompt, "the prompt")
     sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     gen = GenerationSettings(max_tokens=max_tokens, ctx=ctx, stop=tuple(stop))
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     lm, load_s = timed_open(model, device, dtype)
+    typed.check_vocabulary(lm.tokenizer, prompt)
     drafter, draft_s = timed_drafter(lm, ds, sampling)
     load_s += draft_s
     stats = SpecStats() if drafter else Stats()
@@ -172,8 +182,12 @@ def tokenize(
 ):
     """Split TEXT into tokens."""
     from localllm.load import load_tokenizer
+    from localllm.user_text import PromptText
 
+    typed = PromptText(note)
+    text = typed.clean(text, "the text")
     tok = load_tokenizer(model)
+    typed.check_vocabulary(tok, text)
     out = tok.encode(text, add_bos=bos, parse_special=parse_special)
     if ids:
         print(json.dumps(out))
@@ -218,6 +232,7 @@ def chat(
     from localllm.chat_template import resolve_template
     from localllm.repl import interactive, scripted
     from localllm.runner import describe_stats, timed_drafter, timed_open
+    from localllm.user_text import lenient_stdin, stdin_lines
 
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
@@ -225,20 +240,21 @@ def chat(
     lm, load_s = timed_open(model, device, dtype)
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
     if notice:
-        err.print(f"[yellow]note:[/yellow] {notice}")
+        note(notice)
     sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     drafter, draft_s = timed_drafter(lm, ds, sampling)
     load_s += draft_s
     session = ChatSession(
         lm, template, GenerationSettings(max_tokens=max_tokens, ctx=ctx), sampling, system,
-        notify=lambda text: err.print(f"[yellow]note:[/yellow] {text}", highlight=False),
+        notify=note,
         drafter=drafter, draft=ds, plain_steps=D.plain_steps if verbose else 0,
     )
     after = (lambda: err.print(describe_stats(session.last, load_s), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
     if sys.stdin.isatty():
+        lenient_stdin(sys.stdin)  # invalid UTF-8 typed in: replaced with a note (chat.py), no traceback
         interactive(session, Console(), after=after)
     else:
-        scripted(session, sys.stdin, after=after)
+        scripted(session, stdin_lines(sys.stdin), after=after)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from .sampling import Sampler
 from .settings import DEFAULT_DRAFT, DraftSettings, GenerationSettings, SamplingSettings
 from .speculative import Drafter, SpecStats, generate_speculative
 from .tokenizer import Tokenizer
+from .user_text import PromptText, read_utf8_file, repair
 
 
 def chat_prompt(tok: Tokenizer, template: str, messages: list[Message]) -> tuple[str, list[int]]:
@@ -64,6 +65,7 @@ class ChatSession:
             ctx = max(2, min(self.gen.ctx, self.lm.config.context_length))
             self.cache = make_cache(self.lm.config, ctx, dtype=w.dtype, device=w.device)
         self.sampler = Sampler(self.sampling, self.lm.model.token_embd.weight.device)
+        self.text = PromptText(self.notify)  # typed text: invalid UTF-8 replaced, one note per problem
 
     def conversation(self, messages: list[Message] | None = None) -> list[Message]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -100,7 +102,11 @@ class ChatSession:
         The user message is kept only once the prompt fits: an error (or Ctrl-C) before the reply starts
         must not leave it without an answer, which would break the user/assistant alternation that
         templates such as Llama 2's and Mistral's enforce."""
+        text = self.text.clean(text, "the message")
+        if self.system:
+            self.system = self.text.clean(self.system, "the system message")
         self.messages, ids = self.fit(self.messages + [{"role": "user", "content": text}])
+        self.text.check_vocabulary(self.lm.tokenizer, (self.system or "") + text)
         reuse = min(common_prefix(self.cached, ids), len(ids) - 1)
         self.cache.length = reuse
         produced: list[int] = []
@@ -130,19 +136,26 @@ class ChatSession:
 
     def save(self, path: str | Path) -> None:
         try:
-            Path(path).write_text(json.dumps(self.conversation(), ensure_ascii=False, indent=1))
+            Path(path).write_text(json.dumps(self.conversation(), ensure_ascii=False, indent=1), encoding="utf-8")
         except OSError as e:  # e.g. a missing folder: one line in the REPL, not a traceback
             raise LocalLLMError(f"cannot save the conversation to {path}: {e}") from None
 
     def load(self, path: str | Path) -> None:
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            data = json.loads(read_utf8_file(path, "file"))
+        except LocalLLMError as e:
+            raise LocalLLMError(f"cannot load conversation: {e}") from None
+        except json.JSONDecodeError as e:
             raise LocalLLMError(f"cannot load conversation from {path}: {e}") from None
+        except RecursionError:
+            raise LocalLLMError(f"cannot load conversation from {path}: nested too deeply") from None
         if not isinstance(data, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in data
         ):
             raise LocalLLMError(f"{path} is not a list of {{role, content}} messages")
+        for i, m in enumerate(data):
+            if repair(m["role"])[1] or repair(m["content"])[1]:  # a JSON escape such as "\ud800"
+                raise LocalLLMError(f"{path}: message {i + 1} is not valid text (it holds a lone surrogate)")
         # The file's system message replaces the session's, also when it has none: /load restores the
         # conversation that /save wrote, not a mix of two.
         self.system = data[0]["content"] if data and data[0]["role"] == "system" else None

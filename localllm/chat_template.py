@@ -16,9 +16,11 @@ from pathlib import Path
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import LocalLLMError
+from .settings import DEFAULT_TEMPLATE, TemplateSettings
+from .template_budget import BudgetedEnvironment, BudgetExceeded, render_budgeted
+from .user_text import read_utf8_file
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -85,15 +87,26 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 @lru_cache(maxsize=16)
-def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
-    env.filters["tojson"] = _tojson
+def compile_template(source: str, limits: TemplateSettings = DEFAULT_TEMPLATE) -> jinja2.Template:
+    env = BudgetedEnvironment(limits, trim_blocks=True, lstrip_blocks=True,
+                              extensions=[GenerationTag, loopcontrols])
+    env.filters["tojson"] = env.checked_filter(_tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    if not isinstance(source, str):
+        raise LocalLLMError(f"chat template is a {type(source).__name__}, expected text")
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:
-        raise LocalLLMError(f"chat template does not parse: {e.message} (line {e.lineno})") from None
+        raise LocalLLMError(f"chat template does not parse: {one_line(e.message)} (line {e.lineno})") from None
+    except Exception as e:  # e.g. RecursionError on absurdly nested source
+        raise LocalLLMError(f"chat template does not compile: {one_line(e)}") from None
+
+
+def one_line(message) -> str:
+    """The first non-empty line of an error message, or its type (error lines are one line)."""
+    lines = [line for line in str(message or "").splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(message).__name__
 
 
 def render(
@@ -102,17 +115,23 @@ def render(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    limits: TemplateSettings = DEFAULT_TEMPLATE,
 ) -> str:
-    template = compile_template(source)
+    """The template rendered within its time and size budget (template_budget.py)."""
+    template = compile_template(source, limits)
     try:
         # tools and documents are passed as None, as transformers does: a template testing
         # `tools is not none` must not see an undefined value (which is "not none").
-        return template.render(
-            messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token, eos_token=eos_token,
+        return render_budgeted(
+            template, template.environment, messages=messages, tools=None, documents=None,
+            add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token,
         )
+    except BudgetExceeded as e:
+        raise LocalLLMError(f"chat template exceeded its budget: it {e}") from None
+    except RecursionError:
+        raise LocalLLMError("chat template error: recursion too deep") from None
     except Exception as e:  # the template is code from the model file: any failure in it is the user's to see
-        raise LocalLLMError(f"chat template error: {e}") from None
+        raise LocalLLMError(f"chat template error: {one_line(e)}") from None
 
 
 def resolve_template(override: str | None, model_template: str | None) -> tuple[str, str | None]:
@@ -122,7 +141,7 @@ def resolve_template(override: str | None, model_template: str | None) -> tuple[
             return BUILTIN_TEMPLATES[override], None
         path = Path(override).expanduser()
         if path.is_file():
-            return path.read_text(), None
+            return read_utf8_file(path, "chat template"), None
         names = ", ".join(BUILTIN_TEMPLATES)
         raise LocalLLMError(f"--chat-template {override!r} is neither a built-in name ({names}) nor a file")
     if model_template:

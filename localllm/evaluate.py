@@ -74,6 +74,7 @@ from .cache import make_cache
 from .errors import LocalLLMError
 from .load import LoadedModel
 from .tokenizer import Tokenizer
+from .user_text import read_utf8_file
 
 DEFAULT_CTX = 512  # llama.cpp's perplexity default
 LOGITS_FORMAT = "localllm-logits"
@@ -84,17 +85,9 @@ LOGITS_VERSION = 1
 
 
 def read_text(path: str | Path) -> str:
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise LocalLLMError(f"text file not found: {path}")
-    if not p.is_file():
-        raise LocalLLMError(f"not a text file: {path}")
-    try:
-        return p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise LocalLLMError(f"{path} is not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise LocalLLMError(f"cannot read {path}: {e.strerror}") from None
+    """The UTF-8 text of a file; one error line naming the file (and the byte offset where the text is
+    not UTF-8) otherwise (user_text's policy for files)."""
+    return read_utf8_file(path, "text file")
 
 
 def text_tokens(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -51,7 +51,17 @@ class CpuSettings:
     header_cache_min_bytes: int = 1 << 20  # GGUF metadata at least this big is parsed once, then cached
 
 
+@dataclass(frozen=True)
+class TemplateSettings:
+    """Budget of one chat-template render (template_budget.py): templates are code from the model file."""
+
+    seconds: float = 5.0  # wall clock; real templates render in milliseconds
+    max_chars: int = 8_000_000  # the output, and any string or list the template builds
+    max_range: int = 100_000  # items of one range() (jinja's sandbox default)
+
+
 DEFAULT_SAMPLING = SamplingSettings()
 DEFAULT_GENERATION = GenerationSettings()
 DEFAULT_DRAFT = DraftSettings()
 DEFAULT_CPU = CpuSettings()
+DEFAULT_TEMPLATE = TemplateSettings()

@@ -16,6 +16,7 @@ from .base import StreamDecoder, Tokenizer
 from .bpe import BpeTokenizer
 from .hf import load_hf_tokenizer
 from .pretok import PRE_TOKENIZERS
+from .meta import optional_bool, optional_int, optional_text, typed_list
 from .spm import SpmTokenizer
 
 __all__ = ["StreamDecoder", "Tokenizer", "load_gguf_tokenizer", "load_hf_tokenizer"]
@@ -24,47 +25,47 @@ KEY = "tokenizer.ggml."
 
 
 def load_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
-    """The tokenizer described by a GGUF file's tokenizer.ggml.* metadata."""
-    model = metadata.get(KEY + "model")
+    """The tokenizer described by a GGUF file's tokenizer.ggml.* metadata (every value type-checked
+    first: one error naming the key, never a traceback from deep inside)."""
+    model = optional_text(metadata, KEY + "model")
     if model is None:
         raise LocalLLMError("the GGUF has no tokenizer (tokenizer.ggml.model is missing)")
-    tokens = metadata.get(KEY + "tokens")
+    tokens = typed_list(metadata, KEY + "tokens", "text")
     if not tokens:
         raise LocalLLMError("the GGUF has no vocabulary (tokenizer.ggml.tokens is missing)")
     # llama.cpp renames empty token texts so that every text maps back to one id
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    types = metadata.get(KEY + "token_type")
+    types = typed_list(metadata, KEY + "token_type", "int")
     common = dict(
-        chat_template=metadata.get("tokenizer.chat_template"),
-        extra_stop_ids=(metadata.get(KEY + "eot_token_id"), metadata.get(KEY + "eom_token_id")),
+        chat_template=optional_text(metadata, "tokenizer.chat_template"),
+        extra_stop_ids=(optional_int(metadata, KEY + "eot_token_id"), optional_int(metadata, KEY + "eom_token_id")),
         rstrip_ids=_phi3_rstrip_ids(metadata, tokens, types),
+        bos_id=optional_int(metadata, KEY + "bos_token_id", 1 if model == "llama" else None),
+        eos_id=optional_int(metadata, KEY + "eos_token_id", 2 if model == "llama" else None),
     )
     if model == "llama":
         return SpmTokenizer(
-            tokens, types, metadata.get(KEY + "scores"),
-            add_space_prefix=bool(metadata.get(KEY + "add_space_prefix", True)),
-            unk_id=metadata.get(KEY + "unknown_token_id", 0),
-            bos_id=metadata.get(KEY + "bos_token_id", 1),
-            eos_id=metadata.get(KEY + "eos_token_id", 2),
-            add_bos=bool(metadata.get(KEY + "add_bos_token", True)),
+            tokens, types, typed_list(metadata, KEY + "scores", "number"),
+            add_space_prefix=optional_bool(metadata, KEY + "add_space_prefix", True),
+            unk_id=optional_int(metadata, KEY + "unknown_token_id", 0),
+            add_bos=optional_bool(metadata, KEY + "add_bos_token", True),
             **common,
         )
     if model == "gpt2":
-        pre = metadata.get(KEY + "pre") or "default"
+        pre = optional_text(metadata, KEY + "pre") or "default"
         pretok = PRE_TOKENIZERS.get(pre)
         if pretok is None:
             raise LocalLLMError(f"unknown pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
                                 f"known: {', '.join(sorted(PRE_TOKENIZERS))}")
-        merges = metadata.get(KEY + "merges")
+        merges = typed_list(metadata, KEY + "merges", "text")
         if merges is None:
             raise LocalLLMError("the GGUF has a BPE vocabulary without merges (tokenizer.ggml.merges)")
-        bos_id = None if pre in ("chatglm-bpe", "glm4") else metadata.get(KEY + "bos_token_id")
+        if pre in ("chatglm-bpe", "glm4"):
+            common["bos_id"] = None
         default_add_bos = bool(pretok.add_bos)
         return BpeTokenizer(
             tokens, types, merges, pre_name=pre, pretok=pretok,
-            bos_id=bos_id,
-            eos_id=metadata.get(KEY + "eos_token_id"),
-            add_bos=bool(metadata.get(KEY + "add_bos_token", default_add_bos)),
+            add_bos=optional_bool(metadata, KEY + "add_bos_token", default_add_bos),
             **common,
         )
     raise LocalLLMError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "

@@ -15,6 +15,7 @@ import codecs
 from collections.abc import Iterable, Sequence
 
 from ..errors import LocalLLMError
+from ..user_text import repair
 
 # GGUF tokenizer.ggml.token_type values (llama.cpp enum llama_token_type).
 TOKEN_UNDEFINED = 0
@@ -66,6 +67,7 @@ class Tokenizer:
         self._strip_leading_space = strip_leading_space
         self._specials = self._special_list(set(rstrip_ids))
         self._piece_cache: dict[int, bytes] = {}
+        self._char_fate: dict[str, str | None] = {}  # unrepresentable()'s answers, per character
 
     # ---- construction helpers -------------------------------------------------------------------
 
@@ -99,7 +101,9 @@ class Tokenizer:
 
         parse_special: control tokens written in the text (e.g. "<|im_start|>") become their ids;
         otherwise they are tokenized as plain text. User-defined tokens are always matched whole,
-        as llama.cpp and HF tokenizers both do."""
+        as llama.cpp and HF tokenizers both do. A lone surrogate (not text: invalid UTF-8 that
+        reached Python as a surrogate escape) is encoded as U+FFFD."""
+        text = encodable(text)
         ids = [self.bos_id] if add_bos and self.bos_id is not None else []
         return ids + self._encode_fragments(split_special(text, self._specials, parse_special))
 
@@ -108,6 +112,7 @@ class Tokenizer:
         the character spans `protected` (chat messages: a user typing "<|im_end|>" must not end the
         turn). Plain text on both sides of a span boundary is tokenized as one piece, so the ids equal
         encode(text, parse_special=True) whenever the spans hold no special token text."""
+        text = encodable(text)
         frags: list = []
         pos = 0
         for start, end in sorted(protected) + [(len(text), len(text))]:
@@ -132,6 +137,40 @@ class Tokenizer:
 
     def _encode_text(self, text: str, after_special: bool) -> list[int]:
         raise NotImplementedError
+
+    def unrepresentable(self, text: str) -> list[tuple[str, str]]:
+        """(character, what becomes of it) for each distinct character of text, in order of first
+        appearance, that this vocabulary cannot write.
+
+        A character is representable when it survives on its own: decode(encode(c)) == c. That is
+        exact for byte-level BPE (a character is its UTF-8 bytes, and a byte without a token is dropped
+        wherever it stands) and for SentencePiece with byte fallback (everything survives); for SPM
+        without byte tokens a character that is not a token becomes <unk>. Special-token parsing plays
+        no part (one character is never parsed as one). Then decode(encode(s)) == s for every s made of
+        representable characters (tests/test_tokenizer_roundtrip.py)."""
+        cache = self._char_fate
+        found = []
+        for ch in dict.fromkeys(text):
+            if ch not in cache:
+                cache[ch] = self._fate(ch)
+            if cache[ch] is not None:
+                found.append((ch, cache[ch]))
+        return found
+
+    def _fate(self, ch: str) -> str | None:
+        """None if ch survives encode/decode on its own, else what becomes of it."""
+        if "\ud800" <= ch <= "\udfff":
+            return "not a character (invalid UTF-8): replaced by U+FFFD"
+        ids = self.encode(ch)
+        back = self.decode(ids)
+        if back == ch:
+            return None
+        unknown = [i for i in ids if self._types[i] == TOKEN_UNKNOWN]
+        if unknown:
+            return f"written as {self._tokens[unknown[0]]}"
+        if not back:
+            return "dropped"
+        return f"written as {back!r}"
 
     # ---- decoding -------------------------------------------------------------------------------
 
@@ -180,6 +219,13 @@ class Tokenizer:
     def __repr__(self) -> str:
         pre = f", pre={self.pre!r}" if self.pre else ""
         return f"<Tokenizer {self.kind}{pre}, {self.vocab_size} tokens>"
+
+
+def encodable(text: str) -> str:
+    """text with lone surrogates replaced by U+FFFD (they have no UTF-8 form); one error for non-text."""
+    if not isinstance(text, str):
+        raise LocalLLMError(f"cannot tokenize a {type(text).__name__}: expected text")
+    return repair(text)[0]
 
 
 def byte_token_value(text: str) -> bytes:

@@ -17,6 +17,7 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
+from ..errors import LocalLLMError
 from .base import Tokenizer
 from .pretok import PreTokenizer
 
@@ -70,14 +71,34 @@ def build_bpe_model(tokens: Sequence[str], merges: Sequence[str], pretok: PreTok
         # then fall back to bytes, which never happens with a consistent vocabulary
         if pair and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab:
             pairs.append(pair)
-    model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pretok.ignore_merges,
-                       fuse_unk=False, byte_fallback=False)
+    try:
+        model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pretok.ignore_merges,
+                           fuse_unk=False, byte_fallback=False)
+    except Exception as e:  # the library's own check of the vocabulary; a bare Exception
+        raise LocalLLMError(f"bad BPE vocabulary (tokenizer.ggml.tokens / merges): {first_line(e)}") from None
     hf = HFTokenizer(model)
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pretok.regexes]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
     hf.decoder = decoders.ByteLevel()
     return hf
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def library_encode(hf: HFTokenizer, text: str) -> list[int]:
+    """The ids the `tokenizers` library gives for text (no special tokens added). Text comes here as
+    valid str (base.encodable); a failure inside the library (a Rust panic is a BaseException) is still
+    one error line, not a traceback."""
+    try:
+        return hf.encode(text, add_special_tokens=False).ids
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: B036 (pyo3's PanicException derives from BaseException)
+        raise LocalLLMError(f"the tokenizer failed on this text: {first_line(e)}") from None
 
 
 class BpeTokenizer(Tokenizer):
@@ -98,7 +119,7 @@ class BpeTokenizer(Tokenizer):
         self._hf = build_bpe_model(self._tokens, merges, pretok)
 
     def _encode_text(self, text: str, after_special: bool) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
+        return library_encode(self._hf, text)
 
     def _normal_piece(self, tid: int) -> bytes:
         return byte_level_decode(self._tokens[tid])

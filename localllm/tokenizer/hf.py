@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LocalLLMError
+from ..user_text import read_utf8_file
 from .base import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
-                   TOKEN_USER_DEFINED, Tokenizer)
-from .bpe import byte_level_decode
+                   TOKEN_USER_DEFINED, Tokenizer, encodable)
+from .bpe import byte_level_decode, first_line, library_encode
 
 SPACE = "\u2581"
+MAX_VOCAB = 1 << 22  # token ids beyond this are a broken file, not a vocabulary (lists of this size fit)
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
@@ -62,7 +64,7 @@ def _chat_template(folder: Path, tok_cfg: dict[str, Any]) -> str | None:
         return tpl
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return read_utf8_file(jinja, "chat template")
     tpl = _read_json(folder / "chat_template.json").get("chat_template")
     return tpl if isinstance(tpl, str) and tpl else None
 
@@ -105,10 +107,11 @@ class HFJsonTokenizer(Tokenizer):
         try:
             self._hf = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises a bare Exception on bad files
-            raise LocalLLMError(f"cannot load {path}: {str(e).splitlines()[0] if str(e) else e}") from None
+            raise LocalLLMError(f"cannot load {path}: {first_line(e)}") from None
         self._hf.no_truncation()
         self._hf.no_padding()
         vocab = self._hf.get_vocab(with_added_tokens=True)
+        check_token_id(max(vocab.values(), default=0), path)
         tokens = [""] * (max(vocab.values(), default=-1) + 1)
         for text, tid in vocab.items():
             tokens[tid] = text
@@ -133,14 +136,15 @@ class HFJsonTokenizer(Tokenizer):
                          strip_leading_space=spm_like and ('"Strip"' in decoder or '"Metaspace"' in decoder))
 
     def encode(self, text: str, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        text = encodable(text)
         self._hf.encode_special_tokens = not parse_special
-        ids = self._hf.encode(text, add_special_tokens=False).ids if text else []
+        ids = library_encode(self._hf, text) if text else []
         return [self.bos_id, *ids] if add_bos and self.bos_id is not None else ids
 
     def _encode_text(self, text: str, after_special: bool) -> list[int]:
         # one plain-text piece for the base class's special-token splitting (e.g. encode_protected)
         self._hf.encode_special_tokens = True
-        return self._hf.encode(text, add_special_tokens=False).ids
+        return library_encode(self._hf, text)
 
     def _normal_piece(self, tid: int) -> bytes:
         text = self._tokens[tid]
@@ -153,10 +157,11 @@ def _template_adds_bos(spec: dict[str, Any], bos: int | None, tokens: list[str])
     """No add_bos_token in the config: BOS is added when the post-processor's template starts with it."""
     post = spec.get("post_processor") or {}
     procs = post.get("processors", [post]) if isinstance(post, dict) else []
-    for proc in procs:
+    for proc in procs if isinstance(procs, list) else []:
         single = proc.get("single") if isinstance(proc, dict) else None
-        if single and isinstance(single[0], dict) and "SpecialToken" in single[0]:
-            return bos is not None and single[0]["SpecialToken"].get("id") == tokens[bos]
+        first = single[0] if isinstance(single, list) and single else None
+        if isinstance(first, dict) and isinstance(first.get("SpecialToken"), dict):
+            return bos is not None and 0 <= bos < len(tokens) and first["SpecialToken"].get("id") == tokens[bos]
     return False
 
 
@@ -176,8 +181,8 @@ class SentencePieceTokenizer(Tokenizer):
         sp = self._sp
         tokens = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
         types = [_sp_type(sp, i) for i in range(len(tokens))]
-        for key, added in (tok_cfg.get("added_tokens_decoder") or {}).items():
-            tid, text = int(key), _token_content(added)
+        for key, added in _added_tokens(tok_cfg):
+            tid, text = check_token_id(key, path), _token_content(added)
             if text is None:
                 continue
             if tid >= len(tokens):
@@ -185,7 +190,7 @@ class SentencePieceTokenizer(Tokenizer):
                 types += [TOKEN_UNUSED] * (tid + 1 - len(types))
             tokens[tid] = text
             if types[tid] in (TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED):
-                types[tid] = TOKEN_CONTROL if added.get("special") else TOKEN_USER_DEFINED
+                types[tid] = TOKEN_CONTROL if isinstance(added, dict) and added.get("special") else TOKEN_USER_DEFINED
         vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
         bos, eos, stops = _special_ids(vocab, tok_cfg, configs)
         if bos is None and sp.bos_id() >= 0:
@@ -202,6 +207,26 @@ class SentencePieceTokenizer(Tokenizer):
 
     def _normal_piece(self, tid: int) -> bytes:
         return self._tokens[tid].replace(SPACE, " ").encode("utf-8")
+
+
+def check_token_id(value: Any, where: Path) -> int:
+    """A token id from a tokenizer file, as int, or one error naming the file."""
+    try:
+        tid = int(value)
+    except (TypeError, ValueError):
+        raise LocalLLMError(f"bad token id {value!r} in {where}: expected an integer") from None
+    if not 0 <= tid < MAX_VOCAB:
+        raise LocalLLMError(f"token id {tid} in {where} is out of range (0 to {MAX_VOCAB - 1})")
+    return tid
+
+
+def _added_tokens(tok_cfg: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}) as (key, value) pairs."""
+    added = tok_cfg.get("added_tokens_decoder") or {}
+    if not isinstance(added, dict):
+        raise LocalLLMError(f"bad added_tokens_decoder in tokenizer_config.json: {type(added).__name__}, "
+                            "expected an object of id -> token")
+    return list(added.items())
 
 
 def _sp_type(sp, i: int) -> int:
