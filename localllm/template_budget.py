@@ -66,7 +66,7 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
     # ---- the sandbox's hooks -----------------------------------------------------------------------
 
     def call(self, context, obj, /, *args, **kwargs):
-        if obj is not self._range:
+        if getattr(obj, "__func__", None) is not BudgetedEnvironment._range:  # range() has its own cap
             self.small_ints([*args, *kwargs.values()])
         return self.sized(super().call(context, obj, *args, **kwargs))
 

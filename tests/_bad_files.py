@@ -121,9 +121,12 @@ def tiny_tensors(seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def write_tiny_model(path: Path, arch: str = "llama") -> Path:
-    """A complete, loadable GGUF model (unless `arch` is one we do not support)."""
+def write_tiny_model(path: Path, arch: str = "llama", chat_template: str | None = None) -> Path:
+    """A complete, loadable GGUF model (unless `arch` is one we do not support), with an embedded
+    chat template if one is given."""
     w = gguf.GGUFWriter(str(path), arch)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_context_length(TINY["ctx"])
     w.add_embedding_length(TINY["dim"])
     w.add_block_count(TINY["n_layers"])
