@@ -30,10 +30,13 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
+    text = read_utf8_file(path, "tokenizer file")  # one line naming the byte that is not UTF-8
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise LocalLLMError(f"cannot read {path}: {e}") from None
+    except RecursionError:
+        raise LocalLLMError(f"cannot read {path}: JSON nested too deeply") from None
     return data if isinstance(data, dict) else {}
 
 
