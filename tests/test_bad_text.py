@@ -257,3 +257,25 @@ def test_bad_spm_scores():
           "tokenizer.ggml.scores": [0.0, "high"]}
     with pytest.raises(LocalLLMError, match=r"tokenizer.ggml.scores\[1\]: str 'high', expected numbers"):
         load_gguf_tokenizer(md)
+
+
+def test_interactive_chat_with_invalid_bytes(tiny, tmp_path):
+    """A terminal (the REPL's input()): a message with invalid UTF-8 gets the note, the session goes on."""
+    import pexpect
+
+    # strict decoding, as in a UTF-8 locale such as en_US.UTF-8 (C.UTF-8 would be lenient already)
+    env = {**cli_env(), "TERM": "dumb", "PYTHONIOENCODING": "utf-8:strict"}
+    child = pexpect.spawn(localllm_command()[0], ["chat", str(tiny), "-n", "2", "--temp", "0"], env=env,
+                          timeout=120, dimensions=(50, 200))
+    try:
+        child.expect_exact(b">>> ")
+        child.send(b"hi \xff\xfe there\r")
+        child.expect_exact(b">>> ")
+        shown = child.before
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert b"note: the message is not valid UTF-8: invalid bytes replaced by U+FFFD" in shown, shown
+    assert b"Traceback" not in shown and b"error:" not in shown, shown
+    assert child.exitstatus == 0
