@@ -3,7 +3,8 @@
 The environment matches transformers' (sandboxed, trim_blocks, lstrip_blocks, loop controls, a `tojson`
 that does not HTML-escape, `raise_exception`, `strftime_now`), so the model's own template renders to
 exactly the text transformers renders. Built-in templates serve `--chat-template NAME` and models
-without one.
+without one. A template is code from the model file or the user: it renders within a time and size
+budget (template_budget.py, settings.TemplateSettings), and every failure in it is one error line.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ class SentencePieceTokenizer(Tokenizer):
         tokens = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
         types = [_sp_type(sp, i) for i in range(len(tokens))]
         for key, added in _added_tokens(tok_cfg):
-            tid, text = check_token_id(key, path), _token_content(added)
+            tid, text = check_token_id(key, path.with_name("tokenizer_config.json")), _token_content(added)
             if text is None:
                 continue
             if tid >= len(tokens):
