@@ -20,7 +20,7 @@ from jinja2.ext import Extension, loopcontrols
 
 from .errors import LocalLLMError
 from .settings import DEFAULT_TEMPLATE, TemplateSettings
-from .template_budget import BudgetedEnvironment, BudgetExceeded, render_budgeted
+from .template_budget import BudgetedEnvironment, BudgetExceeded, render_budgeted, within_budget
 from .user_text import read_utf8_file
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
@@ -96,8 +96,13 @@ def compile_template(source: str, limits: TemplateSettings = DEFAULT_TEMPLATE) -
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     if not isinstance(source, str):
         raise LocalLLMError(f"chat template is a {type(source).__name__}, expected text")
+    if len(source) > limits.max_source_chars:
+        raise LocalLLMError(f"chat template is {len(source):,} characters long (at most {limits.max_source_chars:,})")
     try:
-        return env.from_string(source)
+        with within_budget(env):  # parsing runs in Python too: the same clock
+            return env.from_string(source)
+    except BudgetExceeded as e:
+        raise LocalLLMError(f"chat template exceeded its budget: parsing it {e}") from None
     except jinja2.TemplateSyntaxError as e:
         raise LocalLLMError(f"chat template does not parse: {one_line(e.message)} (line {e.lineno})") from None
     except Exception as e:  # e.g. RecursionError on absurdly nested source

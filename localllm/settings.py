@@ -58,6 +58,7 @@ class TemplateSettings:
     seconds: float = 5.0  # wall clock; real templates render in milliseconds
     max_chars: int = 8_000_000  # the output, and any string or list the template builds
     max_range: int = 100_000  # items of one range() (jinja's sandbox default)
+    max_source_chars: int = 200_000  # the template itself (real ones are under 20 KB; parsing is slow)
 
 
 DEFAULT_SAMPLING = SamplingSettings()

@@ -133,7 +133,7 @@ class BudgetedRange:
 
 def render_budgeted(template, env: BudgetedEnvironment, **variables) -> str:
     """template.render(**variables) within env's budget; BudgetExceeded past it."""
-    with _deadline(env):
+    with within_budget(env):
         out: list[str] = []
         size = 0
         for chunk in template.generate(**variables):
@@ -146,7 +146,7 @@ def render_budgeted(template, env: BudgetedEnvironment, **variables) -> str:
 
 
 @contextmanager
-def _deadline(env: BudgetedEnvironment):
+def within_budget(env: BudgetedEnvironment):
     """Set env's deadline; in the main thread (with no other timer running) also a SIGALRM for it."""
     seconds = env.limits.seconds
     env.deadline = time.monotonic() + seconds

@@ -175,6 +175,17 @@ def test_template_time_budget():
         render(listed, [], limits=TemplateSettings(seconds=0.3))
 
 
+def test_template_source_budget():
+    """A template too long to parse in reasonable time is refused; parsing runs on the same clock."""
+    from localllm.chat_template import render
+    from localllm.settings import TemplateSettings
+
+    with pytest.raises(LocalLLMError, match="chat template is 280,000 characters long"):
+        render("{{ x }}" * 40000, [])
+    with pytest.raises(LocalLLMError, match="parsing it ran longer than 0.2 s"):
+        render("{{ y }}" * 20000, [], limits=TemplateSettings(seconds=0.2))
+
+
 @pytest.mark.parametrize("source, needle", [
     (HUGE_OUTPUT, "wrote more than"),
     ("{{ 'x' * 10**10 }}", "built a value of 10,000,000,000 items"),
