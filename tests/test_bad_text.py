@@ -142,7 +142,8 @@ def test_hf_chat_template_jinja_not_utf8(d):
     (folder / "tokenizer.json").write_text(json.dumps({
         "version": "1.0", "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "a"}}))
     (folder / "chat_template.jinja").write_bytes(b"ok \x80")
-    with pytest.raises(LocalLLMError, match=r"chat_template.jinja is not UTF-8 text: invalid byte 0x80 at byte offset 3"):
+    needle = r"chat_template.jinja is not UTF-8 text: invalid byte 0x80 at byte offset 3"
+    with pytest.raises(LocalLLMError, match=needle):
         load_hf_tokenizer(folder)
 
 
@@ -191,7 +192,8 @@ def test_template_source_budget():
     ("{{ 'x' * 10**10 }}", "built a value of 10,000,000,000 items"),
     ("{{ 'x'.ljust(10**10) }}", "asked for a size of 10,000,000,000"),
     ("{{ 'x'|center(10**10) }}", "asked for a size of 10,000,000,000"),
-    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "built a value"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "built a value"),
     ("{{ range(10**9)|list }}", "range of 1,000,000,000 items"),
 ])
 def test_template_size_budget(source, needle):
