@@ -88,9 +88,12 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         return self.sized(super().call_binop(context, operator, left, right))
 
     def checked_filter(self, f):
+        # the filtered value is not a size: skip it (and the context/environment some filters take first)
+        skip = 2 if getattr(f, "jinja_pass_arg", None) is not None else 1
+
         @functools.wraps(f)  # copies jinja_pass_arg: context-taking filters still get their context
         def checked(*args, **kwargs):
-            self.small_ints([*args[1:], *kwargs.values()])
+            self.small_ints([*args[skip:], *kwargs.values()])
             return self.sized(f(*args, **kwargs))
 
         return checked
