@@ -218,11 +218,17 @@ def test_template_failures_are_one_line(source, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_template_budget_through_the_cli(tiny, d):
-    f = d / "huge.jinja"
-    f.write_text(HUGE_OUTPUT)
+@pytest.mark.parametrize("source, needles", [
+    (HUGE_OUTPUT, ["chat template exceeded its budget", "wrote more than"]),
+    ("{{ raise_exception('Only user and assistant roles\nare supported') }}",
+     ["chat template error: Only user and assistant roles"]),
+    ("{{ messages[5].content.upper() }}", ["chat template error:", "no element 5"]),
+])
+def test_template_failures_through_the_cli(tiny, d, source, needles):
+    f = d / "bad.jinja"
+    f.write_text(source)
     r = invoke("chat", tiny, "--chat-template", f, "-n", "1", input=b"hi\n")
-    assert_one(r, "error", "chat template exceeded its budget", "wrote more than", code=1)
+    assert_one(r, "error", *needles, code=1)
 
 
 def test_embedded_template_that_hangs(d):
