@@ -129,12 +129,12 @@ def complete(
     from localllm.user_text import PromptText
 
     model, prompt = split_model_prompt(args)
-    typed = PromptText(note)
-    prompt = typed.clean(prompt, "the prompt")
     sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     gen = GenerationSettings(max_tokens=max_tokens, ctx=ctx, stop=tuple(stop))
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     lm, load_s = timed_open(model, device, dtype)
+    typed = PromptText(note)  # notes after the load: a failing load stays one error line
+    prompt = typed.clean(prompt, "the prompt")
     typed.check_vocabulary(lm.tokenizer, prompt)
     drafter, draft_s = timed_drafter(lm, ds, sampling)
     load_s += draft_s
@@ -184,9 +184,9 @@ def tokenize(
     from localllm.load import load_tokenizer
     from localllm.user_text import PromptText
 
-    typed = PromptText(note)
-    text = typed.clean(text, "the text")
     tok = load_tokenizer(model)
+    typed = PromptText(note)  # notes after the load: a failing load stays one error line
+    text = typed.clean(text, "the text")
     typed.check_vocabulary(tok, text)
     out = tok.encode(text, add_bos=bos, parse_special=parse_special)
     if ids:

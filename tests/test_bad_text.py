@@ -82,6 +82,14 @@ def test_complete_prompt_with_invalid_bytes(tiny):
     assert not lines(r, "error")
 
 
+def test_bad_model_with_invalid_prompt_is_one_error_line(d):
+    """The note waits for the model: a file that fails to load stays exactly one line."""
+    r = invoke("complete", d / "missing.gguf", "caf\udcff")
+    assert_one(r, "error", "missing.gguf", code=1)
+    r = invoke("tokenize", d / "missing.gguf", "caf\udcff")
+    assert_one(r, "error", "missing.gguf", code=1)
+
+
 def test_chat_stdin_with_invalid_utf8_and_binary(tiny):
     binary = bytes(range(0, 256, 7)).replace(b"\n", b"")
     data = b"hello \xff\xfe there\n\x00\x01\x02 binary \x80\x81\n" + binary + b"\n"
