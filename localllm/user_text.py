@@ -2,13 +2,17 @@
 vocabulary cannot write.
 
 The decision (issue 17), applied everywhere text enters:
-- prompts typed by the user (command-line arguments, stdin of `chat`, the REPL): invalid UTF-8 is
-  replaced by U+FFFD, one replacement per invalid byte run, and a `note:` says so once. This is what
-  llama.cpp users get. On Linux, argv and stdin bytes that are not UTF-8 reach Python as lone
+- prompts typed by the user (command-line arguments, stdin of `chat`, the REPL, --system): invalid
+  UTF-8 is replaced by U+FFFD (one per invalid byte or cut-off sequence, as llama.cpp does) and a
+  `note:` says so once. On Linux, argv and stdin bytes that are not UTF-8 reach Python as lone
   surrogates U+DC80..U+DCFF (surrogateescape); `repair` turns them back into bytes and decodes those
   with replacement, so "caf\\xe9" and "caf\\xff" both become "caf\\ufffd".
-- files (chat template, conversation, perplexity or calibration text): refused with one error line
-  naming the file and the byte offset of the first invalid byte; a file is not retyped, it is fixed.
+- files (chat template, conversation, perplexity or calibration text, tokenizer JSON): refused with
+  one error line naming the file and the byte offset of the first invalid byte; a file is fixed, not
+  guessed at.
+- characters the vocabulary cannot write (Tokenizer.unrepresentable): tokenized as the vocabulary
+  does (dropped, or <unk>), and one `note:` names them.
+- library callers: Tokenizer.encode takes any str; a lone surrogate is encoded as U+FFFD.
 """
 
 from __future__ import annotations
