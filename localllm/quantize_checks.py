@@ -52,11 +52,15 @@ def check_output(out: Path, inputs: Sequence[Path]) -> None:
     check_writable_folder(out.parent, "output")
 
 
-def check_imatrix_output(path: Path) -> None:
-    """--imatrix FILE that does not exist yet: it will be measured, then saved there."""
+def imatrix_to_measure(path: Path) -> bool:
+    """--imatrix FILE: True when it is to be measured and saved there (it does not exist yet: its
+    folder must take it), False when it is to be read."""
     if path.is_dir():
         raise LocalLLMError(f"--imatrix {path} is a folder: give a file name")
+    if path.exists():
+        return False
     check_writable_folder(path.parent, "--imatrix")
+    return True
 
 
 def check_calibration_text(text: str, source: str) -> None:
@@ -92,7 +96,8 @@ def check_reachable(smallest: int, budget: int, n_values: int, target_bpw: float
     if budget >= smallest:
         return
     if target_bpw is not None:
-        raise LocalLLMError(f"--target-bpw {target_bpw} is below the smallest this model reaches:"
+        raise LocalLLMError(f"target too small: --target-bpw {target_bpw}, the smallest this model reaches is"
                             f" {smallest * 8 / n_values:.4f} bits per weight")
-    raise LocalLLMError(f"--target-size {target_size} bytes is below the smallest file this model gives:"
-                        f" {smallest + (target_size - budget)} bytes ({(smallest + target_size - budget) / 2**20:.2f} MiB)")
+    least = smallest + target_size - budget  # budget: target_size less the header
+    raise LocalLLMError(f"target too small: --target-size {target_size} bytes, the smallest file this model gives"
+                        f" is {least} bytes ({least / 2**20:.2f} MiB)")

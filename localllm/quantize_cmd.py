@@ -53,7 +53,7 @@ from .registry import resolve_model
 from .settings import DEFAULT_FILES
 from .progress import stage_progress
 from .quantize_checks import (
-    check_calibration_text, check_imatrix_output, check_output, check_reachable, check_targets, check_tensors,
+    check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
 )
 from .weights import gguf_tensor, hf_tensor_names, safetensors_files
 
@@ -131,9 +131,7 @@ def quantize_model(
     path = resolve_model(inp)
     if writing:
         check_output(Path(out), [path])  # before reading anything
-    measuring = imatrix is None and imatrix_file is not None and not Path(imatrix_file).exists()
-    if measuring:
-        check_imatrix_output(Path(imatrix_file))
+    measuring = imatrix is None and imatrix_file is not None and imatrix_to_measure(Path(imatrix_file))
     text = calib_text(calib) if mixed or measuring else None
     src = read_source(path, tokenizer_from)
     check_tensors(src.config, [t.info for t in src.tensors])
