@@ -79,7 +79,7 @@ def test_output_folder_not_writable(small, tmp_path):
 
 # ---- option values, refused before anything is loaded
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "33", "1e308"])
 def test_target_bpw_values(small, tmp_path, no_expensive_work, value):
     refused(tmp_path, "--target-bpw must be a positive number", small, tmp_path / "o.gguf", "--target-bpw", value)
 
