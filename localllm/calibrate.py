@@ -23,10 +23,11 @@ from typing import Callable, Hashable, Mapping, Sequence
 import torch
 
 from kernels.linear import linear
-from quantize.partial import make_partial
+from quantize.partial import make_partial, remove_stale_partials
 
 from .cache import KVCache, make_cache
 from .model import Linear, Transformer
+from .settings import DEFAULT_FILES
 from .weights import gguf_name, to_module_name
 
 IMATRIX_FORMAT = "localllm-imatrix"
@@ -134,6 +135,7 @@ def save_imatrix(path: str | Path, imatrix: Mapping[str, torch.Tensor], meta: Ma
     written whole or not at all (a partial file beside PATH, renamed onto it; quantize/partial.py)."""
     rest = {k: v for k, v in meta.items() if k not in ("chunks", "tensors")}
     path = Path(path)
+    remove_stale_partials(path, DEFAULT_FILES.stale_partial_seconds)
     partial = make_partial(path)
     try:
         torch.save({

@@ -28,15 +28,16 @@ def check_targets(target_bpw: float | None, target_size: int | None) -> None:
         raise LocalLLMError(f"--target-bpw must be a positive number of bits per weight, at most 32; got {target_bpw}")
 
 
-def check_writable_folder(folder: Path, what: str) -> None:
-    """The folder exists, is one, and a file can be created in it (tried: os.access says yes to root
-    on a read-only file system)."""
+def check_writable_folder(target: Path, what: str) -> None:
+    """TARGET's folder exists, is one, and TARGET's partial file can be created in it (tried, not asked:
+    os.access says yes to root on a read-only file system)."""
+    folder = target.parent
     if folder.exists() and not folder.is_dir():
         raise LocalLLMError(f"{what} folder {folder} is not a folder")
     if not folder.is_dir():
         raise LocalLLMError(f"{what} folder does not exist: {folder}")
     try:
-        make_partial(folder / "probe").unlink()
+        make_partial(target).unlink()  # were it left (a kill right here), the next writer removes it
     except OSError as e:
         raise LocalLLMError(f"cannot write in {what} folder {folder}: {e.strerror or e}") from None
 
@@ -48,7 +49,7 @@ def check_output(out: Path, inputs: Sequence[Path]) -> None:
         raise LocalLLMError(str(e)) from None
     if out.is_dir():
         raise LocalLLMError(f"output {out} is a folder: give a file name")
-    check_writable_folder(out.parent, "output")
+    check_writable_folder(out, "output")
 
 
 def imatrix_to_measure(path: Path) -> bool:
@@ -58,7 +59,7 @@ def imatrix_to_measure(path: Path) -> bool:
         raise LocalLLMError(f"--imatrix {path} is a folder: give a file name")
     if path.exists():
         return False
-    check_writable_folder(path.parent, "--imatrix")
+    check_writable_folder(path, "--imatrix")
     return True
 
 

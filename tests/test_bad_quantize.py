@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import tiny_models as tm
 from _bad_files import default_model, start_cli
@@ -27,6 +28,7 @@ from localllm import load, mixed
 from localllm.errors import LocalLLMError
 from localllm.quantize_checks import check_tensors
 from localllm.quantize_cmd import quantize_model, read_source
+from localllm.signals import Terminated, sigterm_interrupts
 from quantize.partial import make_partial, remove_stale_partials
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,3 +226,26 @@ def test_sigkill_partial_removed_by_next_run(small, tmp_path):
     result = invoke(small, out, "--type", "Q8_0")
     assert result.exit_code == 0, result.stderr
     assert listing(tmp_path) == [out.name]
+
+
+def test_sigterm_during_save_logits_leaves_nothing(small, tmp_path, monkeypatch):
+    """perplexity --save-logits: SIGTERM (the real handler, signalled to this process) mid-run."""
+    lm = load.load_model(str(small), "cpu", torch.float32)
+    chunks = ev.make_chunks(list(range(1, 200)), 16)
+    real, calls = ev.chunk_logits, []
+
+    def terminated_on_second(lm_, ids):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in here
+            raise AssertionError("SIGTERM was not turned into Terminated")
+        return real(lm_, ids)
+
+    monkeypatch.setattr(ev, "chunk_logits", terminated_on_second)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), sigterm_interrupts():
+        for _ in ev.evaluate_steps(lm, chunks, batch=1, save_to=tmp_path / "x.logits"):
+            pass
+    assert len(calls) == 2 and listing(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler is removed again
