@@ -38,7 +38,9 @@ class Header:
 
 
 def entry_path(path: Path, folder: Path) -> Path:
-    return folder / "gguf" / (hashlib.sha1(str(path.resolve()).encode()).hexdigest() + ".json")
+    """One entry per path and format: localllm versions that share the folder do not overwrite each
+    other's entries (prune removes the unused ones in time)."""
+    return folder / "gguf" / f"{hashlib.sha1(str(path.resolve()).encode()).hexdigest()}.v{FORMAT}.json"
 
 
 def content_hash(path: Path, kv_end: int) -> str | None:
