@@ -91,13 +91,18 @@ def check_tensors(cfg: ModelConfig, tensors: Sequence[TensorInfo]) -> None:
         raise LocalLLMError(f"the input lacks tensor {missing[0]!r} ({len(missing)} missing)")
 
 
-def check_reachable(smallest: int, budget: int, n_values: int, target_bpw: float | None, target_size: int | None) -> None:
-    """A budget below the smallest size the candidate types give (mixed.size_range), in the target's unit."""
+def check_reachable(smallest: int, budget: int, n_values: int, target_bpw: float | None, target_size: int | None,
+                    header_known: bool = True) -> None:
+    """A budget below the smallest size the candidate types give (mixed.size_range), in the target's unit.
+    header_known=False: budget is the whole --target-size, the header not yet taken off."""
     if budget >= smallest:
         return
     if target_bpw is not None:
         raise LocalLLMError(f"target too small: --target-bpw {target_bpw}, the smallest this model reaches is"
                             f" {smallest * 8 / n_values:.4f} bits per weight")
+    if not header_known:
+        raise LocalLLMError(f"target too small: --target-size {target_size} bytes, the tensors alone take at least"
+                            f" {smallest} bytes ({smallest / 2**20:.2f} MiB)")
     least = smallest + target_size - budget  # budget: target_size less the header
     raise LocalLLMError(f"target too small: --target-size {target_size} bytes, the smallest file this model gives"
                         f" is {least} bytes ({least / 2**20:.2f} MiB)")

@@ -186,13 +186,16 @@ def mixed_budget(src: Source, target_bpw: float | None, target_size: int | None,
 
     infos = [t.info for t in src.tensors]
     n_values = sum(math.prod(t.shape) for t in infos)
-    if target_size is not None:
-        # the file as write_gguf lays it out: the header, then each tensor padded to the alignment
-        # (not the input's header: a folder has none, and the output's keys differ)
-        budget, align = target_size - data_start(src), src.alignment
-    else:
-        budget, align = int(target_bpw * n_values / 8), 1
+    align = src.alignment if target_size is not None else 1
     smallest, _ = size_range(infos, align, overridden(infos, overrides))
+    if target_size is not None:
+        check_reachable(smallest, target_size, n_values, None, target_size, header_known=False)
+        # the file as write_gguf lays it out: the header, then each tensor padded to the alignment
+        # (not the input's header: a folder has none, and the output's keys differ; it takes the
+        # metadata's parse: seconds for a large vocabulary, hence the check without it first)
+        budget = target_size - data_start(src)
+    else:
+        budget = int(target_bpw * n_values / 8)
     check_reachable(smallest, budget, n_values, target_bpw, target_size)
     return budget, align
 
