@@ -143,6 +143,24 @@ def test_shapes_disagree_with_config(tmp_path):
             src, tmp_path / "o.gguf", "--type", "Q8_0")
 
 
+def test_safetensors_shapes_disagree_with_config(tmp_path):
+    """The same check for a safetensors folder: its config.json says 4 kv heads, the weights hold 2."""
+    import json
+
+    hf = tm.write_hf_folder(SMALL, tmp_path / "hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 4}))
+    refused(tmp_path, "tensor 'blk.0.attn_k.weight' has shape (32, 64), its config implies (64, 64)",
+            hf, tmp_path / "o.gguf", "--type", "Q8_0")
+
+
+def test_non_finite_weights_leave_no_file(tmp_path):
+    """Found while encoding (after the header is written): one line, and the partial file removed."""
+    nan = np.full((256, 64), np.nan, dtype=np.float32)
+    src = tm.write_gguf(SMALL, tmp_path / "nan.gguf", raw={"blk.1.ffn_up.weight": (nan, tm.Q.F32)})
+    refused(tmp_path, "cannot quantize tensor 'blk.1.ffn_up.weight' to Q8_0", src, tmp_path / "o.gguf", "--type", "Q8_0")
+
+
 def test_check_tensors_names_the_tensor(small):
     src = read_source(small, None)
     infos = [t.info for t in src.tensors]
