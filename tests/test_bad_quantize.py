@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -31,8 +32,6 @@ from localllm.quantize_cmd import quantize_model, read_source
 from localllm.signals import Terminated, sigterm_interrupts
 from quantize.partial import make_partial, remove_stale_partials
 
-ROOT = Path(__file__).resolve().parent.parent
-VOCAB = ROOT / "tests" / "data" / "vocab" / "ggml-vocab-gpt-2.gguf"
 SMALL = tm.TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=5)
 
 
@@ -131,7 +130,15 @@ def test_calibration_text_not_utf8(small, tmp_path, no_expensive_work):
 # ---- inputs the loader would refuse are not written
 
 def test_vocab_only_input(tmp_path):
-    refused(tmp_path, "the input has no weights", VOCAB, tmp_path / "o.gguf", "--type", "Q8_0")
+    """A tokenizer and no tensors (as llama.cpp's ggml-vocab-*.gguf files): was "0.0000 bits per weight"."""
+    vocab = tmp_path / "vocab.gguf"
+    w = gguf.GGUFWriter(str(vocab), "llama")
+    tm.add_tokenizer(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    refused(tmp_path, "the input has no weights", vocab, tmp_path / "o.gguf", "--type", "Q8_0")
 
 
 def test_shapes_disagree_with_config(tmp_path):
