@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from localllm.errors import LocalLLMError
+from localllm.signals import Terminated, sigterm_interrupts
 from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_CPU as C
 from localllm.settings import DEFAULT_GENERATION as G
@@ -29,19 +30,20 @@ err = Console(stderr=True)
 
 
 def user_errors(fn):
-    """Turn LocalLLMError (and Ctrl-C) into one line on stderr and a non-zero exit: never a traceback."""
+    """Turn LocalLLMError (and Ctrl-C, SIGTERM) into one line on stderr and a non-zero exit: never a traceback."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with sigterm_interrupts():  # SIGTERM cleans up as Ctrl-C does (partial files removed)
+                return fn(*args, **kwargs)
         except LocalLLMError as e:
             # escape(): a message quoting user input such as "[/x]" must not be read as rich markup.
             err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated) as e:
             err.print("interrupted")
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
 
     return wrapper
 

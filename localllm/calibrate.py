@@ -14,6 +14,7 @@ onto the model's parameters.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,9 +23,11 @@ from typing import Callable, Hashable, Mapping, Sequence
 import torch
 
 from kernels.linear import linear
+from quantize.partial import make_partial, remove_stale_partials
 
 from .cache import KVCache, make_cache
 from .model import Linear, Transformer
+from .settings import DEFAULT_FILES
 from .weights import gguf_name, to_module_name
 
 IMATRIX_FORMAT = "localllm-imatrix"
@@ -128,13 +131,22 @@ def imatrix_meta(model: Transformer, n_chunks: int, **extra) -> dict:
 
 
 def save_imatrix(path: str | Path, imatrix: Mapping[str, torch.Tensor], meta: Mapping) -> None:
-    """torch.save of {format, version, chunks, tensors (name -> shape), meta (the rest), imatrix}."""
+    """torch.save of {format, version, chunks, tensors (name -> shape), meta (the rest), imatrix}:
+    written whole or not at all (a partial file beside PATH, renamed onto it; quantize/partial.py)."""
     rest = {k: v for k, v in meta.items() if k not in ("chunks", "tensors")}
-    torch.save({
-        "format": IMATRIX_FORMAT, "version": IMATRIX_VERSION, "chunks": int(meta["chunks"]),
-        "tensors": {k: list(v) for k, v in meta["tensors"].items()}, "meta": rest,
-        "imatrix": {k: v.detach().float().cpu().contiguous() for k, v in imatrix.items()},
-    }, str(path))
+    path = Path(path)
+    remove_stale_partials(path, DEFAULT_FILES.stale_partial_seconds)
+    partial = make_partial(path)
+    try:
+        torch.save({
+            "format": IMATRIX_FORMAT, "version": IMATRIX_VERSION, "chunks": int(meta["chunks"]),
+            "tensors": {k: list(v) for k, v in meta["tensors"].items()}, "meta": rest,
+            "imatrix": {k: v.detach().float().cpu().contiguous() for k, v in imatrix.items()},
+        }, str(partial))
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def load_imatrix(path: str | Path, model: Transformer | Mapping[str, Sequence[int]] | None = None

@@ -70,9 +70,12 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from quantize.partial import make_partial, remove_stale_partials
+
 from .cache import make_cache
 from .errors import LocalLLMError
 from .load import LoadedModel
+from .settings import DEFAULT_FILES
 from .tokenizer import Tokenizer
 from .user_text import read_utf8_file
 
@@ -464,14 +467,14 @@ def decode_log_probs(records: np.ndarray) -> BaseLogProbs:
 
 
 class LogitsWriter:
-    """Writes a logits file chunk by chunk (to NAME.partial, renamed to NAME when complete).
+    """Writes a logits file chunk by chunk (to a hidden `.NAME.PID.XXXX.partial` beside it, renamed to
+    NAME when complete; quantize/partial.py: partials of NAME left by killed writers are removed first).
 
     Layout: MAGIC, a little-endian uint32 header length, the header (JSON: format, version, ctx, vocab,
     records, window, model, chunk_sha256), then one `record_dtype(vocab)` record per scored position."""
 
     def __init__(self, path: str | Path, chunks: Chunks, vocab: int, model: str = ""):
         self.path = Path(path).expanduser()
-        self.partial = self.path.with_name(self.path.name + ".partial")
         self.expected = chunks.n_chunks * chunks.per_chunk
         self.vocab = int(vocab)
         self.written = 0
@@ -479,10 +482,16 @@ class LogitsWriter:
             "format": LOGITS_FORMAT, "version": LOGITS_VERSION, "ctx": chunks.ctx, "vocab": self.vocab,
             "records": self.expected, "window": WINDOW, "model": model, "chunk_sha256": chunks.fingerprints(),
         }).encode()
+        remove_stale_partials(self.path, DEFAULT_FILES.stale_partial_seconds)
         try:
-            self.file = open(self.partial, "wb")
+            self.partial = make_partial(self.path)
+        except OSError as e:
+            raise LocalLLMError(f"cannot write {path}: {e.strerror or e}") from None
+        self.file = open(self.partial, "wb")
+        try:
             self.file.write(MAGIC + struct.pack("<I", len(header)) + header)
         except OSError as e:
+            self.abort()
             raise LocalLLMError(f"cannot write {path}: {e.strerror or e}") from None
 
     def write(self, base: BaseLogProbs) -> None:

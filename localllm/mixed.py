@@ -29,7 +29,7 @@ from quantize.plan import TensorInfo, sample_rows
 from quantize.presets import LAST_RESORT, allows_quantization
 
 from .cache import KVCache, make_cache
-from .calibrate import calibration_chunks, collect_imatrix, roundtrip
+from .calibrate import collect_imatrix, roundtrip
 from .errors import LocalLLMError
 from .load import LoadedModel
 from .weights import to_module_name
@@ -99,11 +99,38 @@ def fisher_diagonal(model, chunks: Sequence[Sequence[int]], progress=lambda done
     return fisher
 
 
+def chosen_and_fixed(tensors: Sequence[TensorInfo], fixed: Mapping[str, Q] | None
+                     ) -> tuple[list[TensorInfo], dict[str, Q]]:
+    """(the tensors whose type the allocator chooses, name -> type of those whose type is set).
+
+    fixed: the --tensor-type overrides; rows that split into no candidate's blocks take the presets'
+    last resort too (an allocation over no option would fail as "target too small")."""
+    last_resort = {t.name: LAST_RESORT for t in tensors
+                   if allows_quantization(t.name, len(t.shape)) and not candidates(t.shape[-1])}
+    fixed = {**last_resort, **(fixed or {})}
+    todo = [t for t in tensors if allows_quantization(t.name, len(t.shape)) and t.name not in fixed]
+    return todo, fixed
+
+
+def kept_bytes(tensors: Sequence[TensorInfo], todo: Sequence[TensorInfo], fixed: Mapping[str, Q], align: int) -> int:
+    """Bytes of the tensors the allocator does not choose for: their fixed type, else as stored."""
+    return sum(padded(type_bytes(math.prod(t.shape), fixed.get(t.name, t.source)), align)
+               for t in tensors if t not in todo)
+
+
+def size_range(tensors: Sequence[TensorInfo], align: int = 1, fixed: Mapping[str, Q] | None = None) -> tuple[int, int]:
+    """(smallest, largest) total bytes any plan_mixed choice can give: checked before calibrating."""
+    todo, fixed = chosen_and_fixed(tensors, fixed)
+    kept = kept_bytes(tensors, todo, fixed, align)
+    sizes = [[padded(type_bytes(math.prod(t.shape), q), align) for q in candidates(t.shape[-1])] for t in todo]
+    return kept + sum(min(s) for s in sizes), kept + sum(max(s) for s in sizes)
+
+
 def plan_mixed(
     lm: LoadedModel,
     tensors: Sequence[TensorInfo],
     budget: int,
-    calib_text: str,
+    chunks: Sequence[Sequence[int]],
     imatrix: Mapping[str, torch.Tensor] | None = None,
     progress: Callable[[str, int, int], None] = lambda stage, done, total: None,
     align: int = 1,
@@ -111,20 +138,15 @@ def plan_mixed(
 ) -> MixedPlan:
     """Types for `tensors` (the source file's, in order) whose total bytes stay within `budget`.
 
+    chunks: the calibration chunks (calibrate.calibration_chunks, CALIB_CTX and CALIB_CHUNKS).
     align: each tensor's bytes count rounded up to a multiple of it (a file budget: GGUF pads every
     tensor's data to the alignment; 1 for a bits-per-weight budget). fixed: name -> type of tensors
     whose type is already set (--tensor-type overrides): their bytes are taken off the budget."""
-    # rows that split into no candidate's blocks take the presets' last resort (an allocation over
-    # no option would fail as "target too small")
-    last_resort = {t.name: LAST_RESORT for t in tensors
-                   if allows_quantization(t.name, len(t.shape)) and not candidates(t.shape[-1])}
-    fixed = {**last_resort, **(fixed or {})}
+    todo, fixed = chosen_and_fixed(tensors, fixed)
     model = lm.model
-    chunks = calibration_chunks(lm.tokenizer, calib_text, CALIB_CTX, CALIB_CHUNKS)
     imat = dict(imatrix) if imatrix is not None else collect_imatrix(model, chunks)
     fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
     params = dict(model.named_parameters())
-    todo = [t for t in tensors if allows_quantization(t.name, len(t.shape)) and t.name not in fixed]
     options = []
     for i, t in enumerate(todo):
         name = _module_name(params, t.name)
@@ -133,8 +155,7 @@ def plan_mixed(
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))
-    kept = sum(padded(type_bytes(math.prod(t.shape), fixed.get(t.name, t.source)), align)
-               for t in tensors if t not in todo)
+    kept = kept_bytes(tensors, todo, fixed, align)
     try:
         picked = allocate(options, budget - kept)
     except ValueError as e:

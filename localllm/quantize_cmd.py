@@ -42,14 +42,19 @@ from quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
 from quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback, find_preset
-from quantize.writer import MetaValue, SameFileError, TensorSlot, check_not_input, write_gguf
+from quantize.partial import remove_stale_partials
+from quantize.writer import MetaValue, TensorSlot, write_gguf
 
-from .config import config_from_gguf, config_from_hf
+from .config import ModelConfig, config_from_gguf, config_from_hf
 from .device import pick_device
 from .errors import LocalLLMError
 from .gguf_file import open_gguf
 from .registry import resolve_model
+from .settings import DEFAULT_FILES
 from .progress import stage_progress
+from .quantize_checks import (
+    check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
+)
 from .weights import gguf_tensor, hf_tensor_names, safetensors_files
 
 Q = gguf.GGMLQuantizationType
@@ -80,6 +85,7 @@ class Source:
     tensors: list[SourceTensor]
     metadata: Callable[[], dict[str, MetaValue]]  # read only when writing
     alignment: int
+    config: ModelConfig  # what the loader will build from OUT: every tensor is checked against it
 
 
 @dataclass
@@ -114,8 +120,7 @@ def quantize_model(
     presets' imatrix rules. target_bpw / target_size / calib: reserved for mixed-precision plans."""
     start = time.perf_counter()
     mixed = target_bpw is not None or target_size is not None
-    if target_bpw is not None and target_size is not None:
-        raise LocalLLMError("give --target-bpw or --target-size, not both")
+    check_targets(target_bpw, target_size)
     if calib is not None and not mixed and imatrix_file is None:
         raise LocalLLMError("--calib is for --target-bpw / --target-size / --imatrix")
     preset, overrides = parse_request(type_name or ("Q4_K_M" if mixed else ""), tensor_types)
@@ -126,14 +131,20 @@ def quantize_model(
     path = resolve_model(inp)
     if writing:
         check_output(Path(out), [path])  # before reading anything
+    measuring = imatrix is None and imatrix_file is not None and imatrix_to_measure(Path(imatrix_file))
+    text = calib_text(calib) if mixed or measuring else None
     src = read_source(path, tokenizer_from)
-    if imatrix is None and imatrix_file is not None and Path(imatrix_file).exists():
+    check_tensors(src.config, [t.info for t in src.tensors])
+    if imatrix is None and imatrix_file is not None and not measuring:
         imatrix = read_imatrix(imatrix_file, {t.info.name: t.info.shape for t in src.tensors})
-    elif imatrix is None and imatrix_file is not None and not mixed:
-        imatrix = measure_imatrix(path, calib, dev, imatrix_file)
+    if mixed:
+        budget, align = mixed_budget(src, target_bpw, target_size, overrides)
+    chunks = calib_chunks(path, text, calib) if text is not None else None  # the tokenizer only
+    if measuring and not mixed:
+        imatrix = measure_imatrix(path, chunks, dev, imatrix_file)
     if mixed:
         plan, preset, imatrix = mixed_plan(
-            src, path, target_bpw, target_size, calib, imatrix, overrides, dev, progress, imatrix_file
+            src, path, budget, align, chunks, imatrix, overrides, dev, progress, imatrix_file if measuring else None
         )
     else:
         plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
@@ -146,31 +157,65 @@ def quantize_model(
     return QuantizeResult(preset, plan, None, written, time.perf_counter() - start)
 
 
-def mixed_plan(src: Source, path: Path, target_bpw: float | None, target_size: int | None, calib: str | None,
-               imatrix: Mapping[str, torch.Tensor] | None, overrides: Sequence[Override], device: str,
-               progress: bool, imatrix_file: str | Path | None = None
-               ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
-    """The per-tensor types of a size target, from sensitivity measured on calibration text."""
+def calib_text(calib: str | None) -> str:
     from .calibrate import calibration_text
     from .evaluate import read_text
+
+    text = read_text(calib) if calib else calibration_text()
+    check_calibration_text(text, calib or "(built-in)")
+    return text
+
+
+def calib_chunks(path: Path, text: str, calib: str | None) -> list[list[int]]:
+    """The calibration chunks, from the tokenizer alone: a text too short is refused before the model loads."""
+    from .calibrate import calibration_chunks
+    from .load import load_tokenizer
+    from .mixed import CALIB_CHUNKS, CALIB_CTX
+
+    try:
+        return calibration_chunks(load_tokenizer(str(path)), text, CALIB_CTX, CALIB_CHUNKS)
+    except ValueError as e:
+        raise LocalLLMError(f"--calib {calib or '(built-in)'}: {e}") from None
+
+
+def mixed_budget(src: Source, target_bpw: float | None, target_size: int | None,
+                 overrides: Sequence[Override]) -> tuple[int, int]:
+    """(bytes the tensors may take, the alignment each is padded to), refused when no choice of the
+    candidate types fits it (before any calibration)."""
+    from .mixed import size_range
+
+    infos = [t.info for t in src.tensors]
+    n_values = sum(math.prod(t.shape) for t in infos)
+    align = src.alignment if target_size is not None else 1
+    smallest, _ = size_range(infos, align, overridden(infos, overrides))
+    if target_size is not None:
+        check_reachable(smallest, target_size, n_values, None, target_size, header_known=False)
+        # the file as write_gguf lays it out: the header, then each tensor padded to the alignment
+        # (not the input's header: a folder has none, and the output's keys differ; it takes the
+        # metadata's parse: seconds for a large vocabulary, hence the check without it first)
+        budget = target_size - data_start(src)
+    else:
+        budget = int(target_bpw * n_values / 8)
+    check_reachable(smallest, budget, n_values, target_bpw, target_size)
+    return budget, align
+
+
+def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[list[int]],
+               imatrix: Mapping[str, torch.Tensor] | None, overrides: Sequence[Override], device: str,
+               progress: bool, save_imatrix_to: str | Path | None = None
+               ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
+    """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks."""
     from .load import load_model
     from .mixed import plan_mixed
 
     infos = [t.info for t in src.tensors]
-    if target_size is not None:
-        # the file as write_gguf lays it out: the header, then each tensor padded to the alignment
-        # (not the input's header: a folder has none, and the output's keys differ)
-        budget, align = target_size - data_start(src), src.alignment
-    else:
-        budget, align = int(target_bpw * sum(math.prod(t.shape) for t in infos) / 8), 1
-    text = read_text(calib) if calib else calibration_text()
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
     with stage_progress(progress) as report:
-        mp = plan_mixed(lm, infos, budget, text, imatrix, report, align, overridden(infos, overrides))
-    if imatrix is None and imatrix_file is not None:
+        mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
+    if save_imatrix_to is not None:
         from .calibrate import imatrix_meta, save_imatrix
 
-        save_imatrix(imatrix_file, mp.imatrix, imatrix_meta(lm.model, mp.n_chunks))
+        save_imatrix(save_imatrix_to, mp.imatrix, imatrix_meta(lm.model, mp.n_chunks))
     plan = make_plan(infos, mp.choices, overrides)
     return plan, mixed_preset(plan), mp.imatrix
 
@@ -210,16 +255,12 @@ def read_imatrix(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None 
         raise LocalLLMError(f"cannot use imatrix {path}: {e}") from None
 
 
-def measure_imatrix(path: Path, calib: str | None, device: str, save_to: str | Path) -> dict[str, torch.Tensor]:
-    """Activation statistics of the model on the calibration text, saved for reuse."""
-    from .calibrate import calibration_chunks, calibration_text, collect_imatrix, imatrix_meta, save_imatrix
-    from .evaluate import read_text
+def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: str | Path) -> dict[str, torch.Tensor]:
+    """Activation statistics of the model on the calibration chunks, saved for reuse."""
+    from .calibrate import collect_imatrix, imatrix_meta, save_imatrix
     from .load import load_model
-    from .mixed import CALIB_CHUNKS, CALIB_CTX
 
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
-    text = read_text(calib) if calib else calibration_text()
-    chunks = calibration_chunks(lm.tokenizer, text, CALIB_CTX, CALIB_CHUNKS)
     imat = collect_imatrix(lm.model, chunks)
     save_imatrix(save_to, imat, imatrix_meta(lm.model, len(chunks)))
     return imat
@@ -276,17 +317,6 @@ def encoder_device(name: str) -> str:
     return pick_device(name)
 
 
-def check_output(out: Path, inputs: Sequence[Path]) -> None:
-    try:
-        check_not_input(out, inputs)
-    except SameFileError as e:
-        raise LocalLLMError(str(e)) from None
-    if out.is_dir():
-        raise LocalLLMError(f"output {out} is a folder: give a file name")
-    if not out.parent.is_dir():
-        raise LocalLLMError(f"output folder does not exist: {out.parent}")
-
-
 def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, device: str,
                  imatrix: Mapping[str, torch.Tensor] | None, progress: bool) -> Path:
     metadata = output_metadata(src, preset)
@@ -299,8 +329,12 @@ def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, de
         importance = imatrix.get(row.name) if imatrix else None
         return encode(row, t.read(), device, importance)
 
-    return write_gguf(out, src.arch, metadata, slots, make_tensor, alignment=src.alignment,
-                      inputs=[src.path, *src.files], progress=progress)
+    remove_stale_partials(out, DEFAULT_FILES.stale_partial_seconds)  # left by killed runs
+    try:
+        return write_gguf(out, src.arch, metadata, slots, make_tensor, alignment=src.alignment,
+                          inputs=[src.path, *src.files], progress=progress)
+    except OSError as e:  # a full disk, a folder gone meanwhile: nothing was left behind
+        raise LocalLLMError(f"writing {out} failed: {e.strerror or e}") from None
 
 
 def output_metadata(src: Source, preset: Preset) -> dict[str, MetaValue]:
@@ -324,6 +358,8 @@ def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> So
     if tokenizer_from is not None:
         raise LocalLLMError("--tokenizer-from is for safetensors input: a GGUF input keeps its own tokenizer")
     f = open_gguf(path)
+    if not f.tensors:
+        raise LocalLLMError(f"the input has no weights (a vocab-only file?): nothing to quantize: {path}")
     for name, t in f.tensors.items():
         if t.tensor_type not in SUPPORTED_TYPES:
             raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}: {path}")
@@ -331,7 +367,7 @@ def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> So
     model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
     tensors = [_gguf_tensor(t) for t in f.tensors.values()]
     alignment = int(f.metadata.get(K.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT))
-    return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path), alignment)
+    return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path), alignment, cfg)
 
 
 def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
@@ -420,7 +456,7 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
 
         tok_kv = hf_tokenizer_metadata(folder, cfg.vocab_size)
     return Source(folder, files, arch, model, tensors, lambda: hf_metadata(hp, cfg, folder, arch) | tok_kv,
-                  gguf.GGUF_DEFAULT_ALIGNMENT)
+                  gguf.GGUF_DEFAULT_ALIGNMENT, cfg)
 
 
 SAFETENSORS_DTYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16}

@@ -49,6 +49,17 @@ class CpuSettings:
     threads: int | None = None  # None: the physical cores (kernels.cpu.physical_cores)
     cache_dir: Path = Path.home() / ".cache" / "localllm"  # the built C++ kernels, parsed GGUF headers
     header_cache_min_bytes: int = 1 << 20  # GGUF metadata at least this big is parsed once, then cached
+    # the header cache keeps at most this many entries and bytes (the least recently used go first)
+    header_cache_max_entries: int = 64
+    header_cache_max_bytes: int = 256 << 20
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    """Files written whole or not at all (quantize/partial.py)."""
+
+    # a partial file of OUT not written to for this long is a dead writer's, whatever pid it names
+    stale_partial_seconds: float = 6 * 3600
 
 
 @dataclass(frozen=True)
@@ -66,3 +77,4 @@ DEFAULT_GENERATION = GenerationSettings()
 DEFAULT_DRAFT = DraftSettings()
 DEFAULT_CPU = CpuSettings()
 DEFAULT_TEMPLATE = TemplateSettings()
+DEFAULT_FILES = FileSettings()

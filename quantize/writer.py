@@ -3,15 +3,15 @@
 The metadata and the tensor table go first (every tensor's type and size is known from the plan),
 then each tensor's raw bytes as `make_tensor(i)` produces them, so only one tensor is in memory at a
 time. The file is written under a temporary name next to OUT and renamed onto OUT (`os.replace`)
-only when complete; on any exception, Ctrl-C included, the temporary file is deleted and OUT is
-left as it was.
+only when complete; on any exception, Ctrl-C included (and SIGTERM, which the CLI turns into one),
+the temporary file is deleted and OUT is left as it was. A writer killed outright leaves it behind:
+quantize/partial.py names it after the writer's pid, and the next writer of OUT removes it.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -20,6 +20,8 @@ import gguf
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .partial import make_partial
 
 Q = gguf.GGMLQuantizationType
 
@@ -71,9 +73,7 @@ def write_gguf(out: Path, arch: str, metadata: dict[str, MetaValue], tensors: Se
     tensors[i].nbytes bytes."""
     out = Path(out)
     check_not_input(out, inputs)
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = make_partial(out)  # .OUT.PID.XXXX.partial (quantize/partial.py)
     writer = gguf.GGUFWriter(tmp, arch)
     try:
         writer.data_alignment = alignment
