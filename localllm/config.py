@@ -74,23 +74,23 @@ class Fields:
     """Typed, range-checked reads of one config source (GGUF metadata or config.json): a wrong type or
     an out-of-range value is one LocalLLMError naming the key, its value and what was expected."""
 
-    def __init__(self, values: dict[str, Any], source: str, prefix: str = ""):
+    def __init__(self, values: dict[str, Any], source: str, prefix: str = "", label: str | None = None):
         self.values = values
         self.source = source  # "GGUF metadata" or "config.json"
         self.prefix = prefix  # "llama." for GGUF keys, "" for config.json
+        self.label = prefix if label is None else label  # shown before a key: "rope_scaling." for a nested object
 
     def raw(self, key: str, default: Any = MISSING) -> Any:
-        full = self.prefix + key
-        value = self.values.get(full)
+        value = self.values.get(self.prefix + key)
         if value is None:  # absent, or JSON null (HF writes null for "use the default")
             if default is MISSING:
-                raise LocalLLMError(f"{self.source} is missing {full!r}")
+                raise LocalLLMError(f"{self.source} is missing {self.label + key!r}")
             return default
         return value
 
     def bad(self, key: str, value: Any, expected: str) -> LocalLLMError:
         shown = repr(value) if not isinstance(value, (list, dict)) else f"a {type(value).__name__}"
-        return LocalLLMError(f"{self.source} {self.prefix + key!r} is {shown}, expected {expected}")
+        return LocalLLMError(f"{self.source} {self.label + key!r} is {shown}, expected {expected}")
 
     def int(self, key: str, lo: int, hi: int, default: Any = MISSING) -> int:
         value = self.raw(key, default)
@@ -131,8 +131,8 @@ def _head_dim(f: Fields, key: str, dim: int, n_heads: int, heads_key: str, limit
         return f.int(key, 2, limits.max_dim)
     if dim % n_heads:
         raise LocalLLMError(
-            f"{f.source}: {f.prefix + heads_key} = {n_heads} does not divide the embedding width {dim}"
-            f" (and {f.prefix + key!r} is not given)"
+            f"{f.source}: {f.label + heads_key} = {n_heads} does not divide the embedding width {dim}"
+            f" (and {f.label + key!r} is not given)"
         )
     return dim // n_heads
 
@@ -188,7 +188,7 @@ def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
         return None
     if kind != "llama3":
         raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3)")
-    f = Fields(rs, "config.json", "rope_scaling.")
+    f = Fields(rs, "config.json", label="rope_scaling.")
     scaling = RopeScaling(
         factor=f.float("factor"),
         low_freq_factor=f.float("low_freq_factor", 1.0),
@@ -212,7 +212,7 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     theta = f.float("rope_theta", None) if cfg.get("rope_theta") is not None else None
     if theta is None:
-        theta = Fields(rope_params, "config.json", "rope_parameters.").float("rope_theta", 10000.0)
+        theta = Fields(rope_params, "config.json", label="rope_parameters.").float("rope_theta", 10000.0)
     out = ModelConfig(
         arch=arch,
         n_layers=f.int("num_hidden_layers", 1, limits.max_layers),

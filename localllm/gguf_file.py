@@ -142,7 +142,7 @@ class _CheckedReader(gguf.GGUFReader):
 def check_tensor_table(fields: list[gguf.ReaderField], data_start: int, file_size: int, alignment: int) -> None:
     """Raise CorruptGGUF for an unknown type id, a row that is not whole blocks, data past the end of
     the file, or data not at the running offset (gguf.cpp: offset == sum of the padded sizes before)."""
-    expected = 0
+    expected, previous = 0, "the start of the data section"
     for field in fields:
         name, nbytes, offset = _tensor_bytes(field)
         end = data_start + offset + nbytes
@@ -153,10 +153,11 @@ def check_tensor_table(fields: list[gguf.ReaderField], data_start: int, file_siz
             )
         if offset != expected:
             raise CorruptGGUF(
-                f"tensor {name!r} has its data at offset {offset}, expected {expected} (tensor data must follow"
-                f" the previous tensor's, padded to {alignment} bytes: overlapping data or a wrong type or shape)"
+                f"tensor {name!r} has its data at offset {offset}, expected {expected} right after {previous}"
+                f" (padded to {alignment} bytes): overlapping tensors, or a wrong type or shape"
             )
         expected += -(-nbytes // alignment) * alignment
+        previous = f"tensor {name!r} ({nbytes} bytes)"
 
 
 def _tensor_bytes(field: gguf.ReaderField) -> tuple[str, int, int]:
