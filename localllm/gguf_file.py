@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import LocalLLMError
 from .gguf_cache import Header, read_header, write_header
-from .gguf_meta import CorruptGGUF, KVReader, PastEnd, read_kv_section
+from .gguf_meta import CorruptGGUF, KVReader, PastEnd, check_known_keys, read_kv_section
 from .settings import DEFAULT_CPU, DEFAULT_LIMITS, LoaderLimits
 
 GGUF_MAGIC = b"GGUF"
@@ -201,6 +201,10 @@ def open_gguf(
     except NotImplementedError as e:
         raise LocalLLMError(f"unsupported GGUF file {path}: {_reason(e)}") from None
     metadata = reader.metadata
+    try:
+        check_known_keys(metadata)
+    except CorruptGGUF as e:
+        raise LocalLLMError(f"{e.args[0]}: {path}") from None
     if cached is None and cache_dir is not None and reader.kv_end >= DEFAULT_CPU.header_cache_min_bytes:
         write_header(path, cache_dir, Header(metadata, reader.kv_end, reader.alignment_offset))
     return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})

@@ -104,3 +104,49 @@ def read_kv_section(reader: KVReader, offs: int, count: int) -> tuple[dict[str, 
         values[key], offs = reader.value(key, raw_type, offs)
         where[key] = (at, V(raw_type))
     return values, where, offs
+
+
+# Keys whose readers (tokenizer/, config.py) assume a type -> (expected python type, its words).
+# Integers exclude bools; floats accept integers. Lists: every item of the type.
+_INT, _STR = (int, "an integer", "integers"), (str, "a string", "strings")
+_BOOL, _NUM = (bool, "true or false", "booleans"), ((int, float), "a number", "numbers")
+KNOWN_KEYS = {
+    "general.architecture": _STR, "general.name": _STR,
+    "tokenizer.ggml.model": _STR, "tokenizer.ggml.pre": _STR, "tokenizer.chat_template": _STR,
+    "tokenizer.ggml.tokens": (list, _STR), "tokenizer.ggml.merges": (list, _STR),
+    "tokenizer.ggml.token_type": (list, _INT), "tokenizer.ggml.scores": (list, _NUM),
+}
+ID_SUFFIX, FLAG_PREFIX = "_token_id", "tokenizer.ggml.add_"
+PER_TOKEN = ("tokenizer.ggml.token_type", "tokenizer.ggml.scores")  # one value per token
+
+
+def _is(value: Any, kind: tuple) -> bool:
+    types = kind[0]
+    return isinstance(value, types) and (types is bool or not isinstance(value, bool))
+
+
+def check_known_keys(meta: dict[str, Any]) -> None:
+    """Raise CorruptGGUF for a known key of the wrong type (an array where an id belongs, a number
+    where the vocabulary belongs) or a per-token list whose length is not the vocabulary's."""
+    for key, value in meta.items():
+        kind = KNOWN_KEYS.get(key)
+        if kind is None and key.startswith("tokenizer.ggml."):
+            kind = _INT if key.endswith(ID_SUFFIX) else _BOOL if key.startswith(FLAG_PREFIX) else None
+        if kind is None:
+            continue
+        if kind[0] is list:
+            item = kind[1]
+            if not isinstance(value, list) or not all(_is(v, item) for v in value):
+                raise CorruptGGUF(f"metadata {key!r} is {_shown(value)}, expected a list of {item[2]}")
+        elif not _is(value, kind):
+            raise CorruptGGUF(f"metadata {key!r} is {_shown(value)}, expected {kind[1]}")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    for key in PER_TOKEN:
+        if tokens is not None and key in meta and len(meta[key]) != len(tokens):
+            raise CorruptGGUF(f"metadata {key!r} has {len(meta[key])} values for {len(tokens)} tokens")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}" + (f" {type(value[0]).__name__}s" if value else "")
+    return f"{value!r} ({type(value).__name__})"
