@@ -112,13 +112,14 @@ def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...],
 
 
 def first_nonfinite_tensor(model: torch.nn.Module, max_values: int | None = None) -> str | None:
-    """The GGUF name of the first parameter or buffer holding NaN or Inf, or None. Dense tensors only
-    (quantized weights are checked as decoded by whoever decodes them); max_values: stop after
-    scanning this many values (None: all). A cheap diagnosis for non-finite logits."""
+    """The GGUF name of the first weight holding NaN or Inf, or None: dense parameters and buffers as
+    they are, quantized weights (Linear.qweight, QEmbedding.weight: QWeight or BlockQWeight) decoded
+    one at a time. max_values: stop after scanning this many values (None: all). A diagnosis for
+    non-finite logits, called after they are seen (it costs a full decode of quantized weights)."""
     from .weights import gguf_name
 
     seen = 0
-    for name, value in list(model.named_parameters()) + list(model.named_buffers()):
+    for name, value in _weights(model):
         if value.is_meta or not value.is_floating_point():
             continue
         if not bool(torch.isfinite(value).all()):
@@ -128,3 +129,13 @@ def first_nonfinite_tensor(model: torch.nn.Module, max_values: int | None = None
             return None
     return None
 
+
+def _weights(model: torch.nn.Module):
+    """(module name, dense tensor) of every parameter, buffer and decoded quantized weight."""
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+    for name, module in model.named_modules():
+        for attr in ("qweight", "weight"):
+            w = getattr(module, attr, None)
+            if w is not None and not isinstance(w, torch.Tensor) and hasattr(w, "dequantize"):
+                yield f"{name}.weight", w.dequantize(torch.float32)

@@ -297,6 +297,19 @@ def test_first_nonfinite_tensor_names_it(tmp_path):
     assert first_nonfinite_tensor(load_model(str(write_tiny_model(tmp_path / "ok.gguf"))).model) is None
 
 
+def test_first_nonfinite_tensor_decodes_quantized(tmp_path):
+    """A Q8_0 block whose f16 scale is NaN: found in the CPU's BlockQWeight (kept as the file's blocks)."""
+    import tiny_models
+
+    spec = tiny_models.TinySpec(arch="llama", dim=64, ffn_dim=128)
+    path = tiny_models.write_gguf(spec, tmp_path / "q8.gguf", qtype=Q.Q8_0)
+    at = next(t.data_offset for t in gguf.GGUFReader(str(path)).tensors if t.name == _blk(1, "ffn_up"))
+    patch(path, at + 34 * 5, "<H", 0x7E00)  # the sixth block's scale: f16 NaN
+    model = load_model(str(path)).model
+    assert not isinstance(model.blk[1].ffn_up.w, torch.Tensor)  # still quantized
+    assert first_nonfinite_tensor(model) == _blk(1, "ffn_up")
+
+
 def test_one_error_line_through_the_cli(tmp_path):
     """End to end: `info` and `complete` print one `error:` line naming the key, no traceback."""
     from typer.testing import CliRunner
