@@ -152,11 +152,10 @@ def index_shards(index: Path) -> list[str]:
     weight_map = value.get("weight_map") if isinstance(value, dict) else None
     if not isinstance(weight_map, dict):
         raise LocalLLMError(f"{index} has no 'weight_map' object (tensor name -> shard file)")
-    shards = set(weight_map.values())
-    for shard in shards:
+    for key, shard in weight_map.items():
         if not isinstance(shard, str) or not shard or Path(shard).name != shard:
-            raise LocalLLMError(f"{index} names shard {shard!r}, expected a file name in its folder")
-    return sorted(shards)
+            raise LocalLLMError(f"{index} maps {key!r} to {shard!r}, expected a shard's file name in its folder")
+    return sorted(set(weight_map.values()))
 
 
 def hf_tensor_names(folder: Path) -> Iterator[tuple[Path, str, str]]:
@@ -192,7 +191,9 @@ def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]]) -> dict[str, 
     for name, (path, key) in keys.items():
         try:
             with safe_open(str(path), framework="pt") as f:
-                out[to_module_name(name)] = f.get_tensor(key)
+                # A copy that owns its memory: tensors viewing safetensors' mapping were never freed
+                # after generation ran on them (13 mappings and ~5 MB kept per load of the tiny model).
+                out[to_module_name(name)] = f.get_tensor(key).clone()
         except (SafetensorError, OSError) as e:
             raise LocalLLMError(f"cannot read tensor {key!r} from {path}: {e}") from None
     return out

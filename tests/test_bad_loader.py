@@ -242,6 +242,8 @@ FOLDER_CASES = {
                                  ["model.safetensors.index.json", "weight_map"]),
     "index_shard_outside": (lambda d: (d / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"model.norm.weight": "../model.safetensors"}})), ["'../model.safetensors'"]),
+    "index_shard_not_a_name": (lambda d: (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": {"a": 1}}})), ["'lm_head.weight'", "{'a': 1}", "file name"]),
     "shard_missing": (lambda d: (d / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"model.norm.weight": "model-2.safetensors"}})), ["missing safetensors shard"]),
     "shard_truncated": (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
@@ -326,3 +328,26 @@ def test_one_error_line_through_the_cli(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
         assert ("head_count" in lines[0]) or ("num_attention_heads" in lines[0]), lines[0]
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts mappings in /proc/self/maps (Linux)")
+def test_safetensors_models_are_freed(tmp_path):
+    """Loading and running a safetensors folder many times in one process (as a fuzzer or a server
+    does) must not keep file mappings: they once leaked until mmap failed with ENOMEM."""
+    from localllm.runner import complete
+    from localllm.settings import GenerationSettings, SamplingSettings
+
+    folder = write_tiny_safetensors(tmp_path / "st")
+
+    def run_once() -> None:
+        lm = load_model(str(folder))
+        "".join(complete(lm, "the", GenerationSettings(max_tokens=3), SamplingSettings(temperature=0)))
+
+    def mappings() -> int:
+        return len(Path("/proc/self/maps").read_text().splitlines())
+
+    run_once()
+    before = mappings()
+    for _ in range(10):
+        run_once()
+    assert mappings() - before < 20, "file mappings grow with every load"
