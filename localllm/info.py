@@ -9,10 +9,10 @@ from typing import Any
 
 from .config import ModelConfig
 from .gguf_file import open_gguf
-from .load import check_hf_folder, file_size
+from .load import file_size
 from .registry import resolve_model
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
-from .validate import check_gguf
+from .validate import check_gguf, check_hf_folder
 from .weights import hf_tensor_headers
 
 

@@ -12,15 +12,15 @@ from kernels.cpu import BlockQWeight, load_extension, pack_for_cpu
 from kernels.qweight import QUANTIZED_TYPES, QWeight
 from quantize.decode import dequantize_torch
 
-from .config import ModelConfig, read_hf_config
+from .config import ModelConfig
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .model import QEmbedding, Transformer, llama3_rope_factors
 from .registry import resolve_model
 from .settings import DEFAULT_CPU
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
-from .validate import check_gguf, check_hf_tensors
-from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict, hf_tensor_headers
+from .validate import check_gguf, check_hf_folder
+from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
 
 
 @dataclass
@@ -107,19 +107,6 @@ def read_gguf_model(
         return cfg, gguf_state_dict(f, cfg, QUANTIZED_TYPES, keep_embedding=True), types
     keep = QUANTIZED_TYPES if torch.device(device).type == "cuda" else frozenset()
     return cfg, gguf_state_dict(f, cfg, keep), types
-
-
-def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, str]]]:
-    """config.json and every tensor header of a safetensors folder, validated before any tensor is
-    read -> (config, GGUF name -> (file, checkpoint key))."""
-    cfg = read_hf_config(folder)
-    keys, tensors = {}, {}
-    for path, key, name, shape, dtype in hf_tensor_headers(folder):
-        if name in keys:
-            raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
-        keys[name], tensors[name] = (path, key), (shape, dtype)
-    cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
-    return cfg, keys
 
 
 def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:

@@ -5,20 +5,26 @@ config implies (expected_shapes, which must agree with model.Transformer's state
 and checks every tensor's name, type and shape against it. Only then does load.py decode a weight or
 build the model, so a file's claims (a million layers, a 2^31 embedding width) cost nothing: every
 expected tensor must be present, and the GGUF reader has already checked that each lies inside the file.
+
+Public entry points for every reader of model files (load, info, quantize): check_gguf(GGUFFile) and
+check_hf_folder(folder) return the validated ModelConfig; first_nonfinite_tensor(model) names the
+weight behind non-finite logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from quantize.formats import SUPPORTED_TYPES
 
-from .config import ModelConfig, config_from_gguf
+from .config import ModelConfig, config_from_gguf, read_hf_config
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile
 from .settings import DEFAULT_LIMITS, LoaderLimits
+from .weights import gguf_name, hf_tensor_headers
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
 HF_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -111,13 +117,24 @@ def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...],
     return cfg
 
 
+def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, str]]]:
+    """config.json and every tensor header of a safetensors folder, validated before any tensor is
+    read -> (config, GGUF name -> (file, checkpoint key))."""
+    cfg = read_hf_config(folder)
+    keys, tensors = {}, {}
+    for path, key, name, shape, dtype in hf_tensor_headers(folder):
+        if name in keys:
+            raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
+        keys[name], tensors[name] = (path, key), (shape, dtype)
+    cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
+    return cfg, keys
+
+
 def first_nonfinite_tensor(model: torch.nn.Module, max_values: int | None = None) -> str | None:
     """The GGUF name of the first weight holding NaN or Inf, or None: dense parameters and buffers as
     they are, quantized weights (Linear.qweight, QEmbedding.weight: QWeight or BlockQWeight) decoded
     one at a time. max_values: stop after scanning this many values (None: all). A diagnosis for
     non-finite logits, called after they are seen (it costs a full decode of quantized weights)."""
-    from .weights import gguf_name
-
     seen = 0
     for name, value in _weights(model):
         if value.is_meta or not value.is_floating_point():
