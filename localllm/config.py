@@ -6,10 +6,16 @@ output), never by subclasses: the model module reads these fields and nothing el
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import LocalLLMError
+from .settings import DEFAULT_LIMITS, LoaderLimits
+
+MISSING = object()  # "no default": Fields.raw raises when the key is absent
 
 # GGUF `general.architecture` / HF `model_type` -> the fields that distinguish it.
 ARCHITECTURES: dict[str, dict[str, bool]] = {
@@ -57,84 +63,196 @@ class ModelConfig:
         return self.n_kv_heads * self.head_dim
 
 
-def _arch_fields(arch: str) -> dict[str, bool]:
-    if arch not in ARCHITECTURES:
+def _arch_fields(arch: Any, key: str) -> dict[str, bool]:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         known = ", ".join(ARCHITECTURES)
-        raise LocalLLMError(f"unknown architecture {arch!r} (supported: {known})")
+        raise LocalLLMError(f"unknown architecture {arch!r} in {key} (supported: {known})")
     return ARCHITECTURES[arch]
 
 
-def _require(meta: dict[str, Any], key: str) -> Any:
-    if key not in meta:
-        raise LocalLLMError(f"GGUF metadata is missing {key!r}")
-    return meta[key]
+class Fields:
+    """Typed, range-checked reads of one config source (GGUF metadata or config.json): a wrong type or
+    an out-of-range value is one LocalLLMError naming the key, its value and what was expected."""
+
+    def __init__(self, values: dict[str, Any], source: str, prefix: str = "", label: str | None = None):
+        self.values = values
+        self.source = source  # "GGUF metadata" or "config.json"
+        self.prefix = prefix  # "llama." for GGUF keys, "" for config.json
+        self.label = prefix if label is None else label  # shown before a key: "rope_scaling." for a nested object
+
+    def raw(self, key: str, default: Any = MISSING) -> Any:
+        value = self.values.get(self.prefix + key)
+        if value is None:  # absent, or JSON null (HF writes null for "use the default")
+            if default is MISSING:
+                raise LocalLLMError(f"{self.source} is missing {self.label + key!r}")
+            return default
+        return value
+
+    def bad(self, key: str, value: Any, expected: str) -> LocalLLMError:
+        shown = repr(value) if not isinstance(value, (list, dict)) else f"a {type(value).__name__}"
+        return LocalLLMError(f"{self.source} {self.label + key!r} is {shown}, expected {expected}")
+
+    def int(self, key: str, lo: int, hi: int, default: Any = MISSING) -> int:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.bad(key, value, f"an integer from {lo} to {hi}")
+        return value
+
+    def float(self, key: str, default: Any = MISSING) -> float:
+        """A finite, positive number (epsilons, rope bases and factors)."""
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.bad(key, value, "a finite number above 0")
+        return float(value)
+
+    def bool(self, key: str, default: Any = MISSING) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.bad(key, value, "true or false")
+        return value
 
 
-def config_from_gguf(meta: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
-    """GGUF metadata (keys `{arch}.*`) -> ModelConfig; tied output when no `output.weight` tensor."""
-    arch = _require(meta, "general.architecture")
-    fields = _arch_fields(arch)
-    get = lambda k, d=None: meta.get(f"{arch}.{k}", d)  # noqa: E731
-    n_heads = int(_require(meta, f"{arch}.attention.head_count"))
-    dim = int(_require(meta, f"{arch}.embedding_length"))
-    head_dim = int(get("attention.key_length", dim // n_heads))
-    vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+def check_shape_fields(cfg: ModelConfig, names: dict[str, str], source: str, limits: LoaderLimits) -> None:
+    """The relations between fields; names: field -> the key that set it, for the message."""
+    def fail(what: str) -> LocalLLMError:
+        return LocalLLMError(f"{source}: {what}")
+
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise fail(f"{names['n_heads']} = {cfg.n_heads} is not a multiple of {names['n_kv_heads']} = {cfg.n_kv_heads}")
+    if cfg.head_dim % 2:
+        raise fail(f"head dimension {cfg.head_dim} ({names['head_dim']}) is odd: rope rotates pairs")
+    if cfg.q_dim > limits.max_dim:
+        raise fail(f"{cfg.n_heads} heads of {cfg.head_dim} make {cfg.q_dim} query values, at most {limits.max_dim}")
+
+
+def _head_dim(f: Fields, key: str, dim: int, n_heads: int, heads_key: str, limits: LoaderLimits) -> int:
+    """The explicit head dimension, else dim / n_heads, which must then divide evenly."""
+    if f.raw(key, None) is not None:
+        return f.int(key, 2, limits.max_dim)
+    if dim % n_heads:
+        raise LocalLLMError(
+            f"{f.source}: {f.label + heads_key} = {n_heads} does not divide the embedding width {dim}"
+            f" (and {f.label + key!r} is not given)"
+        )
+    return dim // n_heads
+
+
+def config_from_gguf(
+    meta: dict[str, Any], tensor_names: set[str], limits: LoaderLimits = DEFAULT_LIMITS
+) -> ModelConfig:
+    """GGUF metadata (keys `{arch}.*`) -> ModelConfig; tied output when no `output.weight` tensor.
+    Every field is type- and range-checked (Fields) before any arithmetic on it."""
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise LocalLLMError("GGUF metadata is missing 'general.architecture'")
+    fields = _arch_fields(arch, "general.architecture")
+    f = Fields(meta, "GGUF metadata", f"{arch}.")
+    n_heads = f.int("attention.head_count", 1, limits.max_heads)
+    dim = f.int("embedding_length", 1, limits.max_dim)
+    head_dim = _head_dim(f, "attention.key_length", dim, n_heads, "attention.head_count", limits)
+    if f.raw("attention.value_length", head_dim) != head_dim:
+        raise f.bad("attention.value_length", meta[f"{arch}.attention.value_length"], f"{head_dim} (the key length)")
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    vocab = f.int("vocab_size", 1, limits.max_vocab, len(tokens) if isinstance(tokens, list) and tokens else MISSING)
     # llama3 rope scaling travels in GGUF as the `rope_freqs.weight` tensor (per-frequency divisors),
     # which the loader reads; nothing to take from the metadata here.
-    return ModelConfig(
+    cfg = ModelConfig(
         arch=arch,
-        n_layers=int(_require(meta, f"{arch}.block_count")),
+        n_layers=f.int("block_count", 1, limits.max_layers),
         dim=dim,
-        ffn_dim=int(_require(meta, f"{arch}.feed_forward_length")),
+        ffn_dim=f.int("feed_forward_length", 1, limits.max_ffn_dim),
         n_heads=n_heads,
-        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        n_kv_heads=f.int("attention.head_count_kv", 1, n_heads, n_heads),
         head_dim=head_dim,
-        vocab_size=int(vocab),
-        context_length=int(get("context_length", 2048)),
-        norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
+        vocab_size=vocab,
+        context_length=f.int("context_length", 1, limits.max_context, 2048),
+        norm_eps=f.float("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=f.float("rope.freq_base", 10000.0),
         tied_output="output.weight" not in tensor_names,
         **fields,
     )
+    names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
+                 head_dim=f"{arch}.attention.key_length")
+    check_shape_fields(cfg, names, "GGUF metadata", limits)
+    return cfg
 
 
 def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not rs:
         return None
+    if not isinstance(rs, dict):
+        raise LocalLLMError(f"config.json 'rope_scaling' is {rs!r}, expected an object")
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default"):
         return None
     if kind != "llama3":
         raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3)")
-    return RopeScaling(
-        factor=float(rs["factor"]),
-        low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-        original_context=int(rs.get("original_max_position_embeddings", 8192)),
+    f = Fields(rs, "config.json", label="rope_scaling.")
+    scaling = RopeScaling(
+        factor=f.float("factor"),
+        low_freq_factor=f.float("low_freq_factor", 1.0),
+        high_freq_factor=f.float("high_freq_factor", 4.0),
+        original_context=f.int("original_max_position_embeddings", 1, DEFAULT_LIMITS.max_context, 8192),
     )
+    if scaling.low_freq_factor >= scaling.high_freq_factor:  # llama3_rope_factors divides by the gap
+        raise f.bad("low_freq_factor", scaling.low_freq_factor, f"below high_freq_factor {scaling.high_freq_factor}")
+    return scaling
 
 
-def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    """A Hugging Face config.json dict -> ModelConfig."""
+def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
+    """A Hugging Face config.json value -> ModelConfig, every field type- and range-checked."""
+    if not isinstance(cfg, dict):
+        raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
     arch = cfg.get("model_type")
-    fields = _arch_fields(arch)
-    n_heads = int(cfg["num_attention_heads"])
-    dim = int(cfg["hidden_size"])
-    theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    return ModelConfig(
+    fields = _arch_fields(arch, "config.json 'model_type'")
+    f = Fields(cfg, "config.json")
+    n_heads = f.int("num_attention_heads", 1, limits.max_heads)
+    dim = f.int("hidden_size", 1, limits.max_dim)
+    rope_params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    theta = f.float("rope_theta", None) if cfg.get("rope_theta") is not None else None
+    if theta is None:
+        theta = Fields(rope_params, "config.json", label="rope_parameters.").float("rope_theta", 10000.0)
+    out = ModelConfig(
         arch=arch,
-        n_layers=int(cfg["num_hidden_layers"]),
+        n_layers=f.int("num_hidden_layers", 1, limits.max_layers),
         dim=dim,
-        ffn_dim=int(cfg["intermediate_size"]),
+        ffn_dim=f.int("intermediate_size", 1, limits.max_ffn_dim),
         n_heads=n_heads,
-        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-        head_dim=int(cfg.get("head_dim") or dim // n_heads),
-        vocab_size=int(cfg["vocab_size"]),
-        context_length=int(cfg.get("max_position_embeddings", 2048)),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
-        tied_output=bool(cfg.get("tie_word_embeddings", False)),
+        n_kv_heads=f.int("num_key_value_heads", 1, n_heads, n_heads),
+        head_dim=_head_dim(f, "head_dim", dim, n_heads, "num_attention_heads", limits),
+        vocab_size=f.int("vocab_size", 1, limits.max_vocab),
+        context_length=f.int("max_position_embeddings", 1, limits.max_context, 2048),
+        norm_eps=f.float("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        tied_output=f.bool("tie_word_embeddings", False),
         rope_scaling=_hf_rope_scaling(cfg),
-        **{**fields, "qkv_bias": bool(cfg.get("attention_bias", fields["qkv_bias"]))},
+        **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
+    names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
+    check_shape_fields(out, names, "config.json", limits)
+    return out
+
+
+def read_hf_config(folder: Path, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
+    """folder/config.json -> ModelConfig; a missing, non-UTF-8 or malformed file is one line naming it."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise LocalLLMError(f"not a model folder: {folder} has no config.json")
+    return config_from_hf(read_json(path), limits)
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's value; bad bytes or syntax: one line naming the file and where."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LocalLLMError(f"{path.name} in {path.parent} is not UTF-8 (invalid byte at offset {e.start})") from None
+    except OSError as e:
+        raise LocalLLMError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LocalLLMError(f"bad {path.name} in {path.parent}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise LocalLLMError(f"bad {path.name} in {path.parent}: nested too deeply") from None

@@ -1,9 +1,13 @@
 """Open a GGUF file through the `gguf` package (memory-mapped) and check it before we trust it.
 
-Nothing here parses GGUF by hand: `gguf.GGUFReader` reads the header, metadata and tensor table and
-maps the data with numpy.memmap, so no full copy of the file is made. We only turn its failures and
-the inconsistencies it does not check (reads past the end of the file, unknown tensor types) into
-one-line errors.
+`gguf.GGUFReader` reads the header and the tensor table and maps the data with numpy.memmap, so no
+full copy of the file is made. It checks almost nothing, so _CheckedReader overrides the parts that
+read counts and sizes from the file: the key/value section is read by gguf_meta.py (bounded, every
+string UTF-8, errors naming the key and byte), every tensor-table entry is checked before the reader
+maps its data (name, dimension count, type, whole blocks, bytes inside the file), and the data must be
+laid out as llama.cpp's gguf.cpp requires: each tensor at the running offset of the ones before it,
+padded to general.alignment (so no two tensors overlap and a swapped type id cannot go unnoticed).
+Every failure becomes one LocalLLMError line.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ import numpy as np
 
 from .errors import LocalLLMError
 from .gguf_cache import Header, read_header, write_header
-from .settings import DEFAULT_CPU
+from .gguf_meta import CorruptGGUF, KVReader, PastEnd, check_known_keys, read_kv_section
+from .settings import DEFAULT_CPU, DEFAULT_LIMITS, LoaderLimits
 
 GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+HEADER_BYTES = 24  # magic, version u32, tensor count u64, key/value count u64
+MIN_KV_BYTES = 13  # key length u64, value type u32, one byte of value
+MIN_TENSOR_INFO_BYTES = 24  # name length u64, dimension count u32, type u32, data offset u64
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,7 @@ class GGUFFile:
 
 
 def read_metadata_fields(reader: gguf.GGUFReader) -> dict[str, Any]:
-    """All key/value pairs as plain python values; the GGUF.* header pseudo-keys are skipped."""
+    """All key/value pairs of a plain gguf.GGUFReader as python values; GGUF.* pseudo-keys skipped."""
     out = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -46,97 +55,158 @@ def _check_magic(path: Path) -> None:
     if not path.is_file():
         raise LocalLLMError(f"not a file: {path}")
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise LocalLLMError(f"not a GGUF file (magic {magic!r}, expected b'GGUF'): {path}")
-
-
-class _PastEnd(Exception):
-    """A read that would run past the end of the file; args: (end byte, file size)."""
-
-
-class _BadTensor(Exception):
-    """A tensor-table entry we cannot trust; args: (one-line reason,)."""
+        head = f.read(8)
+    if head[:4] != GGUF_MAGIC:
+        raise LocalLLMError(f"not a GGUF file (magic {head[:4]!r}, expected b'GGUF'): {path}")
+    if len(head) == 8:
+        version = int.from_bytes(head[4:], "little")
+        if version & 0xFFFF == 0:  # written on a big-endian machine
+            version = int.from_bytes(head[4:], "big")
+        if version not in SUPPORTED_VERSIONS:
+            raise LocalLLMError(f"unsupported GGUF version {version} (supported: 2, 3): {path}")
 
 
 class _CheckedReader(gguf.GGUFReader):
-    """GGUFReader plus the checks it lacks, so a cut or corrupt file names its problem.
+    """GGUFReader with the checks it lacks (see the module docstring); after __init__, `metadata`
+    holds the key/value section's values and `kv_end` where it ends."""
 
-    GGUFReader slices its memmap without looking at the file's size: a truncated header surfaces as
-    a numpy view/reshape error, a tensor type id that is not a ggml type as an enum ValueError.
-    """
-
-    def __init__(self, path: Path, cached: Header | None):
+    def __init__(self, path: Path, cached: Header | None, limits: LoaderLimits):
         self.cached = cached  # set before the parse, which calls _build_fields
+        self.limits = limits
         self.kv_end = 0
+        self.metadata: dict[str, Any] = {}
+        self.alignment_offset: int | None = None
         # "c" (copy-on-write): numpy arrays that torch can wrap without a copy; the file is never written.
         super().__init__(path, "c")
-
-    def _build_fields(self, offs, count):
-        if self.cached is None:
-            self.kv_end = super()._build_fields(offs, count)
-            return self.kv_end
-        # A cached key/value section: gguf parses only the alignment field (its __init__ reads it).
-        if self.cached.alignment_offset is not None:
-            super()._build_fields(self.cached.alignment_offset, 1)
-        self.kv_end = self.cached.kv_end
-        return self.kv_end
 
     def _get(self, offset, dtype, count=1, override_order=None):
         end = int(offset) + np.dtype(dtype).itemsize * int(count)
         if end > len(self.data):
-            raise _PastEnd(end, len(self.data))
+            raise PastEnd(end, len(self.data))
         return super()._get(offset, dtype, count, override_order)
+
+    def _build_fields(self, offs, count):
+        n_tensors, n_kv, size = int(self.fields["GGUF.tensor_count"].parts[0][0]), int(count), len(self.data)
+        if HEADER_BYTES + MIN_KV_BYTES * n_kv + MIN_TENSOR_INFO_BYTES * n_tensors > size:
+            raise CorruptGGUF(
+                f"the GGUF header says {n_tensors} tensors and {n_kv} metadata keys, impossible in a file of {size} bytes"
+            )
+        if self.cached is not None:
+            # A cached key/value section: gguf parses only the alignment field (its __init__ reads it).
+            if self.cached.alignment_offset is not None:
+                super()._build_fields(self.cached.alignment_offset, 1)
+            self.metadata, self.kv_end = self.cached.metadata, self.cached.kv_end
+            return self.kv_end
+        kv = KVReader(memoryview(self.data), "<" if self.byte_order == "I" else ">", self.limits.max_metadata_array)
+        self.metadata, where, self.kv_end = read_kv_section(kv, int(offs), n_kv)
+        if "general.alignment" in where:
+            self._push_alignment(*where["general.alignment"])
+        return self.kv_end
+
+    def _push_alignment(self, at: int, vtype: gguf.GGUFValueType) -> None:
+        """Hand general.alignment to gguf's own check (its __init__ reads the field) once it is sane."""
+        value = self.metadata["general.alignment"]
+        if vtype != gguf.GGUFValueType.UINT32 or value <= 0 or value & (value - 1):
+            raise CorruptGGUF(
+                f"metadata 'general.alignment' at byte {at} is {value!r} ({vtype.name}), expected a power of two (UINT32)"
+            )
+        self.alignment_offset = at
+        field = gguf.ReaderField(at, "general.alignment", [np.array([value], np.uint32)], [0], [vtype])
+        self._push_field(field, skip_sum=True)
+
+    def _get_tensor_info_field(self, orig_offs):
+        # As GGUFReader's, with the name decoded and the dimension count bounded before use.
+        name_len, name_data = self._get_str(orig_offs)
+        try:
+            name = str(bytes(name_data), encoding="utf-8")
+        except UnicodeDecodeError as e:
+            bad = orig_offs + 8 + e.start
+            raise CorruptGGUF(f"tensor name at byte {orig_offs} is not valid UTF-8 (invalid byte at offset {bad})") from None
+        offs = orig_offs + 8 + int(name_data.nbytes)
+        n_dims = self._get(offs, np.uint32)
+        if int(n_dims[0]) > self.limits.max_dims:
+            raise CorruptGGUF(f"tensor {name!r} has {int(n_dims[0])} dimensions, at most {self.limits.max_dims} allowed")
+        dims = self._get(offs + 4, np.uint64, n_dims[0])
+        offs += 4 + int(dims.nbytes)
+        raw_dtype = self._get(offs, np.uint32)
+        offset_tensor = self._get(offs + 4, np.uint64)
+        parts = [name_len, name_data, n_dims, dims, raw_dtype, offset_tensor]
+        return gguf.ReaderField(orig_offs, name, parts, [1, 3, 4, 5])
 
     def _build_tensors(self, start_offs, fields):
         # Check every tensor before the reader maps any (it maps data eagerly, without bounds).
-        for field in fields:
-            _check_tensor_info(field, int(start_offs), len(self.data))
+        check_tensor_table(fields, int(start_offs), len(self.data), int(self.alignment))
         super()._build_tensors(start_offs, fields)
 
 
-def _check_tensor_info(field: gguf.ReaderField, data_start: int, file_size: int) -> None:
-    """Raise _BadTensor for an unknown type id or data that ends past the end of the file."""
-    _, name_data, _, dims, raw_type, offset = field.parts
-    name = bytes(name_data).decode("utf-8", "replace")
+def check_tensor_table(fields: list[gguf.ReaderField], data_start: int, file_size: int, alignment: int) -> None:
+    """Raise CorruptGGUF for an unknown type id, a row that is not whole blocks, data past the end of
+    the file, or data not at the running offset (gguf.cpp: offset == sum of the padded sizes before)."""
+    expected, previous = 0, "the start of the data section"
+    for field in fields:
+        name, nbytes, offset = _tensor_bytes(field)
+        end = data_start + offset + nbytes
+        if end > file_size:
+            raise CorruptGGUF(
+                f"truncated GGUF (data past the end of the file): tensor {name!r} ends at byte {end},"
+                f" the file has {file_size} bytes"
+            )
+        if offset != expected:
+            raise CorruptGGUF(
+                f"tensor {name!r} has its data at offset {offset}, expected {expected} right after {previous}"
+                f" (padded to {alignment} bytes): overlapping tensors, or a wrong type or shape"
+            )
+        expected += -(-nbytes // alignment) * alignment
+        previous = f"tensor {name!r} ({nbytes} bytes)"
+
+
+def _tensor_bytes(field: gguf.ReaderField) -> tuple[str, int, int]:
+    """(name, data bytes, data offset) of one tensor-table entry, its type and row length checked."""
+    _, _, _, dims, raw_type, offset = field.parts
+    name = field.name
     try:
         qtype = gguf.GGMLQuantizationType(int(raw_type[0]))
     except ValueError:
-        raise _BadTensor(f"tensor {name!r} has unknown type id {int(raw_type[0])} (not a ggml type)") from None
+        raise CorruptGGUF(f"tensor {name!r} has unknown type id {int(raw_type[0])} (not a ggml type)") from None
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    # Python ints: a corrupt shape must not overflow numpy's uint64 into a small, "valid" size.
-    end = data_start + int(offset[0]) + math.prod(int(d) for d in dims) * type_size // block
-    if end > file_size:
-        raise _BadTensor(
-            f"truncated GGUF (data past the end of the file): tensor {name!r} ends at byte {end},"
-            f" the file has {file_size} bytes"
+    shape = [int(d) for d in dims]  # python ints: a corrupt shape must not overflow into a small size
+    if shape and shape[0] % block:
+        raise CorruptGGUF(
+            f"tensor {name!r} of type {qtype.name} has rows of {shape[0]} values, not a whole number of"
+            f" {block}-value blocks"
         )
+    return name, math.prod(shape) * type_size // block, int(offset[0])
 
 
-def open_gguf(path: str | Path, cache_dir: Path | None = DEFAULT_CPU.cache_dir) -> GGUFFile:
+def open_gguf(
+    path: str | Path, cache_dir: Path | None = DEFAULT_CPU.cache_dir, limits: LoaderLimits = DEFAULT_LIMITS
+) -> GGUFFile:
     """Open and validate a GGUF file; raise LocalLLMError with one line naming any problem.
     cache_dir: where a large key/value section is cached once parsed (localllm/gguf_cache.py); None: never."""
     path = Path(path)
     _check_magic(path)
     cached = read_header(path, cache_dir) if cache_dir is not None else None
     try:
-        reader = _CheckedReader(path, cached)
-    except _PastEnd as e:
+        reader = _CheckedReader(path, cached, limits)
+    except PastEnd as e:
         end, size = e.args
         raise LocalLLMError(
             f"truncated GGUF (header or metadata past the end of the file): needs byte {end},"
             f" the file has {size} bytes: {path}"
         ) from None
-    except _BadTensor as e:
+    except CorruptGGUF as e:
         raise LocalLLMError(f"{e.args[0]}: {path}") from None
-    except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError) as e:
+    except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError, OverflowError) as e:
         raise LocalLLMError(f"cannot read GGUF file {path}: {_reason(e)}") from None
     except NotImplementedError as e:
         raise LocalLLMError(f"unsupported GGUF file {path}: {_reason(e)}") from None
-    metadata = cached.metadata if cached is not None else read_metadata_fields(reader)
+    metadata = reader.metadata
+    try:
+        check_known_keys(metadata)
+    except CorruptGGUF as e:
+        raise LocalLLMError(f"{e.args[0]}: {path}") from None
     if cached is None and cache_dir is not None and reader.kv_end >= DEFAULT_CPU.header_cache_min_bytes:
-        align = reader.fields.get("general.alignment")
-        write_header(path, cache_dir, Header(metadata, reader.kv_end, None if align is None else int(align.offset)))
+        write_header(path, cache_dir, Header(metadata, reader.kv_end, reader.alignment_offset))
     return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,13 +12,14 @@ from kernels.cpu import BlockQWeight, load_extension, pack_for_cpu
 from kernels.qweight import QUANTIZED_TYPES, QWeight
 from quantize.decode import dequantize_torch
 
-from .config import ModelConfig, config_from_gguf, config_from_hf
+from .config import ModelConfig
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .model import QEmbedding, Transformer, llama3_rope_factors
 from .registry import resolve_model
 from .settings import DEFAULT_CPU
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from .validate import check_gguf, check_hf_folder
 from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
 
 
@@ -99,8 +99,9 @@ def read_gguf_model(
     f: GGUFFile, device: str = "cpu", raw: bool = False
 ) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
     """On CUDA quantized linear weights stay in their blocks (see place_quantized); with raw (CPU,
-    MPS) the quantized embedding too, as views of the file's mapping."""
-    cfg = config_from_gguf(f.metadata, set(f.tensors))
+    MPS) the quantized embedding too, as views of the file's mapping. The whole file is validated
+    (validate.check_gguf) before the first tensor is decoded."""
+    cfg = check_gguf(f)
     types = Counter(t.tensor_type.name for t in f.tensors.values())
     if raw:
         return cfg, gguf_state_dict(f, cfg, QUANTIZED_TYPES, keep_embedding=True), types
@@ -109,20 +110,11 @@ def read_gguf_model(
 
 
 def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
-    cfg_path = folder / "config.json"
-    if not cfg_path.exists():
-        raise LocalLLMError(f"not a model folder: {folder} has no config.json")
-    try:
-        cfg = config_from_hf(json.loads(cfg_path.read_text()))
-    except (json.JSONDecodeError, KeyError) as e:
-        raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
-    state = hf_state_dict(folder)
-    if cfg.tied_output and "output.weight" in state:
-        # A "tied" checkpoint that stores lm_head.weight anyway: transformers keeps the stored head
-        # when it differs (and llama.cpp's converter writes it as output.weight), so use it.
-        cfg = replace(cfg, tied_output=False)
+    cfg, keys = check_hf_folder(folder)
+    tok = load_hf_tokenizer(folder)
+    state = hf_state_dict(folder, keys)
     types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
-    return cfg, state, types, load_hf_tokenizer(folder)
+    return cfg, state, types, tok
 
 
 def file_size(path: Path) -> int:

@@ -72,9 +72,26 @@ class TemplateSettings:
     max_source_chars: int = 200_000  # the template itself (real ones are under 20 KB; parsing is slow)
 
 
+@dataclass(frozen=True)
+class LoaderLimits:
+    """What a model file may claim before we believe it (localllm/validate.py, gguf_file.py): generous
+    for real models (Llama 3.1 405B: 126 layers, dim 16384, ffn 53248, vocab 128256; Qwen 2.5: 1M
+    context), small enough that no claim alone can make us allocate without bound."""
+
+    max_layers: int = 4096
+    max_dim: int = 1 << 17  # embedding width, head dim x heads
+    max_ffn_dim: int = 1 << 20
+    max_heads: int = 1 << 12
+    max_vocab: int = 1 << 24
+    max_context: int = 1 << 24
+    max_metadata_array: int = 1 << 24  # values in one GGUF metadata array (a vocabulary's tokens, merges)
+    max_dims: int = 4  # GGML_MAX_DIMS: dimensions of one tensor
+
+
 DEFAULT_SAMPLING = SamplingSettings()
 DEFAULT_GENERATION = GenerationSettings()
 DEFAULT_DRAFT = DraftSettings()
 DEFAULT_CPU = CpuSettings()
 DEFAULT_TEMPLATE = TemplateSettings()
 DEFAULT_FILES = FileSettings()
+DEFAULT_LIMITS = LoaderLimits()

@@ -124,31 +124,8 @@ def tiny_tensors(seed: int = 0) -> dict[str, np.ndarray]:
 def write_tiny_model(path: Path, arch: str = "llama", chat_template: str | None = None) -> Path:
     """A complete, loadable GGUF model (unless `arch` is one we do not support), with an embedded
     chat template if one is given."""
-    w = gguf.GGUFWriter(str(path), arch)
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-    w.add_context_length(TINY["ctx"])
-    w.add_embedding_length(TINY["dim"])
-    w.add_block_count(TINY["n_layers"])
-    w.add_feed_forward_length(TINY["ffn_dim"])
-    w.add_head_count(TINY["n_heads"])
-    w.add_head_count_kv(TINY["n_kv_heads"])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(TINY_TOKENS)
-    w.add_token_types([1] * (len(TINY_TOKENS) - 1) + [3])  # normal ..., control
-    w.add_token_merges(TINY_MERGES)
-    w.add_bos_token_id(TINY_EOS)
-    w.add_eos_token_id(TINY_EOS)
-    for name, array in tiny_tensors().items():
-        w.add_tensor(name, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    meta = None if chat_template is None else {"tokenizer.chat_template": (chat_template, V.STRING)}
+    return write_gguf(path, meta, arch=arch)
 
 
 # ---- patching a written file
@@ -186,3 +163,112 @@ def copy_head(src: Path, dst: Path, n_bytes: int) -> Path:
             fout.write(chunk)
             left -= len(chunk)
     return dst
+
+
+# ---- GGUF files with any metadata and tensors (written by gguf.GGUFWriter, so the layout is valid)
+
+V = gguf.GGUFValueType
+
+
+def tiny_metadata(arch: str = "llama") -> dict[str, tuple]:
+    """write_tiny_model's key/value pairs: key -> (value, GGUF type[, array item type])."""
+    p = f"{arch}."
+    return {
+        p + "context_length": (TINY["ctx"], V.UINT32),
+        p + "embedding_length": (TINY["dim"], V.UINT32),
+        p + "block_count": (TINY["n_layers"], V.UINT32),
+        p + "feed_forward_length": (TINY["ffn_dim"], V.UINT32),
+        p + "attention.head_count": (TINY["n_heads"], V.UINT32),
+        p + "attention.head_count_kv": (TINY["n_kv_heads"], V.UINT32),
+        p + "attention.layer_norm_rms_epsilon": (1e-5, V.FLOAT32),
+        p + "rope.freq_base": (10000.0, V.FLOAT32),
+        "tokenizer.ggml.model": ("gpt2", V.STRING),
+        "tokenizer.ggml.pre": ("gpt-2", V.STRING),
+        "tokenizer.ggml.tokens": (TINY_TOKENS, V.ARRAY, V.STRING),
+        "tokenizer.ggml.token_type": ([1] * (len(TINY_TOKENS) - 1) + [3], V.ARRAY, V.INT32),
+        "tokenizer.ggml.merges": (TINY_MERGES, V.ARRAY, V.STRING),
+        "tokenizer.ggml.bos_token_id": (TINY_EOS, V.UINT32),
+        "tokenizer.ggml.eos_token_id": (TINY_EOS, V.UINT32),
+    }
+
+
+def write_gguf(path: Path, meta: dict | None = None, tensors: dict | None = None, arch: str = "llama") -> Path:
+    """The tiny model with changes. meta: key -> (value, type[, item type]) to set, or None to drop
+    (keys without a dot get the `{arch}.` prefix). tensors: name -> a numpy array (float32), a tuple
+    (raw uint8 bytes, ggml type) for quantized data, or None to drop; the rest as tiny_tensors()."""
+    kv = tiny_metadata(arch)
+    for key, value in (meta or {}).items():
+        key = key if key.startswith(("tokenizer.", "general.", f"{arch}.")) else f"{arch}.{key}"
+        if value is None:
+            kv.pop(key, None)
+        else:
+            kv[key] = value
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, (value, *types) in kv.items():
+        w.add_key_value(key, value, *types)
+    arrays = tiny_tensors() | (tensors or {})
+    for name, array in arrays.items():
+        if isinstance(array, tuple):
+            raw, qtype = array
+            w.add_tensor(name, raw, raw_dtype=qtype)
+        elif array is not None:
+            w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_safetensors(folder: Path, config: dict | None = None, drop: tuple[str, ...] = (),
+                           tensors: dict | None = None) -> Path:
+    """A Hugging Face folder of the tiny model: config.json (changed by `config`; a None value drops the
+    key), model.safetensors (HF names; `drop` leaves names out, `tensors` replaces arrays) and a
+    byte-level BPE tokenizer.json."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    hd = TINY["dim"] // TINY["n_heads"]
+    cfg = {
+        "model_type": "llama", "hidden_size": TINY["dim"], "num_hidden_layers": TINY["n_layers"],
+        "intermediate_size": TINY["ffn_dim"], "num_attention_heads": TINY["n_heads"],
+        "num_key_value_heads": TINY["n_kv_heads"], "head_dim": hd, "vocab_size": len(TINY_TOKENS),
+        "max_position_embeddings": TINY["ctx"], "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+    }
+    for key, value in (config or {}).items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    hf = {}
+    for name, array in tiny_tensors().items():
+        key = _hf_key(name)
+        if key not in drop:
+            hf[key] = array
+    hf |= tensors or {}
+    save_file(hf, str(folder / "model.safetensors"))
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(TINY_TOKENS)}, [tuple(m.split()) for m in TINY_MERGES]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(TINY_TOKENS[TINY_EOS], special=True)])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _hf_key(gguf_name: str) -> str:
+    from localllm.weights import HF_NAMES
+
+    for hf, ours in HF_NAMES.items():
+        if "{i}" not in ours and ours == gguf_name:
+            return hf
+        if "{i}" in ours:
+            layer = gguf_name.split(".")[1] if gguf_name.startswith("blk.") else None
+            if layer is not None and ours.replace("{i}", layer) == gguf_name:
+                return hf.replace("{i}", layer)
+    raise KeyError(gguf_name)

@@ -16,10 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
 from _bad_files import (
+    TINY,
     copy_head,
     default_model,
     parallel_jobs,
@@ -27,6 +29,7 @@ from _bad_files import (
     run_cli,
     tensor_info_offsets,
     tiny_tensors,
+    write_gguf,
     write_tiny_model,
 )
 
@@ -65,8 +68,9 @@ def make_files(d: Path) -> dict[str, Path]:
     files["type_id"] = Path(shutil.copy(files["tiny"], d / "bad_type_id.gguf"))
     type_at, _ = tensor_info_offsets(files["type_id"], "blk.0.ffn_down.weight")
     patch(files["type_id"], type_at, "<I", 200)
-    files["iq2"] = Path(shutil.copy(files["tiny"], d / "iq2_xxs.gguf"))
-    patch(files["iq2"], type_at, "<I", int(gguf.GGMLQuantizationType.IQ2_XXS))
+    iq2 = gguf.GGMLQuantizationType.IQ2_XXS  # a whole tensor of it (a patched type id breaks the layout)
+    iq2_bytes = np.zeros((TINY["dim"], TINY["ffn_dim"] // 256 * gguf.GGML_QUANT_SIZES[iq2][1]), np.uint8)
+    files["iq2"] = write_gguf(d / "iq2_xxs.gguf", tensors={"blk.0.ffn_down.weight": (iq2_bytes, iq2)})
 
     files["foo"] = write_tiny_model(d / "foo_arch.gguf", arch="foo")
 

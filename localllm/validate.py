@@ -1,0 +1,158 @@
+"""The loader's trust boundary: a checkpoint's tensors against its config, before anything is built.
+
+config.py checks every config field (type and range); this module derives the exact tensor set the
+config implies (expected_shapes, which must agree with model.Transformer's state dict: tests check it)
+and checks every tensor's name, type and shape against it. Only then does load.py decode a weight or
+build the model, so a file's claims (a million layers, a 2^31 embedding width) cost nothing: every
+expected tensor must be present, and the GGUF reader has already checked that each lies inside the file.
+
+Public entry points for every reader of model files (load, info, quantize): check_gguf(GGUFFile) and
+check_hf_folder(folder) return the validated ModelConfig; first_nonfinite_tensor(model) names the
+weight behind non-finite logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from quantize.formats import SUPPORTED_TYPES
+
+from .config import ModelConfig, config_from_gguf, read_hf_config
+from .errors import LocalLLMError
+from .gguf_file import GGUFFile
+from .settings import DEFAULT_LIMITS, LoaderLimits
+from .weights import gguf_name, hf_tensor_headers
+
+# Hugging Face checkpoints: the dtypes we decode (safetensors' names).
+HF_DTYPES = frozenset({"F32", "F16", "BF16"})
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> torch shape (out, in) of every tensor cfg's Transformer holds; rope_freqs
+    (optional in a file) included. Must match model.Transformer (tests/test_bad_loader.py checks)."""
+    c, q, kv, f, d = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim, cfg.head_dim
+    out = {"token_embd.weight": (cfg.vocab_size, c), "output_norm.weight": (c,), "rope_freqs.weight": (d // 2,)}
+    if not cfg.tied_output:
+        out["output.weight"] = (cfg.vocab_size, c)
+    layer = {
+        "attn_norm.weight": (c,), "attn_q.weight": (q, c), "attn_k.weight": (kv, c), "attn_v.weight": (kv, c),
+        "attn_output.weight": (c, q), "ffn_norm.weight": (c,), "ffn_gate.weight": (f, c),
+        "ffn_up.weight": (f, c), "ffn_down.weight": (c, f),
+    }
+    if cfg.qkv_bias:
+        layer |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
+    if cfg.qk_norm:
+        layer |= {"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}
+    for i in range(cfg.n_layers):
+        out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
+    return out
+
+
+OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (model.llama3_rope_factors)
+
+
+def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str,
+                     names: dict[str, str] | None = None) -> None:
+    """shapes: GGUF tensor name -> torch shape (out, in), as the checkpoint holds them. Every expected
+    tensor present with its shape, nothing else. names: GGUF name -> the checkpoint's own, for messages."""
+    names = names or {}
+    expected = expected_shapes(cfg)
+    extra = [n for n in shapes if n not in expected]
+    if extra:
+        raise LocalLLMError(f"{where} has unexpected tensor {names.get(extra[0], extra[0])!r} for this config"
+                            f" ({cfg.arch}, {cfg.n_layers} layers{', tied output' if cfg.tied_output else ''})")
+    missing = [n for n in expected if n not in shapes and n not in OPTIONAL]
+    if missing and len(shapes) == 0:
+        raise LocalLLMError(f"{where} has no weights (a vocab-only GGUF?): it can tokenize but not generate")
+    if missing:
+        raise LocalLLMError(f"{where} is missing tensor {missing[0]!r} ({len(missing)} missing) for its config"
+                            f" ({cfg.n_layers} layers)")
+    for name, shape in shapes.items():
+        if tuple(shape) != expected[name]:
+            raise LocalLLMError(f"{where}: tensor {names.get(name, name)!r} has shape {tuple(shape)}, expected"
+                                f" {expected[name]} from the config (dim {cfg.dim}, {cfg.n_heads} heads of"
+                                f" {cfg.head_dim}, {cfg.n_kv_heads} kv heads, ffn {cfg.ffn_dim}, vocab {cfg.vocab_size})")
+
+
+def gguf_torch_shape(t) -> tuple[int, ...]:
+    """A reader tensor's dims (ggml order: columns first) -> torch order (rows, cols)."""
+    return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+
+def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
+    """The whole GGUF model (config, tokenizer size, every tensor's name, type and shape) before anything
+    is decoded or built -> its ModelConfig; one LocalLLMError line naming the first problem."""
+    cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
+    where = f"GGUF file {f.path.name}"
+    for name, t in f.tensors.items():
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}")
+    check_tensor_set(cfg, {n: gguf_torch_shape(t) for n, t in f.tensors.items()}, where)
+    check_vocab(cfg, f.metadata.get("tokenizer.ggml.tokens"), where)
+    return cfg
+
+
+def check_vocab(cfg: ModelConfig, tokens, where: str) -> None:
+    """The tokenizer's ids must have embedding rows (more rows than tokens is padding, and fine)."""
+    if isinstance(tokens, list) and len(tokens) > cfg.vocab_size:
+        raise LocalLLMError(f"{where}: the tokenizer has {len(tokens)} tokens but the embedding only"
+                            f" {cfg.vocab_size} rows")
+
+
+def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...], str]], folder_name: str,
+                     names: dict[str, str]) -> ModelConfig:
+    """tensors: GGUF name -> (shape, safetensors dtype). A "tied" config whose checkpoint stores
+    lm_head anyway uses the stored head (transformers does when it differs; llama.cpp's converter
+    writes it): the returned config says so."""
+    if cfg.tied_output and "output.weight" in tensors:
+        cfg = replace(cfg, tied_output=False)
+    for name, (_, dtype) in tensors.items():
+        if dtype not in HF_DTYPES:
+            raise LocalLLMError(f"tensor {names.get(name, name)!r} in {folder_name} has dtype {dtype},"
+                                f" expected one of {', '.join(sorted(HF_DTYPES))}")
+    check_tensor_set(cfg, {n: shape for n, (shape, _) in tensors.items()}, folder_name, names)
+    return cfg
+
+
+def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, str]]]:
+    """config.json and every tensor header of a safetensors folder, validated before any tensor is
+    read -> (config, GGUF name -> (file, checkpoint key))."""
+    cfg = read_hf_config(folder)
+    keys, tensors = {}, {}
+    for path, key, name, shape, dtype in hf_tensor_headers(folder):
+        if name in keys:
+            raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
+        keys[name], tensors[name] = (path, key), (shape, dtype)
+    cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
+    return cfg, keys
+
+
+def first_nonfinite_tensor(model: torch.nn.Module, max_values: int | None = None) -> str | None:
+    """The GGUF name of the first weight holding NaN or Inf, or None: dense parameters and buffers as
+    they are, quantized weights (Linear.qweight, QEmbedding.weight: QWeight or BlockQWeight) decoded
+    one at a time. max_values: stop after scanning this many values (None: all). A diagnosis for
+    non-finite logits, called after they are seen (it costs a full decode of quantized weights)."""
+    seen = 0
+    for name, value in _weights(model):
+        if value.is_meta or not value.is_floating_point():
+            continue
+        if not bool(torch.isfinite(value).all()):
+            return gguf_name(name)
+        seen += value.numel()
+        if max_values is not None and seen >= max_values:
+            return None
+    return None
+
+
+def _weights(model: torch.nn.Module):
+    """(module name, dense tensor) of every parameter, buffer and decoded quantized weight."""
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+    for name, module in model.named_modules():
+        for attr in ("qweight", "weight"):
+            w = getattr(module, attr, None)
+            if w is not None and not isinstance(w, torch.Tensor) and hasattr(w, "dequantize"):
+                yield f"{name}.weight", w.dequantize(torch.float32)
