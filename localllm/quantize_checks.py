@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from quantize.partial import make_partial
 from quantize.plan import TensorInfo
 from quantize.writer import SameFileError, check_not_input
@@ -71,24 +69,12 @@ def check_calibration_text(text: str, source: str) -> None:
 def check_tensors(cfg: ModelConfig, tensors: Sequence[TensorInfo]) -> None:
     """Every tensor is one the model built from cfg has, with the shape it has there, and none is
     missing: a file that disagrees with its own config would be written, then refused by the loader.
-    The oracle is the model itself, built on the meta device (no memory): the loader compares with it."""
-    from .calibrate import model_tensors
-    from .model import Transformer
+    The oracle is the loader's own (validate.check_tensor_set)."""
+    from .validate import check_tensor_set
 
     if not tensors:
         raise LocalLLMError("the input has no weights (a vocab-only file?): nothing to quantize")
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    expected = {**model_tensors(model), "rope_freqs.weight": tuple(model.rope_freqs.shape)}
-    for t in tensors:
-        want = expected.get(t.name)
-        if want is None:
-            raise LocalLLMError(f"tensor {t.name!r} is not a tensor of a {cfg.arch} model of {cfg.n_layers} layers")
-        if tuple(t.shape) != want:
-            raise LocalLLMError(f"tensor {t.name!r} has shape {tuple(t.shape)}, its config implies {want}")
-    missing = sorted(set(expected) - {t.name for t in tensors} - {"rope_freqs.weight"})
-    if missing:
-        raise LocalLLMError(f"the input lacks tensor {missing[0]!r} ({len(missing)} missing)")
+    check_tensor_set(cfg, {t.name: tuple(t.shape) for t in tensors}, "the input")
 
 
 def check_reachable(smallest: int, budget: int, n_values: int, target_bpw: float | None, target_size: int | None,

@@ -25,7 +25,6 @@ and rows that do not split into blocks of the chosen type fall back (quantize.pl
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import time
@@ -37,7 +36,7 @@ import gguf
 import numpy as np
 import torch
 
-from quantize import SUPPORTED_TYPES, dequantize, quantize_tensor
+from quantize import dequantize, quantize_tensor
 from quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
@@ -45,7 +44,7 @@ from quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, f
 from quantize.partial import remove_stale_partials
 from quantize.writer import MetaValue, TensorSlot, write_gguf
 
-from .config import ModelConfig, config_from_gguf, config_from_hf
+from .config import ModelConfig, read_json
 from .device import pick_device
 from .errors import LocalLLMError
 from .gguf_file import open_gguf
@@ -55,6 +54,7 @@ from .progress import stage_progress
 from .quantize_checks import (
     check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
 )
+from .validate import check_gguf, check_hf_folder
 from .weights import gguf_tensor, hf_tensor_names, safetensors_files
 
 Q = gguf.GGMLQuantizationType
@@ -360,10 +360,7 @@ def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> So
     f = open_gguf(path)
     if not f.tensors:
         raise LocalLLMError(f"the input has no weights (a vocab-only file?): nothing to quantize: {path}")
-    for name, t in f.tensors.items():
-        if t.tensor_type not in SUPPORTED_TYPES:
-            raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}: {path}")
-    cfg = config_from_gguf(f.metadata, set(f.tensors))
+    cfg = check_gguf(f)  # config, types and every tensor's shape, as the loader checks them
     model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
     tensors = [_gguf_tensor(t) for t in f.tensors.values()]
     alignment = int(f.metadata.get(K.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT))
@@ -430,14 +427,8 @@ def gguf_arch(hf_arch: str) -> str:
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     from safetensors import safe_open
 
-    cfg_path = folder / "config.json"
-    if not cfg_path.exists():
-        raise LocalLLMError(f"not a model folder: {folder} has no config.json")
-    try:
-        hp = json.loads(cfg_path.read_text())
-        cfg = config_from_hf(hp)
-    except (json.JSONDecodeError, KeyError) as e:
-        raise LocalLLMError(f"bad config.json in {folder}: {e}") from None
+    cfg, _ = check_hf_folder(folder)  # config.json and every tensor header, as the loader checks them
+    hp = read_json(folder / "config.json")
     arch = gguf_arch(cfg.arch)
     model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
     files = safetensors_files(folder)

@@ -85,11 +85,11 @@ def gguf_torch_shape(t) -> tuple[int, ...]:
 def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
     """The whole GGUF model (config, tokenizer size, every tensor's name, type and shape) before anything
     is decoded or built -> its ModelConfig; one LocalLLMError line naming the first problem."""
-    cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
-    where = f"GGUF file {f.path.name}"
     for name, t in f.tensors.items():
         if t.tensor_type not in SUPPORTED_TYPES:
             raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}")
+    cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
+    where = f"GGUF file {f.path.name}"
     check_tensor_set(cfg, {n: gguf_torch_shape(t) for n, t in f.tensors.items()}, where)
     check_vocab(cfg, f.metadata.get("tokenizer.ggml.tokens"), where)
     return cfg
