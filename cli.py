@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from localllm.errors import LocalLLMError
 from localllm.signals import Terminated, sigterm_interrupts
@@ -20,13 +21,56 @@ from localllm.settings import DEFAULT_GENERATION as G
 from localllm.settings import DEFAULT_SAMPLING as S
 from localllm.settings import DraftSettings, GenerationSettings, SamplingSettings
 
+err = Console(stderr=True)
+
+
+def print_error(message: str) -> None:
+    # escape(): a message quoting user input such as "[/x]" must not be read as rich markup.
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+
+
+def note(message: str) -> None:
+    """One `note:` line on stderr (escaped: notes quote user text and token texts)."""
+    err.print(f"[yellow]note:[/yellow] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+
+
+# click's usage error class, as the click that typer runs on defines it (recent typers carry their own copy).
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class OneLineUsageErrors(TyperGroup):
+    """click's usage errors (an option value that is not a number, an unknown option or command) as one
+    `error:` line naming the command's --help, not a boxed usage panel; exit status 2 as click's."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # `localllm` alone: the help, as no_args_is_help says
+                raise
+            raise one_line(e) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            raise one_line(e) from None
+
+
+def one_line(e: Exception) -> typer.Exit:
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    print_error(" ".join(e.format_message().split()).rstrip(".") + hint)
+    return typer.Exit(e.exit_code)
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     help="Run local LLMs (GGUF or safetensors): complete, inspect, tokenize.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err = Console(stderr=True)
 
 
 def user_errors(fn):
@@ -38,19 +82,13 @@ def user_errors(fn):
             with sigterm_interrupts():  # SIGTERM cleans up as Ctrl-C does (partial files removed)
                 return fn(*args, **kwargs)
         except LocalLLMError as e:
-            # escape(): a message quoting user input such as "[/x]" must not be read as rich markup.
-            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, markup=True, soft_wrap=True)
+            print_error(str(e))
             raise typer.Exit(1) from None
         except (KeyboardInterrupt, Terminated) as e:
             err.print("interrupted")
             raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
 
     return wrapper
-
-
-def note(text: str) -> None:
-    """One `note:` line on stderr (escaped: notes quote user text and token texts)."""
-    err.print(f"[yellow]note:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def split_model_prompt(args: list[str]) -> tuple[str | None, str]:
@@ -70,18 +108,41 @@ OPT_TOP_K = typer.Option(S.top_k, "--top-k", help="keep the k most likely tokens
 OPT_TOP_P = typer.Option(S.top_p, "--top-p", help="nucleus sampling mass (1: off)")
 OPT_MIN_P = typer.Option(S.min_p, "--min-p", help="drop tokens below this share of the top one (0: off)")
 OPT_REPEAT_PENALTY = typer.Option(S.repeat_penalty, "--repeat-penalty", help="penalty for recent tokens (1: off)")
-OPT_REPEAT_LAST_N = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised")
-OPT_SEED = typer.Option(S.seed, "--seed", help="random seed (same seed, same output)")
-OPT_CTX = typer.Option(G.ctx, "--ctx", help="context size in tokens (capped at the model's)")
+OPT_REPEAT_LAST_N = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised (-1: all, 0: none)")
+OPT_SEED = typer.Option(S.seed, "--seed", help="random seed, 0 to 2^64-1 (same seed, same output)")
+OPT_CTX = typer.Option(None, "--ctx", help=f"context size in tokens, at least 2 (default {G.ctx}; capped at the model's)")
 OPT_DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
 OPT_DTYPE = typer.Option(None, "--dtype", help=DTYPE_HELP)
-OPT_THREADS = typer.Option(C.threads, "-t", "--threads", help="CPU threads (default: the physical cores)")
+OPT_THREADS = typer.Option(C.threads, "-t", "--threads", help="CPU threads (default: the physical cores; at most the logical cores)")
 # Speculative decoding (localllm/speculative.py).
 OPT_DRAFT = typer.Option(D.draft, "--draft", metavar="MODEL", help="speculative decoding with this draft model (path or name, same vocabulary), or self:TYPE: the model itself quantized in memory to TYPE (e.g. self:Q4_0)")
 OPT_DRAFT_MAX = typer.Option(D.max_draft, "--draft-max", metavar="K", help="tokens drafted per target pass (default: adaptive, from the recent acceptance rate)")
 OPT_DRAFT_MIN_P = typer.Option(D.min_p, "--draft-min-p", metavar="P", help="stop drafting when the draft gives its token a probability below P (0: off)")
 OPT_DRAFT_DTYPE = typer.Option(D.dtype, "--draft-dtype", help="the draft model's dense weights' dtype (default: the device's; quantized weights on the CPU compute in float32)")
 OPT_LOOKUP = typer.Option(D.lookup, "--lookup", metavar="N", help="speculative decoding by prompt lookup, no draft model: what followed the last N ids (N down to 1) earlier in the prompt or the text (0: off)")
+
+
+def use_threads(threads: int | None) -> None:
+    """-t/--threads applied; a count above the logical cores is capped, with a note."""
+    from localllm.device import set_threads
+
+    notice = set_threads(threads)
+    if notice:
+        note(notice)
+
+
+def generation_settings(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                        repeat_last_n: int, seed: int | None, max_tokens: int, ctx: int | None,
+                        stop: tuple[str, ...] = ()) -> tuple[SamplingSettings, GenerationSettings]:
+    """The options -> settings, every value checked against its range before any model loads."""
+    from localllm.generate import check_generation
+    from localllm.sampling import check_settings
+
+    sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
+    gen = GenerationSettings(max_tokens=max_tokens, ctx=G.ctx if ctx is None else ctx, stop=stop)
+    check_settings(sampling)
+    check_generation(gen.max_tokens, gen.ctx)
+    return sampling, gen
 
 
 def draft_settings(draft: str | None, draft_max: int | None, draft_min_p: float, draft_dtype: str | None,
@@ -98,7 +159,7 @@ def draft_settings(draft: str | None, draft_max: int | None, draft_min_p: float,
 @user_errors
 def complete(
     args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="model path or name (default: smollm2-135m), then the prompt"),
-    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens to generate"),
+    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens to generate (-1: until the end of text or the context is full)"),
     temp: float = OPT_TEMP,
     top_k: int = OPT_TOP_K,
     top_p: float = OPT_TOP_P,
@@ -106,7 +167,7 @@ def complete(
     repeat_penalty: float = OPT_REPEAT_PENALTY,
     repeat_last_n: int = OPT_REPEAT_LAST_N,
     seed: Optional[int] = OPT_SEED,
-    ctx: int = OPT_CTX,
+    ctx: Optional[int] = OPT_CTX,
     stop: List[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
@@ -119,25 +180,23 @@ def complete(
     lookup: int = OPT_LOOKUP,
 ):
     """Stream the continuation of PROMPT to stdout."""
-    from localllm.device import set_threads
-
-    set_threads(threads)
-
     from localllm.generate import Stats
     from localllm.runner import complete as run_complete
-    from localllm.runner import describe_stats, timed_drafter, timed_open
+    from localllm.runner import context_notice, describe_stats, stop_notice, timed_drafter, timed_open
     from localllm.speculative import SpecStats
-
     from localllm.user_text import PromptText
 
     model, prompt = split_model_prompt(args)
-    sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
-    gen = GenerationSettings(max_tokens=max_tokens, ctx=ctx, stop=tuple(stop))
+    sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens,
+                                        ctx, tuple(stop))
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
+    use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
     typed = PromptText(note)  # notes after the load: a failing load stays one error line
     prompt = typed.clean(prompt, "the prompt")
     typed.check_vocabulary(lm.tokenizer, prompt)
+    if notice := context_notice(lm, ctx):
+        note(notice)
     drafter, draft_s = timed_drafter(lm, ds, sampling)
     load_s += draft_s
     stats = SpecStats() if drafter else Stats()
@@ -147,6 +206,8 @@ def complete(
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if notice := stop_notice(stats):
+        note(notice)
     if verbose:
         err.print(describe_stats(stats, load_s), highlight=False, soft_wrap=True)
 
@@ -206,7 +267,7 @@ def chat(
     chat_template: Optional[str] = typer.Option(
         None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"
     ),
-    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens per reply"),
+    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens per reply (-1: until the end of text or the context is full)"),
     temp: float = OPT_TEMP,
     top_k: int = OPT_TOP_K,
     top_p: float = OPT_TOP_P,
@@ -214,7 +275,7 @@ def chat(
     repeat_penalty: float = OPT_REPEAT_PENALTY,
     repeat_last_n: int = OPT_REPEAT_LAST_N,
     seed: Optional[int] = OPT_SEED,
-    ctx: int = OPT_CTX,
+    ctx: Optional[int] = OPT_CTX,
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
     threads: Optional[int] = OPT_THREADS,
@@ -226,28 +287,27 @@ def chat(
     lookup: int = OPT_LOOKUP,
 ):
     """Chat with a model using its own chat template. Reads one message per line when stdin is not a terminal."""
-    from localllm.device import set_threads
-
-    set_threads(threads)
-
     from localllm.chat import ChatSession
     from localllm.chat_template import resolve_template
     from localllm.repl import interactive, scripted
-    from localllm.runner import describe_stats, timed_drafter, timed_open
+    from localllm.runner import context_notice, describe_stats, timed_drafter, timed_open
     from localllm.user_text import lenient_stdin, stdin_lines
 
+    sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens, ctx)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
+    use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
+    if notice := context_notice(lm, ctx):
+        note(notice)
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
     if notice:
         note(notice)
-    sampling = SamplingSettings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed)
     drafter, draft_s = timed_drafter(lm, ds, sampling)
     load_s += draft_s
     session = ChatSession(
-        lm, template, GenerationSettings(max_tokens=max_tokens, ctx=ctx), sampling, system,
+        lm, template, gen, sampling, system,
         notify=note,
         drafter=drafter, draft=ds, plain_steps=D.plain_steps if verbose else 0,
     )
@@ -314,10 +374,6 @@ def perplexity(
 ):
     """Perplexity of a model over a text, as llama.cpp's perplexity computes it (ctx-token chunks, second
     halves scored), and with --kld-base its KL divergence from a base model."""
-    from localllm.device import set_threads
-
-    set_threads(threads)
-
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -326,9 +382,9 @@ def perplexity(
     from localllm.load import load_tokenizer
     from localllm.runner import open_model
 
+    ev.check_chunking(ctx, chunks, batch)
+    use_threads(threads)
     text = ev.read_text(file)
-    if batch < 1:
-        raise LocalLLMError(f"--batch must be at least 1, got {batch}")
     if save_logits is not None and not Path(save_logits).expanduser().resolve().parent.is_dir():
         raise LocalLLMError(f"cannot write {save_logits}: no such folder")
     base_file = ev.load_logits(kld_base) if kld_base is not None and ev.is_logits_file(kld_base) else None
@@ -393,29 +449,26 @@ def bench(
     """Prompt-processing and generation speed, with the share of the roofline measured in-process.
     With --draft or --lookup: greedy generation with speculative decoding against plain decoding, both
     measured in this run (acceptance rate, tokens per target pass, speedup, and whether the ids agree)."""
-    from localllm.device import set_threads
-
-    set_threads(threads)
-
-    from localllm.bench import run_bench
+    from localllm.bench import check_grid, run_bench
+    from localllm.options import counts
     from localllm.spec_bench import run_spec_bench
 
-    ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
     flat = lambda xs: [y.strip() for x in xs for y in x.split(",") if y.strip()]  # noqa: E731
     if not models and not synthetic:
         raise LocalLLMError("give a MODEL or --synthetic PRESET")
     if output not in ("md", "json", "csv"):
         raise LocalLLMError(f"unknown output format {output!r} (md, json or csv)")
+    prompts, gens = counts("-p/--n-prompt", prompt, 1), counts("-n/--n-gen", gen, 0)
+    depths, batches = counts("-d/--depth", depth, 0), counts("-b/--batch", batch, 1)
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
-    if ds.draft is not None or ds.lookup:
-        text = run_spec_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), reps, device, dtype,
-                              ds, output)
+    spec = ds.draft is not None or ds.lookup
+    check_grid(prompts, gens, depths, reps, batches, least_gen=1 if spec else 0)
+    use_threads(threads)
+    if spec:
+        text = run_spec_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, reps, device, dtype, ds, output)
     else:
-        batches = ints(batch)
-        if not batches or min(batches) < 1:
-            raise LocalLLMError(f"--batch takes prompt counts of at least 1, got {batch!r}")
-        text = run_bench(models or [], flat(synthetic), flat(wtype), ints(prompt), ints(gen), ints(depth), reps,
-                         device, dtype, output, batches)
+        text = run_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, depths, reps, device, dtype, output,
+                         batches)
     sys.stdout.write(text)
 
 

@@ -27,7 +27,9 @@ import torch
 
 from kernels.qweight import QWeight
 
+from . import options
 from .cache import make_cache
+from .errors import LocalLLMError
 from .generate import greedy_rows, prefill_rows
 from .model import Linear, Transformer
 from .tokenizer import Tokenizer
@@ -171,7 +173,28 @@ def describe_types(types: Counter) -> str:
     return ", ".join(f"{k} {v}" for k, v in types.most_common())
 
 
+def check_grid(prompts, gens, depths, reps: int, batches=(1,), least_gen: int = 0) -> None:
+    """The grid's values, before any model loads: a prompt of 0 tokens has no logits to start from,
+    statistics need a repetition (least_gen: 1 where a test is generation only)."""
+    for name, values, low in (("-p/--n-prompt", prompts, 1), ("-n/--n-gen", gens, least_gen), ("-d/--depth", depths, 0),
+                              ("-b/--batch", batches, 1)):
+        if not values or min(values) < low:
+            raise LocalLLMError(f"{name} takes whole numbers of at least {low}, got {list(values)}")
+    options.at_least("-r/--repetitions", reps, 1)
+
+
+def check_context(bm: BenchModel, prompts, gens, depths) -> None:
+    """The grid's longest test fits the model's context (past it, positions the model was not trained
+    for, and a cache as large as the user typed: minutes, gigabytes)."""
+    d, p, n = max(depths), max(prompts), max(gens)
+    ctx = bm.model.cfg.context_length
+    if d + p + n > ctx:
+        raise LocalLLMError(f"{bm.name}: the longest test needs depth {d} + prompt {p} + generated {n} = {d + p + n} "
+                            f"tokens but the model's context is {ctx}: lower -d, -p or -n")
+
+
 def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict, batches=(1,)) -> list[Row]:
+    check_context(bm, prompts, gens, depths)
     model = bm.model
     device = model.token_embd.weight.device
     held, params = model_stats(model)
@@ -262,8 +285,10 @@ def free_memory(device: str) -> None:
 def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto", dtype=None, fmt="md",
               batches=(1,)) -> str:
     """The whole `localllm bench`: roofline once, then every model over the grid -> formatted table."""
+    check_grid(prompts, gens, depths, reps, batches)
     rows, roof = [], None
     for bm in bench_models(specs, presets, wtypes, device, dtype):
+        check_context(bm, prompts, gens, depths)  # before the roofline's seconds
         dev = bm.model.token_embd.weight.device
         roof = roof or measure_roofline(dev)
         rows += bench_model(bm, prompts, gens, depths, reps, roof, batches)

@@ -77,7 +77,7 @@ class ChatSession:
     def fit(self, messages: list[Message]) -> tuple[list[Message], list[int]]:
         """(messages, prompt ids): the oldest turns dropped until a reply fits. Works on a copy, so a
         message too long for the context leaves the conversation as it was."""
-        reserve = min(self.gen.max_tokens, self.cache.capacity // 2)
+        reserve = min(self.gen.max_tokens if self.gen.max_tokens >= 0 else self.cache.capacity, self.cache.capacity // 2)
         messages, dropped = list(messages), 0
         while True:
             ids = self.prompt_ids(self.conversation(messages))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import LocalLLMError
@@ -30,11 +32,19 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
+
+
+def check_dtype_name(option: str, name: str) -> None:
+    """A dtype some device runs (which device: checked once it is picked), before any model loads."""
+    known = sorted({d for ds in DEVICE_DTYPES.values() for d in ds})
+    if DTYPE_ALIASES.get(name, name) not in known:
+        raise LocalLLMError(f"{option} {name} is no dtype we run (choose {', '.join(known)})")
+
+
 def pick_dtype(device: str, name: str | None = None) -> torch.dtype:
     allowed = DEVICE_DTYPES[device]
-    name = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}.get(
-        name, name
-    )
+    name = DTYPE_ALIASES.get(name, name)
     if name is None:
         name = cpu_default_dtype() if device == "cpu" else allowed[0]
     if name not in allowed:
@@ -50,12 +60,23 @@ def cpu_default_dtype() -> str:
     return "float16" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "float32"
 
 
-def set_threads(threads: int | None) -> int:
-    """torch's (and the CPU kernels') thread count: -t/--threads, else the physical cores."""
+def thread_count(threads: int | None) -> tuple[int, str | None]:
+    """-t/--threads -> (threads to use, a notice when capped): the physical cores when None; more than
+    the logical cores only oversubscribes them (OpenMP threads spin), so it is capped there."""
     from kernels.cpu import physical_cores
 
-    if threads is not None and threads < 1:
+    if threads is None:
+        return physical_cores(), None
+    if threads < 1:
         raise LocalLLMError(f"--threads must be at least 1, got {threads}")
-    n = threads or physical_cores()
+    logical = os.cpu_count() or 1
+    if threads > logical:
+        return logical, f"--threads {threads} is more than the {logical} logical cores: using {logical}"
+    return threads, None
+
+
+def set_threads(threads: int | None) -> str | None:
+    """Set torch's (and the CPU kernels') thread count from -t/--threads (thread_count) -> its notice."""
+    n, notice = thread_count(threads)
     torch.set_num_threads(n)
-    return n
+    return notice

@@ -9,17 +9,18 @@ from dataclasses import replace
 
 import torch
 
-from kernels.qweight import QWeight
 from quantize import quantize_tensor
 from quantize.presets import FLOAT_TYPES, PRESETS, ModelShape, fallback, find_preset, preset_types
 
+from . import options
 from .bench import linear_weights, nbytes
 from .cache import KVCache, make_cache
-from .device import pick_dtype
+from .device import check_dtype_name, pick_dtype
 from .errors import LocalLLMError
 from .generate import decode_one
 from .load import build_model, load_model, load_tokenizer
-from .model import Linear, Transformer
+from .model import Transformer
+from .nonfinite import dense, matrices
 from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DraftSettings, SamplingSettings
 from .speculative import Drafter, feed
@@ -43,14 +44,14 @@ def check_draft(ds: DraftSettings) -> None:
     """Bad combinations and values, before any model loads."""
     if ds.draft is not None and ds.lookup:
         raise LocalLLMError("--draft and --lookup exclude each other: choose one drafter")
-    if ds.lookup < 0:
-        raise LocalLLMError(f"--lookup must be at least 1 (the longest n-gram matched), got {ds.lookup}")
-    if ds.max_draft is not None and ds.max_draft < 1:
-        raise LocalLLMError(f"--draft-max must be at least 1, got {ds.max_draft}")
-    if not 0.0 <= ds.min_p <= 1.0:
-        raise LocalLLMError(f"--draft-min-p must be between 0 and 1, got {ds.min_p}")
+    options.at_least("--lookup", ds.lookup, 0, "(the longest n-gram matched; 0: off)")
+    if ds.max_draft is not None:
+        options.at_least("--draft-max", ds.max_draft, 1)
+    options.between("--draft-min-p", ds.min_p, 0, 1)
     if ds.draft is None and not ds.lookup and (ds.max_draft is not None or ds.min_p > 0):
         raise LocalLLMError("--draft-max and --draft-min-p need a drafter: --draft MODEL, --draft self:TYPE or --lookup N")
+    if ds.dtype is not None:
+        check_dtype_name("--draft-dtype", ds.dtype)
     name = self_type(ds.draft)
     if name is not None and find_preset(name) is None:
         raise LocalLLMError(f"unknown type in --draft {ds.draft!r} (self:TYPE with TYPE one of {', '.join(SELF_TYPES)})")
@@ -76,20 +77,6 @@ def check_same_vocab(target: Tokenizer, draft: Tokenizer, name: str) -> None:
 
 
 # ---- draft models
-
-
-def matrices(model: Transformer) -> dict[str, torch.Tensor | QWeight]:
-    """Module name -> every 2-D weight, dense or quantized: the linears, and the embedding."""
-    out = {}
-    for name, module in model.named_modules():
-        w = module.w if isinstance(module, Linear) else module.weight if name == "token_embd" else None
-        if w is not None:
-            out[f"{name}.weight"] = w
-    return out
-
-
-def dense(w: torch.Tensor | QWeight) -> torch.Tensor:
-    return w.dequantize(torch.float32) if isinstance(w, QWeight) else w.detach()
 
 
 def self_draft(model: Transformer, type_name: str, dtype: torch.dtype) -> Transformer:

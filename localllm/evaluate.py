@@ -136,12 +136,19 @@ def chunk_fingerprint(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int32).numpy().astype("<i4").tobytes()).hexdigest()
 
 
-def make_chunks(tokens: list[int], ctx: int, bos_id: int | None = None, max_chunks: int | None = None) -> Chunks:
-    """Non-overlapping chunks of ctx tokens; bos_id (when the vocabulary adds BOS) replaces each first token."""
+def check_chunking(ctx: int, max_chunks: int | None = None, batch: int = 1) -> None:
+    """perplexity's --ctx, --chunks and --batch, before any model loads."""
     if ctx < 3:
         raise LocalLLMError(f"--ctx must be at least 3 (the second half of each chunk is scored), got {ctx}")
     if max_chunks is not None and max_chunks < 1:
         raise LocalLLMError(f"--chunks must be at least 1, got {max_chunks}")
+    if batch < 1:
+        raise LocalLLMError(f"--batch must be at least 1, got {batch}")
+
+
+def make_chunks(tokens: list[int], ctx: int, bos_id: int | None = None, max_chunks: int | None = None) -> Chunks:
+    """Non-overlapping chunks of ctx tokens; bos_id (when the vocabulary adds BOS) replaces each first token."""
+    check_chunking(ctx, max_chunks)
     n = len(tokens) // ctx
     if n == 0:
         raise LocalLLMError(
@@ -338,8 +345,7 @@ def evaluate_steps(
 
     base: a model run on the same chunks, or base log-probs loaded from a file (`load_logits`);
     save_to: write this model's log-probs there (`LogitsWriter`), complete once the last chunk ran."""
-    if batch < 1:
-        raise LocalLLMError(f"--batch must be at least 1, got {batch}")
+    check_chunking(chunks.ctx, None, batch)
     if isinstance(base, LoadedModel):
         check_same_vocab(lm, base)
         if chunks.ctx > base.config.context_length:

@@ -13,8 +13,10 @@ from typing import Iterable, Iterator
 import torch
 
 from .cache import KVCache
+from . import options
 from .errors import LocalLLMError
 from .model import Transformer
+from .nonfinite import check_logits
 from .sampling import Sampler, is_plain_greedy
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -25,6 +27,7 @@ class Stats:
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generate_seconds: float = 0.0
+    context_full: int = 0  # the context's size when generation stopped because it was full (0: it did not)
 
     def prompt_tps(self) -> float:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
@@ -93,12 +96,29 @@ def greedy_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> tor
     return decode_rows(model, cache, tokens).argmax(-1)
 
 
+def check_generation(max_tokens: int, ctx: int) -> None:
+    """-n and --ctx, before any model loads. -n -1 is llama.cpp's "until the end of text or the context
+    is full"; 0 would print nothing. A context needs the prompt's first token and one generated."""
+    if not (max_tokens == -1 or max_tokens >= 1):
+        raise LocalLLMError(f"-n/--max-tokens must be at least 1, or -1 (until the end of text or the context "
+                            f"is full), got {max_tokens}")
+    options.at_least("--ctx", ctx, 2, "(the prompt's first token and one generated)")
+
+
+def token_budget(max_tokens: int, prompt_len: int, capacity: int) -> tuple[int, bool]:
+    """(ids to generate after a prompt of prompt_len in a cache of capacity, whether the context and not
+    max_tokens (-1: no limit) sets it)."""
+    room = capacity - prompt_len
+    return (room, True) if max_tokens < 0 or max_tokens > room else (max_tokens, False)
+
+
 def check_fits(prompt_len: int, cache: KVCache) -> None:
     if prompt_len == 0:
         raise LocalLLMError("the prompt is empty (no tokens to start from)")
     if prompt_len >= cache.capacity:
         raise LocalLLMError(
-            f"prompt is {prompt_len} tokens but the context holds {cache.capacity}: shorten it or raise --ctx"
+            f"prompt is {prompt_len} token{'s' if prompt_len != 1 else ''} but the context holds {cache.capacity}"
+            f" (one more is needed for the reply): shorten it or raise --ctx"
         )
 
 
@@ -119,7 +139,8 @@ def generate(
     stats: Stats | None = None,
     reuse: int = 0,
 ) -> Iterator[int]:
-    """Yield generated ids after `prompt`. Stop ids are not yielded.
+    """Yield generated ids after `prompt`. Stop ids are not yielded. max_tokens -1: until a stop id or
+    the context is full (stats.context_full says when the context ended it).
 
     The first `reuse` prompt tokens are already in the cache (a chat's earlier turns): only
     prompt[reuse:] is prefilled. On return cache.length counts the prompt plus the fed generated ids.
@@ -131,7 +152,8 @@ def generate(
     history = torch.tensor(prompt, dtype=torch.long, device=device)
     t0 = time.perf_counter()
     logits = prefill(model, cache, prompt[reuse:], reuse)
-    budget = min(max_tokens, cache.capacity - len(prompt))
+    check_logits(model, logits)
+    budget, by_context = token_budget(max_tokens, len(prompt), cache.capacity)
     greedy = is_plain_greedy(sampler)  # then the decode step picks the next id itself (greedy_rows)
     token = sampler(logits, history)
     for i in range(budget):
@@ -148,6 +170,8 @@ def generate(
             token = greedy_rows(model, cache, token.view(1))[0] if greedy else \
                 sampler(decode_one(model, cache, token), history)
         stats.generate_seconds = time.perf_counter() - t0
+    else:
+        stats.context_full = cache.capacity if by_context else 0
 
 
 def stream_text(tok: Tokenizer, ids: Iterable[int], stop: tuple[str, ...] = ()) -> Iterator[str]:

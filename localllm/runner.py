@@ -8,7 +8,7 @@ from typing import Iterator
 from .cache import make_cache
 from .device import pick_device, pick_dtype
 from .draft import open_drafter
-from .generate import Stats, generate, stream_text
+from .generate import Stats, check_generation, generate, stream_text
 from .load import LoadedModel, load_model
 from .sampling import Sampler
 from .settings import DEFAULT_DRAFT, DEFAULT_GENERATION, DEFAULT_SAMPLING, DraftSettings, GenerationSettings, SamplingSettings
@@ -21,7 +21,22 @@ def open_model(spec: str | None, device: str = "auto", dtype: str | None = None)
 
 
 def context_size(lm: LoadedModel, requested: int) -> int:
-    return max(1, min(requested, lm.config.context_length))
+    """The KV cache's size: --ctx (at least 2: generate.check_generation), capped at the model's."""
+    return min(requested, lm.config.context_length)
+
+
+def context_notice(lm: LoadedModel, requested: int | None) -> str | None:
+    """A notice when an explicit --ctx is capped at the model's trained context."""
+    if requested is None or requested <= lm.config.context_length:
+        return None
+    return f"--ctx {requested} is more than the model's context: using {lm.config.context_length}"
+
+
+def stop_notice(stats: Stats) -> str | None:
+    """Why generation ended, when the user may not expect it: the context was full."""
+    if not stats.context_full:
+        return None
+    return f"generation stopped: the context ({stats.context_full} tokens) is full (raise --ctx for more)"
 
 
 def encode_prompt(lm: LoadedModel, prompt: str) -> list[int]:
@@ -42,6 +57,7 @@ def complete(
     """Stream the continuation of `prompt` as text pieces; with a drafter (draft.open_drafter), by
     speculative decoding (stats: a SpecStats; draft: how many to draft; plain_steps: see
     generate_speculative)."""
+    check_generation(gen.max_tokens, gen.ctx)
     ids = encode_prompt(lm, prompt)
     device = lm.model.token_embd.weight.device
     cache = make_cache(lm.config, context_size(lm, gen.ctx), dtype=lm.model.token_embd.weight.dtype, device=device)

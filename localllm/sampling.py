@@ -9,17 +9,18 @@ from typing import Callable
 
 import torch
 
-from .errors import LocalLLMError
+from . import options
 from .settings import SamplingSettings
 
 Transform = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits (V,), history (N,)) -> logits
 
 
 def repeat_penalty(penalty: float, last_n: int) -> Transform:
-    """llama.cpp's rule: each token seen in the last N has its logit divided (if >0) or multiplied by penalty."""
+    """llama.cpp's rule: each token seen in the last N (N = -1: all of them) has its logit divided (if >0)
+    or multiplied by penalty."""
 
     def apply(logits, history):
-        recent = history[-last_n:] if last_n > 0 else history[:0]
+        recent = history if last_n < 0 else history[-last_n:] if last_n > 0 else history[:0]
         if recent.numel() == 0:
             return logits
         seen = logits[recent]
@@ -89,12 +90,17 @@ def make_transforms(s: SamplingSettings) -> list[Transform]:
 
 
 def check_settings(s: SamplingSettings) -> None:
-    """Reject values that would mask every token (min-p above 1) or break the logits (a penalty of 0
-    divides by zero): sampling from an all -inf or NaN row silently yields token 0 forever."""
-    if not 0.0 <= s.min_p <= 1.0:
-        raise LocalLLMError(f"--min-p must be between 0 and 1, got {s.min_p}")
-    if not s.repeat_penalty > 0:
-        raise LocalLLMError(f"--repeat-penalty must be above 0, got {s.repeat_penalty}")
+    """Every value in its range, before any model loads: out of range, a sampler silently does something
+    else (a negative top-k or temperature acts as 0, a top-p above 1 as 1) or breaks the logits (a
+    penalty of 0 or infinity, a NaN or infinite temperature: sampling from an all -inf or NaN row
+    yields token 0 forever)."""
+    options.at_least("--temp", s.temperature, 0, "(0: greedy)")
+    options.at_least("--top-k", s.top_k, 0, "(0: off)")
+    options.between("--top-p", s.top_p, 0, 1)
+    options.between("--min-p", s.min_p, 0, 1)
+    options.above("--repeat-penalty", s.repeat_penalty, 0)
+    options.at_least("--repeat-last-n", s.repeat_last_n, -1, "(-1: the whole context, 0: off)")
+    options.seed(s.seed)
 
 
 class Sampler:

@@ -13,14 +13,14 @@ class SamplingSettings:
     top_p: float = 0.95  # 1.0 disables
     min_p: float = 0.05  # 0 disables
     repeat_penalty: float = 1.0  # 1.0 disables (llama.cpp semantics: divide positive logits)
-    repeat_last_n: int = 64  # how many recent tokens the penalty looks at
-    seed: int | None = None  # None: a fresh random seed
+    repeat_last_n: int = 64  # how many recent tokens the penalty looks at (-1: all, 0: none)
+    seed: int | None = None  # None: a fresh random seed; else 0 .. 2^64-1
 
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    max_tokens: int = 256
-    ctx: int = 4096  # KV cache capacity; capped at the model's trained context
+    max_tokens: int = 256  # -1: until an end-of-turn id or the context is full (llama.cpp's -n -1)
+    ctx: int = 4096  # KV cache capacity, at least 2; capped at the model's trained context
     stop: tuple[str, ...] = ()  # stop strings (end-of-turn tokens always stop)
 
 

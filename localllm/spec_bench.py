@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .bench import BenchModel, bench_models, mean_std
+from .bench import BenchModel, bench_models, check_context, check_grid, mean_std
 from .cache import make_cache
 from .draft import open_drafter
 from .generate import Stats, generate
@@ -61,6 +61,7 @@ def one_pair(model, cache, drafter: Drafter, ds: DraftSettings, prompt: list[int
 
 
 def bench_spec_model(bm: BenchModel, drafter: Drafter, ds: DraftSettings, prompts, gens, reps: int) -> list[SpecRow]:
+    check_context(bm, prompts, gens, [0])
     device = bm.model.token_embd.weight.device
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     draft = ds.draft or f"lookup {ds.lookup}"
@@ -107,8 +108,10 @@ def format_spec_rows(rows: list[SpecRow], fmt: str = "md") -> str:
 def run_spec_bench(specs, presets, wtypes, prompts, gens, reps, device, dtype, ds: DraftSettings, fmt="md") -> str:
     """The whole `localllm bench --draft/--lookup`: every target (files, then synthetic presets x types)
     with the drafter ds asks for -> formatted table."""
+    check_grid(prompts, gens, [0], reps, least_gen=1)
     rows = []
     for bm in bench_models(specs, presets, wtypes, device, dtype):
+        check_context(bm, prompts, gens, [0])  # before the drafter is built
         drafter = open_drafter(bm.model, bm.tokenizer, ds, GREEDY)
         rows += bench_spec_model(bm, drafter, ds, prompts, gens, reps)
         del drafter

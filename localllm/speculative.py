@@ -27,8 +27,9 @@ from typing import Iterable, Iterator, Protocol
 import torch
 
 from .cache import KVCache
-from .generate import Stats, _sync, check_prompt, decode_one, graph_decoding, prefill
+from .generate import Stats, _sync, check_prompt, decode_one, graph_decoding, prefill, token_budget
 from .model import Transformer
+from .nonfinite import check_logits
 from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DEFAULT_DRAFT, DraftSettings
 
@@ -253,9 +254,11 @@ def generate_speculative(
     history = torch.tensor(prompt, dtype=torch.long, device=device)
     t0 = time.perf_counter()
     drafter.start(cache.capacity, reuse)
-    budget = min(max_tokens, cache.capacity - len(prompt))
+    budget, by_context = token_budget(max_tokens, len(prompt), cache.capacity)
     # the first id as plain decoding draws it: from the prompt's prefill logits
-    token = sampler(prefill(model, cache, prompt[reuse:], reuse), history)
+    logits = prefill(model, cache, prompt[reuse:], reuse)
+    check_logits(model, logits)
+    token = sampler(logits, history)
     first = int(token)
     stats.prompt_tokens, stats.prompt_seconds = len(prompt) - reuse, time.perf_counter() - t0
     if budget < 1 or first in stop:
@@ -280,12 +283,15 @@ def generate_speculative(
             stats.accepted += len(new) - 1
             history = torch.cat((history, torch.tensor(new, device=device)))
             for tid in new:
-                if tid in stop or len(seq) - len(prompt) >= budget:
+                if tid in stop:
                     return
+                if len(seq) - len(prompt) >= budget:
+                    break
                 seq.append(tid)
                 stats.generated_tokens += 1
                 stats.generate_seconds = time.perf_counter() - t0
                 yield tid
+        stats.context_full = cache.capacity if by_context else 0
     finally:
         # rows past the yielded ids (a stop id, drafts after it, a consumer that stopped) are not kept
         cache.length = min(cache.length, len(seq))

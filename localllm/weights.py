@@ -6,7 +6,6 @@ are decoded with the `gguf` package's values (quantize/formats.py).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass

@@ -103,12 +103,15 @@ def test_top_p_always_keeps_the_top_token():
     y = torch.tensor([0.0, 2.0, 1.0])
     for p in (0.0, -1.0, 1e-9):  # as llama.cpp: at least one token survives
         assert kept(top_p(p)(y, NONE)) == {1}
+    for p in (0.0, 1e-9):  # (the Sampler rejects a top-p below 0: --top-p's range is 0 to 1)
         assert int(Sampler(only(top_p=p, seed=1))(y, NONE)) == 1
 
 
 @pytest.mark.parametrize(
     "settings, option",
-    [(only(min_p=1.5), "--min-p"), (only(min_p=-0.1), "--min-p"), (only(repeat_penalty=0.0), "--repeat-penalty")],
+    [(only(min_p=1.5), "--min-p"), (only(min_p=-0.1), "--min-p"), (only(repeat_penalty=0.0), "--repeat-penalty"),
+     (only(top_p=-1.0), "--top-p"), (only(top_p=2.0), "--top-p"), (only(temperature=float("nan")), "--temp"),
+     (only(top_k=-5), "--top-k"), (only(seed=2**64), "--seed")],
 )
 def test_settings_that_would_mask_every_token_are_rejected(settings, option):
     from localllm.errors import LocalLLMError
