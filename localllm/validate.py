@@ -7,8 +7,8 @@ build the model, so a file's claims (a million layers, a 2^31 embedding width) c
 expected tensor must be present, and the GGUF reader has already checked that each lies inside the file.
 
 Public entry points for every reader of model files (load, info, quantize): check_gguf(GGUFFile) and
-check_hf_folder(folder) return the validated ModelConfig; first_nonfinite_tensor(model) names the
-weight behind non-finite logits.
+check_hf_folder(folder) return the validated ModelConfig (weights holding NaN or Inf are found when
+the first logits are not finite: localllm/nonfinite.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 
 from quantize.formats import SUPPORTED_TYPES
 
@@ -24,7 +23,7 @@ from .config import ModelConfig, config_from_gguf, read_hf_config
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile
 from .settings import DEFAULT_LIMITS, LoaderLimits
-from .weights import gguf_name, hf_tensor_headers
+from .weights import hf_tensor_headers
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
 HF_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -128,31 +127,3 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
         keys[name], tensors[name] = (path, key), (shape, dtype)
     cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
     return cfg, keys
-
-
-def first_nonfinite_tensor(model: torch.nn.Module, max_values: int | None = None) -> str | None:
-    """The GGUF name of the first weight holding NaN or Inf, or None: dense parameters and buffers as
-    they are, quantized weights (Linear.qweight, QEmbedding.weight: QWeight or BlockQWeight) decoded
-    one at a time. max_values: stop after scanning this many values (None: all). A diagnosis for
-    non-finite logits, called after they are seen (it costs a full decode of quantized weights)."""
-    seen = 0
-    for name, value in _weights(model):
-        if value.is_meta or not value.is_floating_point():
-            continue
-        if not bool(torch.isfinite(value).all()):
-            return gguf_name(name)
-        seen += value.numel()
-        if max_values is not None and seen >= max_values:
-            return None
-    return None
-
-
-def _weights(model: torch.nn.Module):
-    """(module name, dense tensor) of every parameter, buffer and decoded quantized weight."""
-    yield from model.named_parameters()
-    yield from model.named_buffers()
-    for name, module in model.named_modules():
-        for attr in ("qweight", "weight"):
-            w = getattr(module, attr, None)
-            if w is not None and not isinstance(w, torch.Tensor) and hasattr(w, "dequantize"):
-                yield f"{name}.weight", w.dequantize(torch.float32)

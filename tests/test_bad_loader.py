@@ -34,7 +34,8 @@ from localllm.config import ModelConfig
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
 from localllm.model import Transformer
-from localllm.validate import expected_shapes, first_nonfinite_tensor
+from localllm.nonfinite import nonfinite_tensor
+from localllm.validate import expected_shapes
 from localllm.weights import gguf_name
 
 U32 = V.UINT32
@@ -295,8 +296,8 @@ def test_first_nonfinite_tensor_names_it(tmp_path):
     bad = _w(TINY["ffn_dim"], TINY["dim"])
     bad[3, 5] = np.nan
     lm = load_model(str(write_gguf(tmp_path / "nan.gguf", tensors={_blk(1, "ffn_up"): bad})))
-    assert first_nonfinite_tensor(lm.model) == _blk(1, "ffn_up")
-    assert first_nonfinite_tensor(load_model(str(write_tiny_model(tmp_path / "ok.gguf"))).model) is None
+    assert nonfinite_tensor(lm.model) == _blk(1, "ffn_up")
+    assert nonfinite_tensor(load_model(str(write_tiny_model(tmp_path / "ok.gguf"))).model) is None
 
 
 def test_first_nonfinite_tensor_decodes_quantized(tmp_path):
@@ -309,7 +310,7 @@ def test_first_nonfinite_tensor_decodes_quantized(tmp_path):
     patch(path, at + 34 * 5, "<H", 0x7E00)  # the sixth block's scale: f16 NaN
     model = load_model(str(path)).model
     assert not isinstance(model.blk[1].ffn_up.w, torch.Tensor)  # still quantized
-    assert first_nonfinite_tensor(model) == _blk(1, "ffn_up")
+    assert nonfinite_tensor(model) == _blk(1, "ffn_up")
 
 
 def test_one_error_line_through_the_cli(tmp_path):
