@@ -33,7 +33,7 @@ class PoolConfig:
     jobs: int = 1
     timeout: float = 20.0  # seconds per case
     mem_mb: int = 4096
-    recycle: int = 5000  # cases before a worker is replaced (bounds slow leaks)
+    recycle: int = 50000  # cases before a worker is replaced (bounds slow leaks)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Callable
 
 FAILURES = ("exception", "hang", "crash", "memory", "error-not-one-line")
 OUTCOMES = ("ok", "error") + FAILURES
+SUSPECT = "despite"  # an "ok" detail of a success that should have been refused (fuzz_worker.run_case)
 
 
 def normalize(message: str) -> str:
@@ -41,6 +42,7 @@ class Tally:
     details: Counter = field(default_factory=Counter)  # (target, "ok: text"/"ok: empty") -> n
     messages: Counter = field(default_factory=Counter)  # (target, normalized error message) -> n
     classes: dict = field(default_factory=dict)  # (target, outcome, exc, frame) -> FailureClass
+    suspects: dict = field(default_factory=dict)  # (target, detail) -> reproducer of the first suspect success
 
     def add(self, result: dict, save: Callable[[str, int, str], tuple[str, list[str]]]) -> None:
         """save(target, idx, slug) keeps a reproducer and returns (its path, the case's mutations)."""
@@ -48,6 +50,9 @@ class Tally:
         self.counts[target, outcome] += 1
         if outcome == "ok":
             self.details[target, result["detail"]] += 1
+            if SUSPECT in result["detail"] and (target, result["detail"]) not in self.suspects:
+                slug = f"suspect-{target}-{result['detail'].replace(' ', '_').replace('/', '_')}"
+                self.suspects[target, result["detail"]] = save(target, result["idx"], slug)[0]
         elif outcome == "error":
             self.messages[target, normalize(result["message"])] += 1
         else:
@@ -78,6 +83,7 @@ def summary(tally: Tally, seed: int, seconds: float, jobs: int, coverage: int = 
     ok_detail = ", ".join(f"{t} {d}: {n}" for (t, d), n in sorted(tally.details.items()))
     rows += ["", f"ok outcomes: {ok_detail or 'none'}",
              f"distinct LocalLLMError messages reached: {len({m for m in tally.messages})}"]
+    rows += [f"suspect success ({t}, {d}): first kept at {path}" for (t, d), path in tally.suspects.items()]
     if coverage:
         rows.append("most frequent (normalized):")
         rows += [f"  {n:7d}  {t}: {m[:150]}" for (t, m), n in tally.messages.most_common(coverage)]

@@ -26,6 +26,7 @@ from fuzz_seeds import gguf_seeds, hf_seeds
 from fuzz_text_cases import resolve_ids
 
 PROMPT = "hello the"
+NONFINITE_MARK = " words of tensor "  # fuzz_gguf_mutate.nonfinite_data's description
 PROJECT_DIRS = ("localllm", "quantize", "kernels")
 
 
@@ -78,9 +79,12 @@ def run_tokenizer(case: dict, tokenizers: list) -> str:
 
 
 def run_case(case: Case, where: Path, tokenizers: list) -> str:
+    """How a case that raised nothing went: "text" or "empty", marked where NaN/Inf was written into
+    the weights (then success is suspect: non-finite logits should be refused, not turned into text)."""
     if case.target == "tokenizer":
         return run_tokenizer(case.data, tokenizers)
-    return run_model(write_case(case, where))
+    detail = run_model(write_case(case, where))
+    return f"{detail} despite NaN/Inf weights" if any(NONFINITE_MARK in w for w in case.what) else detail
 
 
 def project_frame(frames: list[tuple[str, int, str]]) -> str:
