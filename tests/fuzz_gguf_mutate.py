@@ -149,8 +149,11 @@ def dup_kv(lay: Layout, rng: random.Random) -> str:
 
 def set_arch(lay: Layout, rng: random.Random) -> str:
     arch = rng.choice(ARCHES)
-    old = next(e for k, e in lay.kvs if k == "general.architecture")
-    old_arch = old[8 + len("general.architecture") + 4 + 8:]
+    old = [e for k, e in lay.kvs if k == "general.architecture"]
+    if not old:  # removed by an earlier mutation: add it back with the new value
+        lay.kvs.insert(0, ("general.architecture", kv_entry(b"general.architecture", STRING, gguf_string(arch))))
+        return f"architecture {arch!r} (added)"
+    old_arch = old[0][8 + len("general.architecture") + 4 + 8:]
     rename = rng.random() < 0.5 and arch  # also rename the llama.* keys: a consistent other arch
     out = []
     for key, entry in lay.kvs:

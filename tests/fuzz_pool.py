@@ -45,6 +45,7 @@ class Worker:
     since: float = 0.0
     done: int = 0
     ready: bool = False
+    ending: bool = False  # said it outgrew its memory: no more cases, its exit is expected
     buf: bytes = field(default=b"")
 
 
@@ -118,7 +119,7 @@ def run_pool(cfg: PoolConfig, cases: Iterator[tuple[str, int]], report: Callable
         sel.register(new.proc.stdout, selectors.EVENT_READ, new)
 
     def feed(w: Worker) -> None:
-        if not state["pending"] or time.monotonic() > state["deadline"] or w.done >= cfg.recycle:
+        if not state["pending"] or time.monotonic() > state["deadline"] or w.done >= cfg.recycle or w.ending:
             return
         try:
             w.case, w.since = next(cases), time.monotonic()
@@ -134,6 +135,9 @@ def run_pool(cfg: PoolConfig, cases: Iterator[tuple[str, int]], report: Callable
                 if line == "READY":
                     w.ready = True
                     state["deadline"] = state["deadline"] or time.monotonic() + seconds
+                elif w.case is None:  # "recycle" after the case's own result: the worker is ending
+                    w.ending = True
+                    report(json.loads(line))
                 else:
                     report(json.loads(line))
                     w.case, w.done = None, w.done + 1

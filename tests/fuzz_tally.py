@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-FAILURES = ("exception", "hang", "crash", "memory", "error-not-one-line")
+FAILURES = ("exception", "hang", "crash", "memory", "error-not-one-line", "lossy-round-trip",
+            "fuzzer-bug")
 OUTCOMES = ("ok", "error") + FAILURES
 SUSPECT = "despite"  # an "ok" detail of a success that should have been refused (fuzz_worker.run_case)
 
@@ -42,11 +43,15 @@ class Tally:
     details: Counter = field(default_factory=Counter)  # (target, "ok: text"/"ok: empty") -> n
     messages: Counter = field(default_factory=Counter)  # (target, normalized error message) -> n
     classes: dict = field(default_factory=dict)  # (target, outcome, exc, frame) -> FailureClass
+    recycles: Counter = field(default_factory=Counter)  # target of the case after which a worker outgrew its memory
     suspects: dict = field(default_factory=dict)  # (target, detail) -> reproducer of the first suspect success
 
     def add(self, result: dict, save: Callable[[str, int, str], tuple[str, list[str]]]) -> None:
         """save(target, idx, slug) keeps a reproducer and returns (its path, the case's mutations)."""
         target, outcome = result["target"], result["outcome"]
+        if outcome == "recycle":
+            self.recycles[target] += 1
+            return
         self.counts[target, outcome] += 1
         if outcome == "ok":
             self.details[target, result["detail"]] += 1
@@ -59,7 +64,10 @@ class Tally:
             key = (target, outcome, result.get("exc", ""), result.get("frame") or result.get("inner", ""))
             if key not in self.classes:
                 slug = re.sub(r"[^\w.-]+", "_", "-".join(key))[:120] + f"-{len(self.classes)}"
-                path, what = save(target, result["idx"], slug)
+                try:
+                    path, what = save(target, result["idx"], slug)
+                except Exception as e:  # noqa: BLE001 - a case the fuzzer cannot rebuild is still counted
+                    path, what = f"(not rebuilt: {type(e).__name__}: {e})", []
                 self.classes[key] = FailureClass(outcome, key[2], result.get("frame", ""), result.get("message", ""),
                                                  result.get("inner", ""), (target, result["idx"]), what, path)
             self.classes[key].count += 1
@@ -83,6 +91,9 @@ def summary(tally: Tally, seed: int, seconds: float, jobs: int, coverage: int = 
     ok_detail = ", ".join(f"{t} {d}: {n}" for (t, d), n in sorted(tally.details.items()))
     rows += ["", f"ok outcomes: {ok_detail or 'none'}",
              f"distinct LocalLLMError messages reached: {len({m for m in tally.messages})}"]
+    if tally.recycles:
+        rows.append(f"workers restarted after their address space passed half the limit (a leak), by the target of"
+                    f" the last case: {dict(tally.recycles)}")
     rows += [f"suspect success ({t}, {d}): first kept at {path}" for (t, d), path in tally.suspects.items()]
     if coverage:
         rows.append("most frequent (normalized):")

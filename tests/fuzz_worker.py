@@ -26,8 +26,18 @@ from fuzz_seeds import gguf_seeds, hf_seeds
 from fuzz_text_cases import resolve_ids
 
 PROMPT = "hello the"
+RECYCLE_AT = 0.5  # of the address-space limit: past it the worker ends after its case (a leak, counted)
 NONFINITE_MARK = " words of tensor "  # fuzz_gguf_mutate.nonfinite_data's description
 PROJECT_DIRS = ("localllm", "quantize", "kernels")
+
+
+def address_space() -> int:
+    """This process's virtual memory size in bytes (what RLIMIT_AS limits)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) << 10
+    return 0
 
 
 def limit_memory(mb: int) -> None:
@@ -61,6 +71,24 @@ def run_model(path: Path) -> str:
     return "text" if text else "empty"
 
 
+class LossyRoundTrip(Exception):
+    """decode(encode(s)) != s for valid text, and the tokenizer did not name a character it cannot represent."""
+
+
+def check_round_trip(tok, text: str) -> None:
+    """The issue's round-trip promise, where the tokenizer can say what it cannot represent
+    (Tokenizer.unrepresentable): valid UTF-8 text comes back unchanged, or is named."""
+    if not hasattr(tok, "unrepresentable"):
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: not valid text, no round trip promised
+        return
+    back = tok.decode(tok.encode(text))
+    if back != text and not tok.unrepresentable(text):
+        raise LossyRoundTrip(f"decode(encode(s)) != s with nothing named unrepresentable: {text[:60]!r} -> {back[:60]!r}")
+
+
 def run_tokenizer(case: dict, tokenizers: list) -> str:
     from localllm.tokenizer import StreamDecoder
 
@@ -69,6 +97,7 @@ def run_tokenizer(case: dict, tokenizers: list) -> str:
         return "unsupported vocab"
     if case["op"] == "encode":
         ids = tok.encode(case["text"], add_bos=case["add_bos"], parse_special=case["parse_special"])
+        check_round_trip(tok, case["text"])
         return "text" if ids else "empty"
     ids = resolve_ids(case["ids"], tok.vocab_size)
     if case["op"] == "decode":
@@ -107,6 +136,8 @@ def classify(exc: BaseException) -> dict:
         if msg.strip() and "\n" not in msg:
             return dict(outcome="error", message=msg)
         kind = "error-not-one-line"
+    elif isinstance(exc, LossyRoundTrip):
+        kind = "lossy-round-trip"
     elif isinstance(exc, MemoryError) or isinstance(exc, RuntimeError) and "allocate" in msg:
         kind = "memory"
     else:
@@ -126,13 +157,22 @@ def serve(args: argparse.Namespace, proto) -> None:
     proto.flush()
     for line in sys.stdin:
         target, idx = line.split()
-        case = build_case(args.run_seed, target, int(idx), seeds)
         print(f"START {target} {idx}", file=sys.stderr, flush=True)
         try:
-            result = dict(outcome="ok", detail=run_case(case, args.scratch / f"case{case_suffix(target)}", tokenizers))
-        except BaseException as e:  # noqa: BLE001 - every other exception is the finding
-            result = classify(e)
+            case = build_case(args.run_seed, target, int(idx), seeds)
+        except Exception as e:  # noqa: BLE001 - the fuzzer's own bug: reported, not fatal
+            result = dict(classify(e), outcome="fuzzer-bug")
+        else:
+            try:
+                result = dict(outcome="ok", detail=run_case(case, args.scratch / f"case{case_suffix(target)}",
+                                                            tokenizers))
+            except BaseException as e:  # noqa: BLE001 - every other exception is the finding
+                result = classify(e)
         proto.write(json.dumps(dict(target=target, idx=int(idx), **result)) + "\n")
+        if address_space() > (args.mem_mb << 20) * RECYCLE_AT:
+            proto.write(json.dumps(dict(target=target, idx=int(idx), outcome="recycle")) + "\n")
+            proto.flush()
+            return  # the parent starts a fresh worker: grown memory must not turn later cases into MemoryErrors
         proto.flush()
 
 
