@@ -34,13 +34,13 @@ def random_text(rng: random.Random) -> tuple[str, str]:
     if kind == "chars":
         text = "".join(random_char(rng) for _ in range(n))
     elif kind == "pieces":
-        text = "".join(rng.choice(PIECES + SPECIAL_TEXTS) for _ in range(n))
+        text = "".join(rng.choice(PIECES) for _ in range(n))
     elif kind == "bytes":
         text = bytes(rng.randrange(256) for _ in range(n)).decode("utf-8", "surrogateescape")
     elif kind == "run":
         text = rng.choice(["a", " ", "\n", "日", "1", "\ud800", "<", "'", "🙂"]) * rng.choice(RUN_LENGTHS)
-    elif kind == "specials":
-        text = "".join(rng.choice(SPECIAL_TEXTS + [" ", "x", "\n"]) for _ in range(n))
+    elif kind == "specials":  # special-token texts among ordinary pieces
+        text = "".join(rng.choice(SPECIAL_TEXTS + PIECES) for _ in range(n))
     else:
         text = ""
     return text, kind

@@ -97,7 +97,8 @@ def run_tokenizer(case: dict, tokenizers: list) -> str:
         return "unsupported vocab"
     if case["op"] == "encode":
         ids = tok.encode(case["text"], add_bos=case["add_bos"], parse_special=case["parse_special"])
-        check_round_trip(tok, case["text"])
+        if case["kind"] != "specials":  # after a parsed special token SPM adds a space, as llama.cpp does
+            check_round_trip(tok, case["text"])
         return "text" if ids else "empty"
     ids = resolve_ids(case["ids"], tok.vocab_size)
     if case["op"] == "decode":
