@@ -8,7 +8,7 @@ reproducible, and the first case of each failure class is kept under --out.
 
     python tests/fuzz_gguf.py --target all --cases 500000 --jobs 16 --seed 1
     python tests/fuzz_gguf.py --target gguf --seconds 120 --coverage 30
-    python tests/fuzz_gguf.py --replay fuzz-out/<class>/case.gguf     # the traceback, in-process
+    python tests/fuzz_gguf.py --replay /tmp/localllm-fuzz-out/<class>/case.gguf   # its traceback, in-process
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-mb", type=int, default=4096, help="address-space limit of a worker")
     p.add_argument("--small-vocabs", action="store_true", help="tokenizer target: only four quick vocabularies")
     p.add_argument("--coverage", type=int, default=0, help="list this many of the error messages reached")
-    p.add_argument("--out", type=Path, default=Path("fuzz-out"), help="reproducers and report.json")
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "localllm-fuzz-out",
+                   help="reproducers and report.json")
     p.add_argument("--findings", type=Path, default=None, help="also write the findings as markdown here")
     p.add_argument("--replay", type=Path, default=None, help="run one saved case in-process")
     args = p.parse_args(argv)
