@@ -109,7 +109,7 @@ def run_pool(cfg: PoolConfig, cases: Iterator[tuple[str, int]], report: Callable
     sel = selectors.DefaultSelector()
     for w in workers.values():
         sel.register(w.proc.stdout, selectors.EVENT_READ, w)
-    state = dict(pending=True, deadline=None)
+    state = dict(pending=True, deadline=None, started=None)
 
     def restart(w: Worker) -> None:
         sel.unregister(w.proc.stdout)
@@ -134,7 +134,9 @@ def run_pool(cfg: PoolConfig, cases: Iterator[tuple[str, int]], report: Callable
             for line in _lines(w):
                 if line == "READY":
                     w.ready = True
-                    state["deadline"] = state["deadline"] or time.monotonic() + seconds
+                    if state["started"] is None:
+                        state["started"] = time.monotonic()
+                        state["deadline"] = state["started"] + seconds
                 elif w.case is None:  # "recycle" after the case's own result: the worker is ending
                     w.ending = True
                     report(json.loads(line))
@@ -175,7 +177,7 @@ def run_pool(cfg: PoolConfig, cases: Iterator[tuple[str, int]], report: Callable
                 check(w, now)
             finished = not state["pending"] or (state["deadline"] is not None and now > state["deadline"])
             if finished and not any(w.case for w in workers.values()):
-                return now - (state["deadline"] - seconds if state["deadline"] is not None else now)
+                return now - (state["started"] or now)
     finally:
         for w in workers.values():
             _stop(w)
