@@ -7,10 +7,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import gguf
 import pytest
 
-from _bad_files import TINY, tiny_tensors, write_tiny_model
+from _bad_files import TINY, tiny_tensors, write_gguf, write_tiny_model
 from test_bad_input import assert_one_error_line
 
 NO_MODEL = "no-such-model-7b"  # a check that ran after the load would say "no such file" instead
@@ -123,26 +122,9 @@ def torch_float32():
 
 def write_poisoned(path: Path, value: float) -> Path:
     """The tiny model with one weight of blk.1.ffn_up.weight set to value (NaN or Inf)."""
-    tensors = tiny_tensors()
-    tensors["blk.1.ffn_up.weight"][3, 5] = value
-    w = gguf.GGUFWriter(str(path), "llama")
-    src = gguf.GGUFReader(str(write_tiny_model(path.with_suffix(".clean.gguf"))))
-    for field in src.fields.values():  # the clean model's metadata, as write_tiny_model writes it
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        value_of = field.contents()
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(field.name, value_of, vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(field.name, value_of, vtype)
-    for name, array in tensors.items():
-        w.add_tensor(name, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    up = tiny_tensors()["blk.1.ffn_up.weight"]
+    up[3, 5] = value
+    return write_gguf(path, tensors={"blk.1.ffn_up.weight": up})
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
