@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .model import QEmbedding, Transformer, llama3_rope_factors
+from .nonfinite import check_vectors
 from .registry import resolve_model
 from .settings import DEFAULT_CPU
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
@@ -77,6 +78,7 @@ def build_model(
         model = Transformer(cfg)
     place_quantized(model, state, device, keep_quantized, raw_blocks, dtype)
     state.setdefault("rope_freqs", llama3_rope_factors(cfg))
+    check_vectors(state)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing and len(state) <= 1:  # rope_freqs aside, nothing: a vocab-only GGUF

@@ -39,6 +39,15 @@ def nonfinite_tensor(model: Transformer) -> str | None:
     return None
 
 
+def check_vectors(state: dict[str, torch.Tensor]) -> None:
+    """Every 1-D tensor of a checkpoint (norm weights, biases, rope factors: a few KB per layer) holds
+    finite values, checked at load. A NaN there need not reach the logits (torch's CPU attention can
+    drop a NaN query dimension), so the logits check alone would let it pass silently."""
+    for name, t in state.items():
+        if isinstance(t, torch.Tensor) and t.dim() == 1 and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise LocalLLMError(f"tensor {gguf_name(name)} holds NaN or Inf values")
+
+
 def check_logits(model: Transformer, logits: torch.Tensor) -> None:
     """logits: a step's (..., V). One host sync; a non-finite value is one error line."""
     if bool(torch.isfinite(logits).all()):

@@ -352,3 +352,14 @@ def test_safetensors_models_are_freed(tmp_path):
     for _ in range(10):
         run_once()
     assert mappings() - before < 20, "file mappings grow with every load"
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nonfinite_vector_refused_at_load(tmp_path, value):
+    """A NaN in a norm weight need not reach the logits (found by the fuzzer: one NaN in Qwen3's
+    attn_q_norm left them finite), so the 1-D tensors are checked at load."""
+    norm = np.ones(TINY["dim"], np.float32)
+    norm[7] = value
+    path = write_gguf(tmp_path / "nan_norm.gguf", tensors={_blk(0, "attn_norm"): norm})
+    with pytest.raises(LocalLLMError, match=r"tensor blk\.0\.attn_norm\.weight holds NaN or Inf values"):
+        load_model(str(path))
