@@ -363,3 +363,18 @@ def test_nonfinite_vector_refused_at_load(tmp_path, value):
     path = write_gguf(tmp_path / "nan_norm.gguf", tensors={_blk(0, "attn_norm"): norm})
     with pytest.raises(LocalLLMError, match=r"tensor blk\.0\.attn_norm\.weight holds NaN or Inf values"):
         load_model(str(path))
+
+
+def test_tokenizer_library_panic_is_one_line(tmp_path):
+    """tokenizers panics (a BaseException, with Rust's own message on fd 2) on a continuing-subword
+    prefix longer than a token (found by the fuzzer): one error line, through a real process."""
+    from _bad_files import run_cli
+
+    folder = write_tiny_safetensors(tmp_path / "hf")
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["model"]["continuing_subword_prefix"] = "64"
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    r = run_cli("info", folder)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: cannot load"), r.stderr
+    assert "tokenizer.json" in lines[0] and "Traceback" not in r.stderr

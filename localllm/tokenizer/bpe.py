@@ -11,7 +11,11 @@ which in turn matches the model's own HF tokenizer.json:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
@@ -71,11 +75,9 @@ def build_bpe_model(tokens: Sequence[str], merges: Sequence[str], pretok: PreTok
         # then fall back to bytes, which never happens with a consistent vocabulary
         if pair and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab:
             pairs.append(pair)
-    try:
+    with library_errors("bad BPE vocabulary (tokenizer.ggml.tokens / merges)"):  # the library's own check
         model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pretok.ignore_merges,
                            fuse_unk=False, byte_fallback=False)
-    except Exception as e:  # the library's own check of the vocabulary; a bare Exception
-        raise LocalLLMError(f"bad BPE vocabulary (tokenizer.ggml.tokens / merges): {first_line(e)}") from None
     hf = HFTokenizer(model)
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pretok.regexes]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
@@ -89,16 +91,40 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+@contextmanager
+def library_errors(what: str) -> Iterator[None]:
+    """A failure inside the `tokenizers` library (a bare Exception, or a Rust panic: pyo3's
+    PanicException derives from BaseException) as one error line; Ctrl-C and SIGTERM pass through."""
+    try:
+        yield
+    except Exception as e:
+        raise LocalLLMError(f"{what}: {first_line(e)}") from None
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise LocalLLMError(f"{what}: {first_line(e)}") from None
+
+
+@contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 sent to a scratch file for the duration: a Rust panic prints its own message
+    (and, with RUST_BACKTRACE, a hint) there before pyo3 raises, which would make a second stderr line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as scratch:
+        os.dup2(scratch.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def library_encode(hf: HFTokenizer, text: str) -> list[int]:
     """The ids the `tokenizers` library gives for text (no special tokens added). Text comes here as
-    valid str (base.encodable); a failure inside the library (a Rust panic is a BaseException) is still
-    one error line, not a traceback."""
-    try:
+    valid str (base.encodable)."""
+    with library_errors("the tokenizer failed on this text"):
         return hf.encode(text, add_special_tokens=False).ids
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # noqa: B036 (pyo3's PanicException derives from BaseException)
-        raise LocalLLMError(f"the tokenizer failed on this text: {first_line(e)}") from None
 
 
 class BpeTokenizer(Tokenizer):

@@ -20,7 +20,7 @@ from ..errors import LocalLLMError
 from ..user_text import read_utf8_file
 from .base import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
                    TOKEN_USER_DEFINED, Tokenizer, encodable)
-from .bpe import byte_level_decode, first_line, library_encode
+from .bpe import byte_level_decode, library_encode, library_errors, native_stderr_silenced
 
 SPACE = "\u2581"
 MAX_VOCAB = 1 << 22  # token ids beyond this are a broken file, not a vocabulary (lists of this size fit)
@@ -107,10 +107,9 @@ class HFJsonTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HFTokenizer
 
         spec = _read_json(path)
-        try:
+        # a bare Exception, or a panic on odd model fields (its own message silenced: one line is ours)
+        with library_errors(f"cannot load {path}"), native_stderr_silenced():
             self._hf = HFTokenizer.from_file(str(path))
-        except Exception as e:  # the library raises a bare Exception on bad files
-            raise LocalLLMError(f"cannot load {path}: {first_line(e)}") from None
         self._hf.no_truncation()
         self._hf.no_padding()
         vocab = self._hf.get_vocab(with_added_tokens=True)
