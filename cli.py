@@ -216,7 +216,7 @@ def complete(
 @user_errors
 def info(model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)")):
     """Architecture, size, tensor types, context and tokenizer of a model."""
-    from localllm.info import model_info
+    from localllm.commands.info import model_info
 
     table = Table(show_header=False, box=None)
     table.add_column()
@@ -289,7 +289,7 @@ def chat(
     """Chat with a model using its own chat template. Reads one message per line when stdin is not a terminal."""
     from localllm.chat import ChatSession
     from localllm.chat_template import resolve_template
-    from localllm.repl import interactive, scripted
+    from localllm.commands.repl import interactive, scripted
     from localllm.runner import context_notice, describe_stats, timed_drafter, timed_open
     from localllm.user_text import lenient_stdin, stdin_lines
 
@@ -336,10 +336,10 @@ def quantize(
 ):
     """Write a GGUF file: a preset with llama.cpp's per-tensor rules (--type), or per-layer mixed precision
     chosen from measured sensitivity to hit a size (--target-bpw / --target-size)."""
-    from quantize.plan import plan_table, total_bpw, total_bytes
-    from localllm.quantize_cmd import quantize_model
+    from localllm.quantize.plan import plan_table, total_bpw, total_bytes
+    from localllm.commands.quantize_cmd import quantize_model
 
-    from localllm.quantize_cmd import parse_size
+    from localllm.commands.quantize_cmd import parse_size
 
     if type_name is None and target_bpw is None and target_size is None:
         raise LocalLLMError("give --type TYPE, or --target-bpw X / --target-size SIZE for mixed precision")
@@ -378,7 +378,7 @@ def perplexity(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from localllm import evaluate as ev
+    from localllm.commands import evaluate as ev
     from localllm.load import load_tokenizer
     from localllm.runner import open_model
 
@@ -449,9 +449,9 @@ def bench(
     """Prompt-processing and generation speed, with the share of the roofline measured in-process.
     With --draft or --lookup: greedy generation with speculative decoding against plain decoding, both
     measured in this run (acceptance rate, tokens per target pass, speedup, and whether the ids agree)."""
-    from localllm.bench import check_grid, run_bench
+    from localllm.commands.bench import check_grid, run_bench
     from localllm.options import counts
-    from localllm.spec_bench import run_spec_bench
+    from localllm.commands.spec_bench import run_spec_bench
 
     flat = lambda xs: [y.strip() for x in xs for y in x.split(",") if y.strip()]  # noqa: E731
     if not models and not synthetic:

@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kernels import triton_attention
+from localllm.kernels import triton_attention
 
 sys.path.insert(0, "bench")
 from q8_tune import graph_time  # noqa: E402

@@ -13,7 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_attention, triton_decode, triton_dense, triton_prefill, triton_q8
+from localllm.kernels import triton_attention, triton_decode, triton_dense, triton_prefill, triton_q8
 
 TARGET = GPUTarget("cuda", 90, 32)
 

@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--prompt", default="Once upon a time, there was a little")
     ap.add_argument("--ctx", type=int, default=4096)
     args = ap.parse_args()
-    from kernels.cpu import load_extension
+    from localllm.kernels.cpu import load_extension
     from localllm.settings import DEFAULT_CPU
 
     load_extension(DEFAULT_CPU.cache_dir)  # the extension's import (or build) counts as an import

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from kernels import triton_attention, triton_gemv
-from kernels.qweight import KERNEL_TYPES, QWeight
-from quantize import dequantize_torch, quantize_tensor
+from localllm.kernels import triton_attention, triton_gemv
+from localllm.kernels.qweight import KERNEL_TYPES, QWeight
+from localllm.quantize import dequantize_torch, quantize_tensor
 
 Q = gguf.GGMLQuantizationType
 DEV = "cuda"
@@ -141,7 +141,7 @@ def check_greedy(steps: int = 24) -> list[str]:
     from localllm.sampling import Sampler
     from localllm.settings import SamplingSettings
     from localllm.registry import shape_preset
-    from localllm.spec_bench import random_prompt
+    from localllm.commands.spec_bench import random_prompt
     from localllm.synthetic import synthetic_model
 
     out = ["| shape | type | steps | ids equal | logits equal | generate()'s ids equal |",

@@ -27,13 +27,13 @@ import time
 import gguf
 import torch
 
-from kernels import triton_attention, triton_epilogue, triton_q8
-from localllm.bench import copy_bandwidth, free_memory, kv_bytes_per_token, weight_bytes_per_token
+from localllm.kernels import triton_attention, triton_epilogue, triton_q8
+from localllm.commands.bench import copy_bandwidth, free_memory, kv_bytes_per_token, weight_bytes_per_token
 from localllm.cache import make_cache
 from localllm.cuda_decode import GraphDecoder
 from localllm.generate import prefill
 from localllm.registry import shape_preset
-from localllm.spec_bench import random_prompt
+from localllm.commands.spec_bench import random_prompt
 from localllm.synthetic import synthetic_model
 
 # module constants the kernels' launchers read as the graph is captured

@@ -22,8 +22,8 @@ import itertools
 import torch
 
 from graph_timing import graph_seconds
-from kernels import triton_dense
-from localllm.bench import copy_bandwidth
+from localllm.kernels import triton_dense
+from localllm.commands.bench import copy_bandwidth
 
 # name: (N, K, into an accumulator)
 SHAPES = {

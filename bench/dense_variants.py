@@ -23,11 +23,11 @@ import triton.language as tl
 
 from dense_tune import SHAPES
 from graph_timing import graph_seconds
-from kernels import triton_dense
-from kernels.triton_dense import _tile_sums
-from kernels.triton_base import PDL, _pdl_wait
-from kernels.triton_epilogue import COUNTERS, FIXED_ONE, _last_part
-from localllm.bench import copy_bandwidth
+from localllm.kernels import triton_dense
+from localllm.kernels.triton_dense import _tile_sums
+from localllm.kernels.triton_base import PDL, _pdl_wait
+from localllm.kernels.triton_epilogue import COUNTERS, FIXED_ONE, _last_part
+from localllm.commands.bench import copy_bandwidth
 
 MP = tl.constexpr(16)
 

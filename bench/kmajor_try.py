@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import triton_q8
-from kernels.triton_q8 import M4, _dp4a
+from localllm.kernels import triton_q8
+from localllm.kernels.triton_q8 import M4, _dp4a
 
 DEV = "cuda"
 
@@ -65,7 +65,7 @@ def main() -> None:
 
     sys.path.insert(0, "bench")
     from q8_tune import LAYERS, Q, QWeight, graph_time, random_weight
-    from localllm.bench import copy_bandwidth
+    from localllm.commands.bench import copy_bandwidth
 
     copy = copy_bandwidth(torch.device(DEV)) / 1e9
     print(f"copy {copy:.0f} GB/s")

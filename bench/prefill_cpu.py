@@ -51,7 +51,7 @@ def main() -> None:
     torch.cuda.synchronize()
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(8)
-    from localllm.bench import one_run
+    from localllm.commands.bench import one_run
 
     for n in (0, 2, 128):  # as `localllm bench` times it: prefill right after the previous run's decode
         print(f"one_run -n {n}: prefill ms", [round(1e3 * one_run(model, args.p, n, 0, cache, seed=s)[0], 2)

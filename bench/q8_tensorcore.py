@@ -19,12 +19,12 @@ import triton
 import triton.language as tl
 
 from graph_timing import graph_seconds
-from kernels import triton_q8
-from kernels.qweight import Q, QWeight
-from kernels.triton_base import PDL, _pdl_start
-from kernels.triton_epilogue import FIXED_ONE, from_fixed
-from localllm.bench import copy_bandwidth
-from quantize import dequantize_torch, quantize_tensor
+from localllm.kernels import triton_q8
+from localllm.kernels.qweight import Q, QWeight
+from localllm.kernels.triton_base import PDL, _pdl_start
+from localllm.kernels.triton_epilogue import FIXED_ONE, from_fixed
+from localllm.commands.bench import copy_bandwidth
+from localllm.quantize import dequantize_torch, quantize_tensor
 
 SHAPES = {"q|k|v": (6144, 4096), "o": (4096, 4096), "gate/up": (28672, 4096), "down": (4096, 14336)}
 MP = tl.constexpr(16)

@@ -10,7 +10,7 @@ sweep, then the decode bench with the best configs, all in one process (one devi
 2. per type, each config's time for one layer of Llama 3.1 8B (qkv, o + residual, gate/up + GLU,
    down + residual, K split as in decode) replayed in a CUDA graph over enough weight copies to
    defeat the 50 MB L2; GB/s of weight bytes against the device-to-device copy measured here;
-3. localllm.bench.run_bench with the best configs (the table the issue asks for).
+3. localllm.commands.bench.run_bench with the best configs (the table the issue asks for).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import time
 import gguf
 import torch
 
-from kernels import triton_epilogue, triton_gemv, triton_q8
-from kernels.qweight import QWeight
-from localllm.bench import copy_bandwidth, run_bench
-from quantize import dequantize_torch, quantize_tensor
-from quantize.act import dequantize_act, quantize_act
+from localllm.kernels import triton_epilogue, triton_gemv, triton_q8
+from localllm.kernels.qweight import QWeight
+from localllm.commands.bench import copy_bandwidth, run_bench
+from localllm.quantize import dequantize_torch, quantize_tensor
+from localllm.quantize.act import dequantize_act, quantize_act
 
 Q = gguf.GGMLQuantizationType
 DEV = "cuda"

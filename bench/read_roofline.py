@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from graph_timing import graph_seconds
-from kernels.triton_base import PDL, _pdl_wait
-from localllm.bench import copy_bandwidth
+from localllm.kernels.triton_base import PDL, _pdl_wait
+from localllm.commands.bench import copy_bandwidth
 from localllm.registry import shape_preset
 
 

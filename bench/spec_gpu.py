@@ -34,7 +34,7 @@ from localllm.generate import decode_one, generate, prefill
 from localllm.registry import shape_preset
 from localllm.sampling import Sampler
 from localllm.settings import DEFAULT_DRAFT, DraftSettings, SamplingSettings
-from localllm.spec_bench import one_pair, random_prompt
+from localllm.commands.spec_bench import one_pair, random_prompt
 from localllm.speculative import verify
 from localllm.synthetic import synthetic_model
 

@@ -24,7 +24,7 @@ from localllm.cache import make_cache
 from localllm.cuda_decode import decoder_for
 from localllm.generate import prefill
 from localllm.registry import shape_preset
-from localllm.spec_bench import random_prompt
+from localllm.commands.spec_bench import random_prompt
 from localllm.synthetic import synthetic_model
 
 
@@ -82,12 +82,12 @@ def main() -> None:
                     help="kernels/triton_epilogue.SPLIT_PROGRAMS_PER_SM to try (auto_split's programs per SM)")
     args = ap.parse_args()
     if args.split_target:
-        from kernels import triton_epilogue
+        from localllm.kernels import triton_epilogue
 
         triton_epilogue.SPLIT_PROGRAMS_PER_SM = args.split_target
         print(f"split target {args.split_target} programs per SM")
     if args.dense_config:
-        from kernels import triton_dense
+        from localllm.kernels import triton_dense
 
         triton_dense.CONFIG = tuple(int(v) for v in args.dense_config.split(","))
         print(f"dense config {triton_dense.CONFIG}")

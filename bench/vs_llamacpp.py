@@ -87,7 +87,7 @@ def llamacpp_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict
 
 
 def main() -> None:
-    from kernels.cpu import physical_cores
+    from localllm.kernels.cpu import physical_cores
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=[None], help="GGUF files or model names (default: the default model)")

@@ -17,7 +17,7 @@ and bf16 in localllm: an F16 file is compared with localllm bf16. Each file is d
 Tests, as llama-bench defines them: pp512 = a 512-token prompt into an empty context (-p 512 -n 0);
 tg128 = 128 single-token steps after 512 tokens of context (-p 0 -n 128 -d 512; localllm's
 "tg128 after pp512"). llama-bench runs with every layer on the GPU and flash attention (-ngl 99 -fa 1),
-after its warm-up; localllm through localllm.bench.bench_model (two warm-ups). Both print mean ± sd over
+after its warm-up; localllm through localllm.commands.bench.bench_model (two warm-ups). Both print mean ± sd over
 -r repetitions; ratio = localllm / llama.cpp.
 """
 
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from localllm.bench import BenchModel, bench_model, free_memory, measure_roofline
+from localllm.commands.bench import BenchModel, bench_model, free_memory, measure_roofline
 from localllm.device import pick_device, pick_dtype
 from localllm.errors import LocalLLMError
-from localllm.quantize_cmd import read_gguf_metadata
+from localllm.commands.quantize_cmd import read_gguf_metadata
 from localllm.registry import shape_preset
 from localllm.synthetic import synthetic_model, write_synthetic_gguf
 
@@ -106,7 +106,7 @@ def llamacpp_speeds(exe: Path, path: Path, p: int, n: int, reps: int) -> tuple[d
 
 
 def localllm_speeds(cfg, wtype: str, device: str, p: int, n: int, reps: int, roof: dict) -> dict:
-    """The same tests through localllm.bench, on the synthetic model `localllm bench --synthetic` builds."""
+    """The same tests through localllm.commands.bench, on the synthetic model `localllm bench --synthetic` builds."""
     model, types = synthetic_model(cfg, wtype, device, pick_dtype(device))
     rows = bench_model(BenchModel(wtype, model, types), [p], [n], [0], reps, roof)
     del model

@@ -36,7 +36,7 @@ import gguf
 import torch
 import torch.nn.functional as F
 
-from quantize.decode import BLOCK_SIZES, dequantize_torch
+from localllm.quantize.decode import BLOCK_SIZES, dequantize_torch
 
 from .qweight import QWeight
 

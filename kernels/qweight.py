@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import gguf
 import torch
 
-from quantize.decode import BLOCK_SIZES, dequantize_torch, unpack_k_scales
+from localllm.quantize.decode import BLOCK_SIZES, dequantize_torch, unpack_k_scales
 
 Q = gguf.GGMLQuantizationType
 

@@ -22,8 +22,8 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import torch
 
-from kernels.linear import linear
-from quantize.partial import make_partial, remove_stale_partials
+from localllm.kernels.linear import linear
+from localllm.quantize.partial import make_partial, remove_stale_partials
 
 from .cache import KVCache, make_cache
 from .model import Linear, Transformer
@@ -331,7 +331,7 @@ def predict_losses(sens_kl: float, probe_err: float, errs: Mapping[Hashable, flo
 
 def roundtrip(w: torch.Tensor, qtype, importance: torch.Tensor | None = None) -> torch.Tensor:
     """w (out, in) quantized to qtype (a GGUF type) and decoded back, in w's dtype: a ready perturbation."""
-    from quantize import dequantize_torch, quantize_tensor
+    from localllm.quantize import dequantize_torch, quantize_tensor
 
     back = dequantize_torch(quantize_tensor(w.detach().float(), qtype, importance), qtype)
     return back.reshape(w.shape).to(device=w.device, dtype=w.dtype)

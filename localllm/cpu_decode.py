@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu import BlockQWeight, args, load_extension, runs_in_cpp
+from localllm.kernels.cpu import BlockQWeight, args, load_extension, runs_in_cpp
 
 from .cache import KVCache
 from .model import QEmbedding, Transformer

@@ -31,13 +31,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.linear import fused_linear
-from kernels.qweight import INT_DOT_TYPES, QWeight
-from kernels.triton_attention import decode_attention, rope_store
-from kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, greedy_state
-from kernels.triton_epilogue import COUNTERS, from_fixed
-from kernels.triton_prefill import rmsnorm_rows
-from kernels.triton_q8 import quantize_act
+from localllm.kernels.linear import fused_linear
+from localllm.kernels.qweight import INT_DOT_TYPES, QWeight
+from localllm.kernels.triton_attention import decode_attention, rope_store
+from localllm.kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, greedy_state
+from localllm.kernels.triton_epilogue import COUNTERS, from_fixed
+from localllm.kernels.triton_prefill import rmsnorm_rows
+from localllm.kernels.triton_q8 import quantize_act
 
 from .cache import KVCache
 from .model import Linear, Transformer

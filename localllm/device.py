@@ -63,7 +63,7 @@ def cpu_default_dtype() -> str:
 def thread_count(threads: int | None) -> tuple[int, str | None]:
     """-t/--threads -> (threads to use, a notice when capped): the physical cores when None; more than
     the logical cores only oversubscribes them (OpenMP threads spin), so it is capped there."""
-    from kernels.cpu import physical_cores
+    from localllm.kernels.cpu import physical_cores
 
     if threads is None:
         return physical_cores(), None

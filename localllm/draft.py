@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import torch
 
-from quantize import quantize_tensor
-from quantize.presets import FLOAT_TYPES, PRESETS, ModelShape, fallback, find_preset, preset_types
+from localllm.quantize import quantize_tensor
+from localllm.quantize.presets import FLOAT_TYPES, PRESETS, ModelShape, fallback, find_preset, preset_types
 
 from . import options
-from .bench import linear_weights, nbytes
+from .footprint import linear_weights, nbytes
 from .cache import KVCache, make_cache
 from .device import check_dtype_name, pick_dtype
 from .errors import LocalLLMError

@@ -18,19 +18,23 @@ text to exactly the ids the `tokenizers` library gives. Anything else is refused
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
+import torch
 
 from .errors import LocalLLMError
 from .tokenizer import load_gguf_tokenizer
 from .tokenizer.pretok import GPT2_HF, PRE_TOKENIZERS
 
-from quantize.writer import MetaValue
+from localllm.quantize.writer import MetaValue
 
 V = gguf.GGUFValueType
 T = gguf.Keys.Tokenizer
+K = gguf.Keys.General
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -250,3 +254,68 @@ def _check_ids(folder: Path, kv: dict[str, MetaValue]) -> None:
         at = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
         raise LocalLLMError(f"{folder}: the GGUF tokenizer built from {source} (pre {kv[T.PRE].value!r}) does not "
                             f"reproduce its ids (first difference at token {at}): pass --tokenizer-from FILE.gguf")
+
+
+def gguf_arch(hf_arch: str) -> str:
+    """convert_hf_to_gguf registers MistralForCausalLM under LlamaModel: a Mistral GGUF says llama."""
+    return "llama" if hf_arch in ("llama", "mistral") else hf_arch
+
+
+def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """convert_hf_to_gguf's LlamaModel.permute on the rows (output dim): rotate-half pairs -> interleaved."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def converter_rope_freqs(hp: dict, head_dim: int) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors: llama3 rope scaling's per-frequency divisors, computed as
+    the converter does (float32 base frequencies, python float arithmetic) so the bytes match."""
+    rs = hp.get("rope_scaling") or hp.get("rope_parameters") or {}
+    base = hp.get("rope_theta") or rs.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor = rs.get("factor", 8.0)
+    low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old_ctx = rs.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
+    """The keys convert_hf_to_gguf writes for these architectures (TextModel / LlamaModel
+    set_gguf_parameters), from config.json's own values: absent ones are not written."""
+    kv = {K.ARCHITECTURE: MetaValue(arch, V.STRING), K.TYPE: MetaValue("model", V.STRING),
+          K.NAME: MetaValue(folder.resolve().name, V.STRING)}
+
+    def put(key: str, value, vtype: gguf.GGUFValueType) -> None:
+        if value is not None:
+            kv[key.format(arch=arch)] = MetaValue(value, vtype)
+
+    put(gguf.Keys.LLM.BLOCK_COUNT, cfg.n_layers, V.UINT32)
+    put(gguf.Keys.LLM.CONTEXT_LENGTH, first_value(hp, "max_position_embeddings", "n_ctx", "n_positions"), V.UINT32)
+    put(gguf.Keys.LLM.EMBEDDING_LENGTH, cfg.dim, V.UINT32)
+    put(gguf.Keys.LLM.FEED_FORWARD_LENGTH, cfg.ffn_dim, V.UINT32)
+    put(gguf.Keys.Attention.HEAD_COUNT, cfg.n_heads, V.UINT32)
+    put(gguf.Keys.Attention.HEAD_COUNT_KV, cfg.n_kv_heads, V.UINT32)
+    put(gguf.Keys.Rope.FREQ_BASE, hp.get("rope_theta"), V.FLOAT32)
+    put(gguf.Keys.Attention.LAYERNORM_RMS_EPS, first_value(hp, "rms_norm_eps", "norm_eps"), V.FLOAT32)
+    put(gguf.Keys.Attention.KEY_LENGTH, hp.get("head_dim"), V.UINT32)
+    put(gguf.Keys.Attention.VALUE_LENGTH, hp.get("head_dim"), V.UINT32)
+    kv[K.FILE_TYPE] = MetaValue(0, V.UINT32)  # set by the preset
+    if arch == "llama":
+        put(gguf.Keys.LLM.VOCAB_SIZE, cfg.vocab_size, V.UINT32)
+        put(gguf.Keys.Rope.DIMENSION_COUNT, cfg.head_dim, V.UINT32)
+    return kv
+
+
+def first_value(hp: dict, *keys: str):
+    return next((hp[k] for k in keys if hp.get(k) is not None), None)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu import BlockQWeight, load_extension, pack_for_cpu
-from kernels.qweight import QUANTIZED_TYPES, QWeight
-from quantize.decode import dequantize_torch
+from localllm.kernels.cpu import BlockQWeight, load_extension, pack_for_cpu
+from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
+from localllm.quantize.decode import dequantize_torch
 
 from .config import ModelConfig
 from .errors import LocalLLMError

@@ -23,10 +23,10 @@ from typing import Callable, Mapping, Sequence
 import gguf
 import torch
 
-from quantize.allocate import Option, allocate
-from quantize.formats import BLOCK_SIZES
-from quantize.plan import TensorInfo, sample_rows
-from quantize.presets import LAST_RESORT, allows_quantization
+from localllm.quantize.allocate import Option, allocate
+from localllm.quantize.formats import BLOCK_SIZES
+from localllm.quantize.plan import TensorInfo, sample_rows
+from localllm.quantize.presets import LAST_RESORT, allows_quantization
 
 from .cache import KVCache, make_cache
 from .calibrate import collect_imatrix, roundtrip

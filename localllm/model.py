@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu import BlockQWeight, embed
-from kernels.linear import linear
-from kernels.qweight import QWeight
+from localllm.kernels.cpu import BlockQWeight, embed
+from localllm.kernels.linear import linear
+from localllm.kernels.qweight import QWeight
 
 from .cache import KVCache
 from .config import ModelConfig
@@ -74,7 +74,7 @@ class RMSNorm(nn.Module):
         # Normalise in fp32 and scale after casting to the weights' dtype, as transformers'
         # LlamaRMSNorm does; x may be the fp32 residual stream. CUDA: one Triton kernel, same rounding.
         if x.is_cuda:
-            from kernels.triton_prefill import rmsnorm_rows
+            from localllm.kernels.triton_prefill import rmsnorm_rows
 
             return rmsnorm_rows(x, self.weight, self.eps)
         xf = x.float()
@@ -137,7 +137,7 @@ class Attention(nn.Module):
 
     def _project_cuda(self, x, layer: int, cache: KVCache, start: int, cos, sin):
         """As _project, with rope and the cache writes in one Triton kernel (kernels/triton_prefill.py)."""
-        from kernels.triton_prefill import rope_cache
+        from localllm.kernels.triton_prefill import rope_cache
 
         cfg, (B, T, _) = self.cfg, x.shape
         if self.fused_qkv is not None:
@@ -181,7 +181,7 @@ class Block(nn.Module):
         x = x + self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
         h = self.ffn_norm(x)
         if h.is_cuda:
-            from kernels.triton_prefill import silu_mul
+            from localllm.kernels.triton_prefill import silu_mul
 
             if self.fused_gate_up is not None:  # one product, then silu(gate) * up of its interleaved pairs
                 return x + self.ffn_down(silu_mul(linear(h, self.fused_gate_up)))

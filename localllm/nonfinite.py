@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.qweight import QWeight
+from localllm.kernels.qweight import QWeight
 
 from .errors import LocalLLMError
 from .model import Linear, Transformer

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from quantize.partial import make_partial
-from quantize.plan import TensorInfo
-from quantize.writer import SameFileError, check_not_input
+from localllm.quantize.partial import make_partial
+from localllm.quantize.plan import TensorInfo
+from localllm.quantize.writer import SameFileError, check_not_input
 
 from .config import ModelConfig
 from .errors import LocalLLMError

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import ModelConfig, RopeScaling
+from . import data_path
 from .errors import LocalLLMError
 
-MODELS_TOML = Path(__file__).resolve().parent.parent / "models.toml"
+MODELS_TOML = data_path("models.toml")
 
 
 @cache

@@ -84,7 +84,7 @@ def feed(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
 def most_drafts(cache: KVCache) -> int | None:
     """The most drafts one verify pass takes (None: no limit)."""
     if graph_decoding(cache):  # the verify pass is the decode step's graph for several tokens
-        from kernels.triton_epilogue import MAX_ROWS
+        from localllm.kernels.triton_epilogue import MAX_ROWS
 
         return MAX_ROWS - 1
     return None

@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 import torch
 
-from quantize import quantize_tensor
+from localllm.quantize import quantize_tensor
 
 from .config import ModelConfig
 from .load import build_model
@@ -112,16 +112,16 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     """synthetic_state's weights as a GGUF file: wtype a file type (F16, BF16, Q8_0, Q4_0, Q4_K_M...).
 
     Written as convert_hf_to_gguf + llama-quantize lay a file out: the architecture keys of
-    quantize_cmd.hf_metadata, q/k rows permuted for the llama architecture (load.py undoes it),
+    hf_to_gguf.hf_metadata, q/k rows permuted for the llama architecture (load.py undoes it),
     1-D tensors (norms, rope_freqs) F32, dense 2-D tensors F16 (BF16, F32 in such files), quantized ones
     as their blocks; the token embedding stays dense as synthetic_model keeps it (llama-quantize would
     quantize it). tokenizer: the tokenizer.* keys (name -> MetaValue) of a vocabulary of cfg.vocab_size
     tokens, e.g. quantize_cmd.read_gguf_metadata(vocab.gguf, keep=lambda k: k.startswith("tokenizer.")).
     One tensor at a time reaches host memory; the file appears under OUT only when complete."""
-    from quantize.presets import find_preset
-    from quantize.writer import MetaValue, TensorSlot, write_gguf
+    from localllm.quantize.presets import find_preset
+    from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
-    from .quantize_cmd import gguf_arch, hf_metadata, permute_qk
+    from .hf_to_gguf import gguf_arch, hf_metadata, permute_qk
 
     preset = find_preset(wtype)
     if preset is None:

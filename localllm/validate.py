@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
-from quantize.formats import SUPPORTED_TYPES
+from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, config_from_gguf, read_hf_config
 from .errors import LocalLLMError

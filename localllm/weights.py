@@ -16,8 +16,8 @@ import gguf
 import numpy as np
 import torch
 
-from quantize.decode import dequantize_torch
-from quantize.formats import SUPPORTED_TYPES
+from localllm.quantize.decode import dequantize_torch
+from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError

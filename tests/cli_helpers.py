@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 def invoke_quantize(*args):
     """Run `localllm quantize ARGS` in-process; only a SystemExit may escape (no traceback)."""
-    from cli import app
+    from localllm.cli import app
 
     # wide, so that rich never folds a table row we parse
     result = CliRunner().invoke(app, ["quantize", *[str(a) for a in args]], env={"COLUMNS": "200"})

@@ -163,7 +163,7 @@ def test_bad_input_gives_one_line(results, name):
 def test_bad_input_in_process(files, name):
     from typer.testing import CliRunner
 
-    from cli import app
+    from localllm.cli import app
 
     args, needles = in_process_cases(*files)[name]
     result = CliRunner().invoke(app, [str(a) for a in args])

@@ -317,7 +317,7 @@ def test_one_error_line_through_the_cli(tmp_path):
     """End to end: `info` and `complete` print one `error:` line naming the key, no traceback."""
     from typer.testing import CliRunner
 
-    from cli import app
+    from localllm.cli import app
 
     path = write_gguf(tmp_path / "h0.gguf", meta={"attention.head_count": (0, U32)})
     folder = write_tiny_safetensors(tmp_path / "st", {"num_attention_heads": "4"})

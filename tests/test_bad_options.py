@@ -56,7 +56,7 @@ CASES = {
 def invoke(args):
     from typer.testing import CliRunner
 
-    from cli import app
+    from localllm.cli import app
 
     result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200", "NO_COLOR": "1"})
     # Anything but the CLI's own exit would have been a traceback outside the test runner.

@@ -24,13 +24,13 @@ import tiny_models as tm
 from _bad_files import default_model, start_cli
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
-from localllm import evaluate as ev
+from localllm.commands import evaluate as ev
 from localllm import load, mixed
 from localllm.errors import LocalLLMError
 from localllm.quantize_checks import check_tensors
-from localllm.quantize_cmd import quantize_model, read_source
+from localllm.commands.quantize_cmd import quantize_model, read_source
 from localllm.signals import Terminated, sigterm_interrupts
-from quantize.partial import make_partial, remove_stale_partials
+from localllm.quantize.partial import make_partial, remove_stale_partials
 
 SMALL = tm.TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=5)
 

@@ -36,7 +36,7 @@ def tiny(d) -> Path:
 def invoke(*args, input=None):
     from typer.testing import CliRunner
 
-    from cli import app
+    from localllm.cli import app
 
     result = CliRunner().invoke(app, [str(a) for a in args], input=input, env={"COLUMNS": "200"})
     # anything but the CLI's own exit would have been a traceback outside the test runner

@@ -9,8 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 import localllm.synthetic as synthetic
-from cli import app
-from localllm.bench import BenchModel, bench_model, format_rows, weight_bytes_per_token
+from localllm.cli import app
+from localllm.commands.bench import BenchModel, bench_model, format_rows, weight_bytes_per_token
 from localllm.config import ModelConfig
 from localllm.registry import shape_preset
 

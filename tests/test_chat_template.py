@@ -697,7 +697,7 @@ def test_jinja_features_of_real_templates():
 def run_chat(args: list[str], text: str):
     from typer.testing import CliRunner
 
-    import cli
+    import localllm.cli as cli
 
     return CliRunner().invoke(cli.app, ["chat", *args], input=text)
 

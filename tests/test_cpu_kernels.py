@@ -17,7 +17,7 @@ import gguf
 import pytest
 import torch
 
-from kernels.cpu import QMATVEC_MAX_ROWS, BlockQWeight, dequantize_rows, embed, load_extension, pack_for_cpu, qlinear
+from localllm.kernels.cpu import QMATVEC_MAX_ROWS, BlockQWeight, dequantize_rows, embed, load_extension, pack_for_cpu, qlinear
 from localllm.cache import make_cache
 from localllm.cpu_decode import decoder_for
 from localllm.generate import generate
@@ -27,7 +27,7 @@ from localllm.model import Linear
 from localllm.runner import encode_prompt
 from localllm.sampling import Sampler
 from localllm.settings import DEFAULT_CPU, SamplingSettings
-from quantize import dequantize_torch, quantize_tensor
+from localllm.quantize import dequantize_torch, quantize_tensor
 
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]

@@ -1,4 +1,4 @@
-"""`localllm perplexity` and localllm.evaluate: llama.cpp's perplexity and KL divergence.
+"""`localllm perplexity` and localllm.commands.evaluate: llama.cpp's perplexity and KL divergence.
 
 - The perplexity of the default model (SmolLM2-135M Q4_1) equals a reference computed here from
   transformers' logits on the same GGUF, with the chunking and second-half scoring written out again.
@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 import tiny_models as tm
 from _bad_files import cli_env, localllm_command
 from conftest import default_model_path
-from localllm import evaluate as ev
+from localllm.commands import evaluate as ev
 from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
 
@@ -70,7 +70,7 @@ def invoke(*args) -> tuple[str, str, int]:
     """The command in this process (typer's runner): stdout, stderr, exit code."""
     from typer.testing import CliRunner
 
-    from cli import app
+    from localllm.cli import app
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     # Anything but the CLI's own exit would have been a traceback outside the test runner.

@@ -15,7 +15,7 @@ from cli_helpers import invoke_quantize as invoke
 from localllm.errors import LocalLLMError
 from localllm.hf_to_gguf import CHECK_TEXT, hf_tokenizer_metadata
 from localllm.load import load_model
-from localllm.quantize_cmd import quantize_model
+from localllm.commands.quantize_cmd import quantize_model
 from localllm.tokenizer.pretok import LLAMA3
 
 torch.set_num_threads(1)

@@ -6,7 +6,7 @@ log-prob gradient is (onehot(y) - p) h^T in closed form, the sampled estimate an
 sum_t p (1 - p) h^2; a per-position autograd loop over the same sampled labels; a rescaling that leaves
 the model's function bit for bit unchanged but multiplies one matrix's gradients by a known factor;
 quantize.plan's total_bpw and the written file's own size and layout (targets); the KL divergence of
-localllm.evaluate between the F32 model and each quantized file (mixed against the preset).
+localllm.commands.evaluate between the F32 model and each quantized file (mixed against the preset).
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ import torch
 import tiny_models as tm
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
-from localllm import evaluate as E
+from localllm.commands import evaluate as E
 from localllm import mixed
 from localllm.cache import make_cache
 from localllm.calibrate import load_imatrix
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
-from localllm.quantize_cmd import data_start, parse_size, quantize_model, read_source
-from quantize.allocate import Option, allocate
-from quantize.formats import SUPPORTED_TYPES
-from quantize.plan import total_bpw, total_bytes
+from localllm.commands.quantize_cmd import data_start, parse_size, quantize_model, read_source
+from localllm.quantize.allocate import Option, allocate
+from localllm.quantize.formats import SUPPORTED_TYPES
+from localllm.quantize.plan import total_bpw, total_bytes
 
 torch.set_num_threads(1)  # a shared 2-core machine: more threads only contend
 

@@ -23,12 +23,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tiny_models as tm
-from kernels.cpu import BlockQWeight
+from localllm.kernels.cpu import BlockQWeight
 from localllm.cache import make_cache
 from localllm.gguf_file import open_gguf
 from localllm.load import load_model
 from localllm.weights import gguf_tensor
-from quantize.formats import SUPPORTED_TYPES
+from localllm.quantize.formats import SUPPORTED_TYPES
 
 TOL = 1e-3
 BATCH, T = 2, 16

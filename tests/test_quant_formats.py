@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import default_model_path
-from quantize import SUPPORTED_TYPES, bits_per_weight, dequantize, dequantize_torch, quantize_tensor
+from localllm.quantize import SUPPORTED_TYPES, bits_per_weight, dequantize, dequantize_torch, quantize_tensor
 
 Q = gguf.GGMLQuantizationType
 FLOATS = [Q.F32, Q.F16, Q.BF16]

@@ -24,10 +24,10 @@ from cli_helpers import invoke_quantize as invoke
 from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
-from localllm.quantize_cmd import plan_model, quantize_model, read_gguf_metadata, tokenizer_metadata
-from quantize import dequantize_torch, quantize_tensor
-from quantize.plan import TensorInfo, parse_override, plan_table, preset_plan, total_bpw
-from quantize.presets import PRESETS, ModelShape, more_bits, preset_types
+from localllm.commands.quantize_cmd import plan_model, quantize_model, read_gguf_metadata, tokenizer_metadata
+from localllm.quantize import dequantize_torch, quantize_tensor
+from localllm.quantize.plan import TensorInfo, parse_override, plan_table, preset_plan, total_bpw
+from localllm.quantize.presets import PRESETS, ModelShape, more_bits, preset_types
 
 Q = gguf.GGMLQuantizationType
 
@@ -208,7 +208,7 @@ def test_quantized_tiny_model(small, tmp_path):
 
 def test_q8_0_close_and_alignment_kept(small, tmp_path):
     """A file with general.alignment 64 keeps it; Q8_0 logits are close to the F32 model's."""
-    from quantize.writer import MetaValue, TensorSlot, write_gguf
+    from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
     aligned = tmp_path / "aligned.gguf"
     meta = read_gguf_metadata(small, keep=lambda k: True)

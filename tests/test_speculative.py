@@ -18,10 +18,10 @@ import torch
 from typer.testing import CliRunner
 
 import localllm.speculative as speculative
-from cli import app
+from localllm.cli import app
 from _bad_files import write_tiny_model
 from conftest import GREEDY_TOKENS
-from localllm.bench import BenchModel
+from localllm.commands.bench import BenchModel
 from localllm.cache import make_cache
 from localllm.chat import ChatSession
 from localllm.chat_template import resolve_template
@@ -33,7 +33,7 @@ from localllm.load import load_model
 from localllm.runner import complete
 from localllm.sampling import Sampler
 from localllm.settings import DraftSettings, GenerationSettings, SamplingSettings
-from localllm.spec_bench import bench_spec_model
+from localllm.commands.spec_bench import bench_spec_model
 from localllm.speculative import AdaptiveK, SpecStats, best_k, generate_speculative, speculative_round
 from localllm.synthetic import synthetic_model
 from localllm.tokenizer import Tokenizer

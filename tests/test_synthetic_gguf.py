@@ -16,7 +16,7 @@ from localllm import synthetic
 from localllm.config import ModelConfig, RopeScaling
 from localllm.gguf_file import open_gguf
 from localllm.load import load_model, read_gguf_model
-from localllm.quantize_cmd import read_gguf_metadata
+from localllm.commands.quantize_cmd import read_gguf_metadata
 from localllm.synthetic import synthetic_state, write_synthetic_gguf
 from localllm.weights import QuantizedTensor
 

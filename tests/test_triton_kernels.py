@@ -25,16 +25,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from kernels import triton_attention, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
-from kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
-from kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
+from localllm.kernels import triton_attention, triton_epilogue, triton_gemv, triton_prefill  # noqa: E402
+from localllm.kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noqa: E402
+from localllm.kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
 from localllm.cuda_decode import GraphDecoder  # noqa: E402
 from localllm.load import build_model  # noqa: E402
 from localllm.model import Linear  # noqa: E402
-from quantize import dequantize_torch, quantize_tensor  # noqa: E402
-from quantize.act import dequantize_act, quantize_act  # noqa: E402
+from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
+from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 TYPES = sorted(KERNEL_TYPES, key=lambda t: t.name)
@@ -189,7 +189,7 @@ def test_attention_with_rope_fused_equals_rope_store_then_attention(tokens, batc
 def test_glu_rows_matches_modules_and_clears():
     """triton_decode.glu_rows: interleaved gate/up sums in int64 fixed point -> F.silu(gate) * up with
     each op rounded to the activation dtype as the modules round it; the accumulator is left zero."""
-    from kernels.triton_decode import glu_rows
+    from localllm.kernels.triton_decode import glu_rows
 
     g = torch.Generator().manual_seed(5)
     acc = to_fixed(3 * torch.randn(3, 2 * 1500, generator=g))  # F = 1500: a partial last block
@@ -277,7 +277,7 @@ def test_greedy_ids_are_torch_argmax():
     """greedy_ids against torch.argmax: rows over several programs, masked tails, ties (the first
     index wins, across programs too), all-negative rows, -0.0 against 0.0; its state is left for the
     next call and pos advances once."""
-    from kernels.triton_decode import ARGMAX_BLOCK, greedy_ids, greedy_state
+    from localllm.kernels.triton_decode import ARGMAX_BLOCK, greedy_ids, greedy_state
 
     g = torch.Generator().manual_seed(11)
     t, v = 4, 2 * ARGMAX_BLOCK + 77
@@ -348,7 +348,7 @@ def test_dense_kernel_rows_are_batch_invariant(dtype, norm, fixed):
     matches the fp32 product of the values it multiplies (RMSNorm's, with norm) plus the residual:
     added into an int64 fixed-point accumulator with K split between programs (fixed), or finished
     by one program per tile (fp32 residual)."""
-    from kernels import triton_dense
+    from localllm.kernels import triton_dense
 
     g = torch.Generator().manual_seed(21)
     w = torch.randn(200, 512, generator=g).to(dtype)
@@ -375,7 +375,7 @@ def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
     """Split K sums its parts in part order (triton_gemv._split_finish): the same call twice gives the
     same bits, one row alone the same bits as in a batch, and the counters are zero afterwards."""
     qtype, _, w = quantized
-    from kernels import triton_q8
+    from localllm.kernels import triton_q8
 
     def product(x, r, split, counters=None):  # the decode step's kernel for this type
         if qtype in INT_DOT_TYPES:
@@ -397,7 +397,7 @@ def test_fixed_point_accumulators_read_like_fp32_ones():
     """q|k|v and gate/up sums split over K add into int64 fixed-point accumulators (triton_epilogue.FIXED_ONE):
     the parts' sum equals the fp32 product, and their readers (rope_store, quantize_act's GLU form)
     give what they give for fp32 sums, clearing the accumulator."""
-    from kernels import triton_q8
+    from localllm.kernels import triton_q8
 
     g = torch.Generator().manual_seed(23)
     w = QWeight.from_raw(torch.from_numpy(quantize_tensor(torch.randn(64, 512, generator=g), Q.Q8_0)), Q.Q8_0)

@@ -15,7 +15,7 @@ if "kernels.triton_prefill" in sys.modules:  # re-decorate if imported uninterpr
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels import triton_prefill  # noqa: E402
+from localllm.kernels import triton_prefill  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
 from localllm.model import RMSNorm, rope_rotate  # noqa: E402

@@ -23,10 +23,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels import triton_q8  # noqa: E402
-from kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
-from quantize import dequantize_torch, quantize_tensor  # noqa: E402
-from quantize.act import dequantize_act, quantize_act  # noqa: E402
+from localllm.kernels import triton_q8  # noqa: E402
+from localllm.kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
+from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
+from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 
@@ -108,7 +108,7 @@ def test_epilogues(weight):
 
 def test_fused_linear_takes_the_integer_path(weight):
     """kernels.linear.fused_linear routes these types to gemv_q8 with the norm fused into quantize_act."""
-    from kernels.linear import fused_linear
+    from localllm.kernels.linear import fused_linear
 
     qtype, ref, qw = weight
     g = torch.Generator().manual_seed(8)

@@ -70,14 +70,14 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from quantize.partial import make_partial, remove_stale_partials
+from localllm.quantize.partial import make_partial, remove_stale_partials
 
-from .cache import make_cache
-from .errors import LocalLLMError
-from .load import LoadedModel
-from .settings import DEFAULT_FILES
-from .tokenizer import Tokenizer
-from .user_text import read_utf8_file
+from localllm.cache import make_cache
+from localllm.errors import LocalLLMError
+from localllm.load import LoadedModel
+from localllm.settings import DEFAULT_FILES
+from localllm.tokenizer import Tokenizer
+from localllm.user_text import read_utf8_file
 
 DEFAULT_CTX = 512  # llama.cpp's perplexity default
 LOGITS_FORMAT = "localllm-logits"

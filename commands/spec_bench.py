@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .bench import BenchModel, bench_models, check_context, check_grid, mean_std
-from .cache import make_cache
-from .draft import open_drafter
-from .generate import Stats, generate
-from .sampling import Sampler
-from .settings import DraftSettings, SamplingSettings
-from .speculative import Drafter, SpecStats, generate_speculative, warm_verify
+from localllm.commands.bench import BenchModel, bench_models, check_context, check_grid, mean_std
+from localllm.cache import make_cache
+from localllm.draft import open_drafter
+from localllm.generate import Stats, generate
+from localllm.sampling import Sampler
+from localllm.settings import DraftSettings, SamplingSettings
+from localllm.speculative import Drafter, SpecStats, generate_speculative, warm_verify
 
 GREEDY = SamplingSettings(temperature=0.0)
 

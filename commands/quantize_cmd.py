@@ -36,26 +36,27 @@ import gguf
 import numpy as np
 import torch
 
-from quantize import dequantize, quantize_tensor
-from quantize.plan import (
+from localllm.quantize import dequantize, quantize_tensor
+from localllm.quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
-from quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback, find_preset
-from quantize.partial import remove_stale_partials
-from quantize.writer import MetaValue, TensorSlot, write_gguf
+from localllm.quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback, find_preset
+from localllm.quantize.partial import remove_stale_partials
+from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
-from .config import ModelConfig, read_json
-from .device import pick_device
-from .errors import LocalLLMError
-from .gguf_file import open_gguf
-from .registry import resolve_model
-from .settings import DEFAULT_FILES
-from .progress import stage_progress
-from .quantize_checks import (
+from localllm.config import ModelConfig, read_json
+from localllm.device import pick_device
+from localllm.errors import LocalLLMError
+from localllm.gguf_file import open_gguf
+from localllm.hf_to_gguf import converter_rope_freqs, gguf_arch, hf_metadata, permute_qk
+from localllm.registry import resolve_model
+from localllm.settings import DEFAULT_FILES
+from localllm.progress import stage_progress
+from localllm.quantize_checks import (
     check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
 )
-from .validate import check_gguf, check_hf_folder
-from .weights import gguf_tensor, hf_tensor_names, safetensors_files
+from localllm.validate import check_gguf, check_hf_folder
+from localllm.weights import gguf_tensor, hf_tensor_names, safetensors_files
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -158,8 +159,8 @@ def quantize_model(
 
 
 def calib_text(calib: str | None) -> str:
-    from .calibrate import calibration_text
-    from .evaluate import read_text
+    from localllm.calibrate import calibration_text
+    from localllm.commands.evaluate import read_text
 
     text = read_text(calib) if calib else calibration_text()
     check_calibration_text(text, calib or "(built-in)")
@@ -168,9 +169,9 @@ def calib_text(calib: str | None) -> str:
 
 def calib_chunks(path: Path, text: str, calib: str | None) -> list[list[int]]:
     """The calibration chunks, from the tokenizer alone: a text too short is refused before the model loads."""
-    from .calibrate import calibration_chunks
-    from .load import load_tokenizer
-    from .mixed import CALIB_CHUNKS, CALIB_CTX
+    from localllm.calibrate import calibration_chunks
+    from localllm.load import load_tokenizer
+    from localllm.mixed import CALIB_CHUNKS, CALIB_CTX
 
     try:
         return calibration_chunks(load_tokenizer(str(path)), text, CALIB_CTX, CALIB_CHUNKS)
@@ -182,7 +183,7 @@ def mixed_budget(src: Source, target_bpw: float | None, target_size: int | None,
                  overrides: Sequence[Override]) -> tuple[int, int]:
     """(bytes the tensors may take, the alignment each is padded to), refused when no choice of the
     candidate types fits it (before any calibration)."""
-    from .mixed import size_range
+    from localllm.mixed import size_range
 
     infos = [t.info for t in src.tensors]
     n_values = sum(math.prod(t.shape) for t in infos)
@@ -205,15 +206,15 @@ def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[li
                progress: bool, save_imatrix_to: str | Path | None = None
                ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
     """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks."""
-    from .load import load_model
-    from .mixed import plan_mixed
+    from localllm.load import load_model
+    from localllm.mixed import plan_mixed
 
     infos = [t.info for t in src.tensors]
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
     with stage_progress(progress) as report:
         mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
     if save_imatrix_to is not None:
-        from .calibrate import imatrix_meta, save_imatrix
+        from localllm.calibrate import imatrix_meta, save_imatrix
 
         save_imatrix(save_imatrix_to, mp.imatrix, imatrix_meta(lm.model, mp.n_chunks))
     plan = make_plan(infos, mp.choices, overrides)
@@ -247,7 +248,7 @@ def data_start(src: Source) -> int:
 def read_imatrix(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
     """shapes: the model's GGUF name -> shape; a file collected on another model is then refused here,
     in one line (its vectors would otherwise fail the encoders mid-plan, or fit and mislead them)."""
-    from .calibrate import load_imatrix
+    from localllm.calibrate import load_imatrix
 
     try:
         return load_imatrix(path, shapes)[0]
@@ -257,8 +258,8 @@ def read_imatrix(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None 
 
 def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: str | Path) -> dict[str, torch.Tensor]:
     """Activation statistics of the model on the calibration chunks, saved for reuse."""
-    from .calibrate import collect_imatrix, imatrix_meta, save_imatrix
-    from .load import load_model
+    from localllm.calibrate import collect_imatrix, imatrix_meta, save_imatrix
+    from localllm.load import load_model
 
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
     imat = collect_imatrix(lm.model, chunks)
@@ -419,11 +420,6 @@ def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
 
 # ---- Hugging Face safetensors input
 
-def gguf_arch(hf_arch: str) -> str:
-    """convert_hf_to_gguf registers MistralForCausalLM under LlamaModel: a Mistral GGUF says llama."""
-    return "llama" if hf_arch in ("llama", "mistral") else hf_arch
-
-
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     from safetensors import safe_open
 
@@ -443,7 +439,7 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     if tokenizer_from is not None:
         tok_kv = tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size)
     else:
-        from .hf_to_gguf import hf_tokenizer_metadata
+        from localllm.hf_to_gguf import hf_tokenizer_metadata
 
         tok_kv = hf_tokenizer_metadata(folder, cfg.vocab_size)
     return Source(folder, files, arch, model, tensors, lambda: hf_metadata(hp, cfg, folder, arch) | tok_kv,
@@ -477,66 +473,6 @@ def _hf_tensor(path: Path, key: str, name: str, shape: tuple[int, ...], dtype: s
 def _memory_tensor(name: str, w: torch.Tensor) -> SourceTensor:
     return SourceTensor(TensorInfo(name, tuple(w.shape), Q.F32), lambda: w,
                         lambda idx: w.reshape(-1, w.shape[-1])[idx], None)
-
-
-def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """convert_hf_to_gguf's LlamaModel.permute on the rows (output dim): rotate-half pairs -> interleaved."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def converter_rope_freqs(hp: dict, head_dim: int) -> np.ndarray:
-    """LlamaModel.generate_extra_tensors: llama3 rope scaling's per-frequency divisors, computed as
-    the converter does (float32 base frequencies, python float arithmetic) so the bytes match."""
-    rs = hp.get("rope_scaling") or hp.get("rope_parameters") or {}
-    base = hp.get("rope_theta") or rs.get("rope_theta", 10000.0)
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    factor = rs.get("factor", 8.0)
-    low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
-    old_ctx = rs.get("original_max_position_embeddings", 8192)
-    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-    out = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < high_wavelen:
-            out.append(1)
-        elif wavelen > low_wavelen:
-            out.append(factor)
-        else:
-            smooth = (old_ctx / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(out, dtype=np.float32)
-
-
-def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
-    """The keys convert_hf_to_gguf writes for these architectures (TextModel / LlamaModel
-    set_gguf_parameters), from config.json's own values: absent ones are not written."""
-    kv = {K.ARCHITECTURE: MetaValue(arch, V.STRING), K.TYPE: MetaValue("model", V.STRING),
-          K.NAME: MetaValue(folder.resolve().name, V.STRING)}
-
-    def put(key: str, value, vtype: gguf.GGUFValueType) -> None:
-        if value is not None:
-            kv[key.format(arch=arch)] = MetaValue(value, vtype)
-
-    put(gguf.Keys.LLM.BLOCK_COUNT, cfg.n_layers, V.UINT32)
-    put(gguf.Keys.LLM.CONTEXT_LENGTH, _first(hp, "max_position_embeddings", "n_ctx", "n_positions"), V.UINT32)
-    put(gguf.Keys.LLM.EMBEDDING_LENGTH, cfg.dim, V.UINT32)
-    put(gguf.Keys.LLM.FEED_FORWARD_LENGTH, cfg.ffn_dim, V.UINT32)
-    put(gguf.Keys.Attention.HEAD_COUNT, cfg.n_heads, V.UINT32)
-    put(gguf.Keys.Attention.HEAD_COUNT_KV, cfg.n_kv_heads, V.UINT32)
-    put(gguf.Keys.Rope.FREQ_BASE, hp.get("rope_theta"), V.FLOAT32)
-    put(gguf.Keys.Attention.LAYERNORM_RMS_EPS, _first(hp, "rms_norm_eps", "norm_eps"), V.FLOAT32)
-    put(gguf.Keys.Attention.KEY_LENGTH, hp.get("head_dim"), V.UINT32)
-    put(gguf.Keys.Attention.VALUE_LENGTH, hp.get("head_dim"), V.UINT32)
-    kv[K.FILE_TYPE] = MetaValue(0, V.UINT32)  # set by the preset
-    if arch == "llama":
-        put(gguf.Keys.LLM.VOCAB_SIZE, cfg.vocab_size, V.UINT32)
-        put(gguf.Keys.Rope.DIMENSION_COUNT, cfg.head_dim, V.UINT32)
-    return kv
-
-
-def _first(hp: dict, *keys: str):
-    return next((hp[k] for k in keys if hp.get(k) is not None), None)
 
 
 def tokenizer_metadata(path: Path, vocab_size: int) -> dict[str, MetaValue]:

@@ -25,14 +25,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kernels.qweight import QWeight
 
-from . import options
-from .cache import make_cache
-from .errors import LocalLLMError
-from .generate import greedy_rows, prefill_rows
-from .model import Linear, Transformer
-from .tokenizer import Tokenizer
+from localllm import options
+from localllm.cache import make_cache
+from localllm.errors import LocalLLMError
+from localllm.generate import greedy_rows, prefill_rows
+from localllm.model import Transformer
+from localllm.footprint import kv_bytes_per_token, linear_params, model_stats, weight_bytes_per_token
+from localllm.tokenizer import Tokenizer
 
 
 @dataclass
@@ -102,46 +102,6 @@ def matmul_rate(device: torch.device, reps: int = 5) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     return 2 * n**3 / op_seconds(lambda: torch.mm(a, b), device, reps)
-
-
-def linear_weights(model: Transformer) -> list:
-    return [m.w for m in model.modules() if isinstance(m, Linear)]
-
-
-def nbytes(w) -> int:
-    return w.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size()
-
-
-def numel(w) -> int:
-    return w.shape[0] * w.shape[1] if isinstance(w, QWeight) else w.numel()
-
-
-def weight_bytes_per_token(model: Transformer) -> int:
-    """Bytes of weights one decode step reads: linears, norms, one embedding row (all of it when tied)."""
-    emb = model.token_embd.weight
-    norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
-    head = nbytes(emb) if model.cfg.tied_output else emb.shape[1] * emb.element_size()
-    return sum(nbytes(w) for w in linear_weights(model)) + norms + head
-
-
-def kv_bytes_per_token(cache, context: float) -> float:
-    """Bytes of KV cache a decode step reads at `context` positions: k and v of every layer."""
-    _, b, hkv, _, d = cache.k.shape
-    return 2 * cache.k.shape[0] * b * hkv * d * context * cache.k.element_size()
-
-
-def model_stats(model: Transformer) -> tuple[int, int]:
-    """(bytes of weights held, parameter count): dense parameters plus quantized weights."""
-    qws = [w for w in linear_weights(model) if isinstance(w, QWeight)]
-    held = sum(nbytes(p) for p in model.parameters()) + sum(w.nbytes for w in qws)
-    return held, sum(p.numel() for p in model.parameters()) + sum(numel(w) for w in qws)
-
-
-def linear_params(model: Transformer) -> tuple[int, int]:
-    """(parameters multiplied per prompt token, those of the head: prefill needs the last logits only)."""
-    head = numel(model.output_weight())
-    body = sum(numel(w) for w in linear_weights(model)) - (0 if model.cfg.tied_output else head)
-    return body, head
 
 
 def one_run(model: Transformer, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
@@ -254,10 +214,10 @@ def format_rows(rows: list[Row], roof: dict, fmt: str = "md") -> str:
 def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device: str, dtype: str | None):
     """Yield BenchModels one at a time (the previous one is freed first): files/names, then synthetic
     models of each shape preset x weight type, built on the device."""
-    from .device import pick_device, pick_dtype
-    from .registry import shape_preset
-    from .runner import open_model
-    from .synthetic import synthetic_model
+    from localllm.device import pick_device, pick_dtype
+    from localllm.registry import shape_preset
+    from localllm.runner import open_model
+    from localllm.synthetic import synthetic_model
 
     dev = pick_device(device)
     for spec in specs:

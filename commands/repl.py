@@ -13,8 +13,8 @@ from typing import Callable, TextIO
 from rich.console import Console
 from rich.markup import escape
 
-from .chat import ChatSession
-from .errors import LocalLLMError
+from localllm.chat import ChatSession
+from localllm.errors import LocalLLMError
 
 HELP = """commands:
   /help           this text

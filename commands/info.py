@@ -7,13 +7,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .config import ModelConfig
-from .gguf_file import open_gguf
-from .load import file_size
-from .registry import resolve_model
-from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
-from .validate import check_gguf, check_hf_folder
-from .weights import hf_tensor_headers
+from localllm.config import ModelConfig
+from localllm.gguf_file import open_gguf
+from localllm.load import file_size
+from localllm.registry import resolve_model
+from localllm.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from localllm.validate import check_gguf, check_hf_folder
+from localllm.weights import hf_tensor_headers
 
 
 def _gguf_info(path: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:

@@ -1,0 +1,48 @@
+"""How many bytes and parameters a model holds and reads per step: the figures benchmarks and the
+draft-cost estimate divide by."""
+
+from __future__ import annotations
+
+from localllm.kernels.qweight import QWeight
+
+from .model import Linear, Transformer
+
+
+def linear_weights(model: Transformer) -> list:
+    return [m.w for m in model.modules() if isinstance(m, Linear)]
+
+
+def nbytes(w) -> int:
+    return w.nbytes if isinstance(w, QWeight) else w.numel() * w.element_size()
+
+
+def numel(w) -> int:
+    return w.shape[0] * w.shape[1] if isinstance(w, QWeight) else w.numel()
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """Bytes of weights one decode step reads: linears, norms, one embedding row (all of it when tied)."""
+    emb = model.token_embd.weight
+    norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
+    head = nbytes(emb) if model.cfg.tied_output else emb.shape[1] * emb.element_size()
+    return sum(nbytes(w) for w in linear_weights(model)) + norms + head
+
+
+def kv_bytes_per_token(cache, context: float) -> float:
+    """Bytes of KV cache a decode step reads at `context` positions: k and v of every layer."""
+    _, b, hkv, _, d = cache.k.shape
+    return 2 * cache.k.shape[0] * b * hkv * d * context * cache.k.element_size()
+
+
+def model_stats(model: Transformer) -> tuple[int, int]:
+    """(bytes of weights held, parameter count): dense parameters plus quantized weights."""
+    qws = [w for w in linear_weights(model) if isinstance(w, QWeight)]
+    held = sum(nbytes(p) for p in model.parameters()) + sum(w.nbytes for w in qws)
+    return held, sum(p.numel() for p in model.parameters()) + sum(numel(w) for w in qws)
+
+
+def linear_params(model: Transformer) -> tuple[int, int]:
+    """(parameters multiplied per prompt token, those of the head: prefill needs the last logits only)."""
+    head = numel(model.output_weight())
+    body = sum(numel(w) for w in linear_weights(model)) - (0 if model.cfg.tied_output else head)
+    return body, head
