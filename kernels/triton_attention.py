@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, _pdl_start
-from .triton_epilogue import _from_fixed
-from .triton_q8 import _store_blocks, act_buffers
+from .triton_base import PDL, pdl_start
+from .triton_epilogue import from_fixed_jit
+from .triton_q8 import act_buffers, store_blocks
 
 CHUNK = 64  # cache rows a program takes (bench/attn_tune.py; decode_variants chunk=N)
 
@@ -36,8 +36,8 @@ CHUNK = 64  # cache rows a program takes (bench/attn_tune.py; decode_variants ch
 @triton.jit
 def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEAR: tl.constexpr):
     i = tl.arange(0, HALF)
-    x1 = _from_fixed(tl.load(src + i))
-    x2 = _from_fixed(tl.load(src + HALF + i))
+    x1 = from_fixed_jit(tl.load(src + i))
+    x2 = from_fixed_jit(tl.load(src + HALF + i))
     if CLEAR:  # src is a split-K accumulator: leave it zero for the next step (parts add to it)
         tl.store(src + i, tl.zeros_like(x1).to(src.dtype.element_ty))
         tl.store(src + HALF + i, tl.zeros_like(x2).to(src.dtype.element_ty))
@@ -61,7 +61,7 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
                        D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
     """Program (j, r), row r = b T + t: sequence b's token t at pos + t (its cache seq_stride elements
     after sequence 0's): j < H: q head j; j < H + Hkv: k head; else v head (grid: (H + 2 Hkv, B T))."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
     b = (r // T).to(tl.int64)
@@ -90,7 +90,7 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_
     """Program (h, c, r): query head h of row r (sequence r // T's token r % T, at pos + r % T) over its
     cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] -> ws[r, h, c] = (unnormalised sum of p v
     (D), running max m, sum of p l)."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     r = tl.program_id(2)
     kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
     h = r * tl.num_programs(0) + tl.program_id(0)
@@ -138,8 +138,8 @@ def _rope_rows(src, heads, hmask, cos, sin, D: tl.constexpr):
     i = tl.arange(0, D)
     half: tl.constexpr = D // 2
     partner = (i + half) % D
-    x = _from_fixed(tl.load(src + heads[:, None] * D + i[None, :], mask=hmask[:, None], other=0))
-    xp = _from_fixed(tl.load(src + heads[:, None] * D + partner[None, :], mask=hmask[:, None], other=0))
+    x = from_fixed_jit(tl.load(src + heads[:, None] * D + i[None, :], mask=hmask[:, None], other=0))
+    xp = from_fixed_jit(tl.load(src + heads[:, None] * D + partner[None, :], mask=hmask[:, None], other=0))
     sign = tl.where(i < half, -1.0, 1.0)
     return x * cos[None, :] + (sign[None, :] * xp) * sin[None, :]
 
@@ -152,7 +152,7 @@ def _store_current(src, k_ptr, v_ptr, kv, p, cos, sin, j, H, HKV, D: tl.constexp
     i = tl.arange(0, D)
     k_head = tl.zeros((1,), tl.int32) + H + j  # one row for _rope_rows
     k = tl.reshape(_rope_rows(src, k_head, k_head >= 0, cos, sin, D), (D,)).to(k_ptr.dtype.element_ty)
-    v = _from_fixed(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
+    v = from_fixed_jit(tl.load(src + (H + HKV + j) * D + i)).to(v_ptr.dtype.element_ty)
     tl.store(k_ptr + kv + p * D + i, k)
     tl.store(v_ptr + kv + p * D + i, v)
     return k, v
@@ -280,7 +280,7 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, qkv_ptr, NSPLIT, 
     (empty chunks: m = -inf). QUANT: also quantize.act's int8 form of the rounded out (head h is
     D / 32 whole blocks of row r). CLEAR: zero heads h, h + H, .. < HEADS of row r of the q|k|v
     accumulator the fused-rope partials read (for the next step's products)."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     if CLEAR:
         row = qkv_ptr + tl.program_id(1).to(tl.int64) * HEADS * D
         for jj in range(tl.program_id(0), HEADS, tl.num_programs(0)):
@@ -301,7 +301,7 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, qkv_ptr, NSPLIT, 
     if QUANT:
         b = tl.program_id(0) * (D // 32) + tl.arange(0, D // 32)
         v = tl.reshape(out.to(tl.float32), (D // 32, 32))
-        _store_blocks(v, b, b >= 0, q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), D // 32)
+        store_blocks(v, b, b >= 0, q_ptr + r * HD, d_ptr + r * (HD // 32), s_ptr + r * (HD // 16), D // 32)
 
 
 def _batched(k_cache: torch.Tensor) -> torch.Tensor:

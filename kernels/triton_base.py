@@ -32,23 +32,23 @@ PDL = _pdl_available()
 
 
 @triton.jit
-def _pdl_wait(PDL: tl.constexpr):
+def pdl_wait(PDL: tl.constexpr):
     """Wait for the kernel before; the next kernel is scheduled once this one's programs exit (the
     integer-dot and float-decoding products: grids of many waves, whose last waves lose residency
-    to early-scheduled successors: 8B Q8_0 356 -> 294 tokens/s with _pdl_start, H200 2026-11-26)."""
+    to early-scheduled successors: 8B Q8_0 356 -> 294 tokens/s with pdl_start, H200 2026-11-26)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
-def _pdl_trigger(PDL: tl.constexpr):
+def pdl_trigger(PDL: tl.constexpr):
     """Let the next kernel be scheduled once every program of this one has come here."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
-def _pdl_start(PDL: tl.constexpr):
+def pdl_start(PDL: tl.constexpr):
     """Let the next kernel be scheduled as soon as all of this one's programs have started
     (griddepcontrol.launch_dependents: its programs become resident and wait), then wait for the
     kernel before. For kernels of one wave or less (the dense products, norms, rope, attention):
@@ -59,7 +59,7 @@ def _pdl_start(PDL: tl.constexpr):
 
 
 @triton.jit
-def _round(y, ACT: tl.constexpr, ROUND: tl.constexpr):
+def round_act(y, ACT: tl.constexpr, ROUND: tl.constexpr):
     if ROUND:
         y = y.to(ACT).to(tl.float32)
     return y

@@ -16,14 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, _pdl_start
-from .triton_epilogue import FIXED_ONE, _from_fixed
+from .triton_base import PDL, pdl_start
+from .triton_epilogue import FIXED_ONE, from_fixed_jit
 
 
 @triton.jit
 def _embed_fixed_kernel(tok_ptr, emb_ptr, x_ptr, C, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < C
@@ -45,7 +45,7 @@ def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr
     """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r. The (gate, up) pairs are
     read and cleared as one contiguous run of 2 BLOCK sums (a stride-2 int64 load / store pair lost
     some of its zero stores on the H200, 2026-11-26: the stale sums leaked into the next step)."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     e = j * 2 * BLOCK + tl.arange(0, 2 * BLOCK)
@@ -53,7 +53,7 @@ def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr
     v = tl.load(src, mask=e < 2 * F, other=0)
     tl.store(src, tl.zeros_like(v), mask=e < 2 * F)
     ACT: tl.constexpr = out_ptr.dtype.element_ty
-    gate, up = tl.split(tl.reshape(_from_fixed(v).to(ACT).to(tl.float32), (BLOCK, 2)))
+    gate, up = tl.split(tl.reshape(from_fixed_jit(v).to(ACT).to(tl.float32), (BLOCK, 2)))
     silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
     i = j * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + r * F + i, (silu * up).to(ACT), mask=i < F)
@@ -88,7 +88,7 @@ def _greedy_kernel(logits_ptr, out_ptr, best_ptr, cnt_ptr, pos_ptr, V, stride, a
     """Program (block j, row r): the largest key of logits [j BLOCK, (j + 1) BLOCK) of row r into
     best[r] (atomic max); the row's last program (its counter) writes out[r], resets best[r] and
     cnt[r] for the next call, and row 0's adds `advance` to pos[0]."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
     i = j * BLOCK + tl.arange(0, BLOCK)

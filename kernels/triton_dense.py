@@ -16,7 +16,7 @@ stream and the q|k|v and gate/up sums in such accumulators. Any other output (th
 bf16 product) takes one part per tile and the epilogue (bias, rounding, silu(gate) * up, residual).
 
 Reference: x.float() @ W.float().T (within fp32 summation order); with an int64 output, the sum is
-added unrounded; otherwise the epilogue does what triton_epilogue._epilogue does, on (BN, MP) tiles.
+added unrounded; otherwise the epilogue does what triton_epilogue.epilogue does, on (BN, MP) tiles.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import INTERPRET, PDL, _pdl_start, _round
+from .triton_base import INTERPRET, PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE
 
 ROWS = 16  # x rows per tile: the smallest tensor-core operand width
@@ -45,7 +45,7 @@ def _dense_kernel(x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, M, N, K, x_
     """Program (tile t, part s): rows [t BN, (t + 1) BN) of W over K [s PER, (s + 1) PER) (PER a
     multiple of BK) -> with an int64 out, its sum added in fixed point (atomically when SPLIT > 1; part
     0 adds the bias); else (SPLIT 1) the finished tile through _finish."""
-    _pdl_start(PDL)
+    pdl_start(PDL)
     t = tl.program_id(0)
     s = tl.program_id(1)
     n = t * BN + tl.arange(0, BN)
@@ -96,12 +96,12 @@ def _finish(acc, t, n, nmask, m, mmask, out_ptr, bias_ptr, res_ptr, N, out_strid
     y = acc
     if HAS_BIAS:
         y += tl.load(bias_ptr + n, mask=nmask, other=0.0).to(tl.float32)[:, None]
-    y = _round(y, ACT, ROUND)
+    y = round_act(y, ACT, ROUND)
     if GLU:  # rows (gate_i, up_i) interleaved -> out[m, i]
         gate, up = tl.split(tl.permute(tl.reshape(y, (BN // 2, 2, MP)), (0, 2, 1)))
-        silu = _round(gate / (1.0 + tl.exp(-gate)), ACT, ROUND)
+        silu = round_act(gate / (1.0 + tl.exp(-gate)), ACT, ROUND)
         half = t * (BN // 2) + tl.arange(0, BN // 2)
-        tl.store(out_ptr + m[None, :] * out_stride + half[:, None], _round(silu * up, ACT, ROUND),
+        tl.store(out_ptr + m[None, :] * out_stride + half[:, None], round_act(silu * up, ACT, ROUND),
                  mask=(half < N // 2)[:, None] & mmask[None, :])
     else:
         mask = nmask[:, None] & mmask[None, :]

@@ -6,7 +6,7 @@ deterministic: the same step gives the same bits every run, which speculative de
 needs. Parts go either into an int64 fixed-point accumulator by integer atomics (one sum in any
 order: the decode step's residual stream and its q|k|v and gate/up sums, whose readers convert and
 clear them), or, for an fp32 output, into a workspace from which the last part to finish adds them
-to the output in part order (_split_finish). fp32 atomics into the output, which add in whatever
+to the output in part order (split_finish). fp32 atomics into the output, which add in whatever
 order the parts finish, are not used.
 """
 
@@ -18,14 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import INTERPRET, _round
+from .triton_base import INTERPRET, round_act
 
 COUNTERS = 1 << 16  # per-program counters of one split product (a caller's tensor of them serves every product)
 # At most this many x rows share one program's weight tiles (a verify pass of speculative decoding).
 MAX_ROWS = 8
 
 # Fixed-point accumulators (int64, 2^32 units): split parts add into them with integer atomics, which
-# give the same sum in any order, so they need no ordered reduction (_split_finish's memory fence and
+# give the same sum in any order, so they need no ordered reduction (split_finish's memory fence and
 # counter). Every fp32 partial of magnitude >= 2^-8 converts exactly; sums must stay below 2^31.
 FIXED_ONE = tl.constexpr(4294967296.0)
 FENCE = tl.constexpr(not INTERPRET)  # PTX fences (the interpreter runs programs one at a time)
@@ -37,12 +37,12 @@ def to_fixed(t: torch.Tensor) -> torch.Tensor:
 
 
 def from_fixed(t: torch.Tensor) -> torch.Tensor:
-    """fp32 values of an int64 fixed-point tensor (as _from_fixed); other tensors as fp32."""
+    """fp32 values of an int64 fixed-point tensor (as from_fixed_jit); other tensors as fp32."""
     return (t.double() * (1.0 / FIXED_ONE.value)).float() if t.dtype == torch.int64 else t.float()
 
 
 @triton.jit
-def _from_fixed(v):
+def from_fixed_jit(v):
     """Values loaded from an accumulator (fp32 sums, or int64 fixed-point) -> fp32."""
     if v.dtype == tl.int64:
         return v.to(tl.float32) * (1.0 / FIXED_ONE)
@@ -51,7 +51,7 @@ def _from_fixed(v):
 
 
 @triton.jit
-def _part_out(out_ptr, out_stride, ws_ptr, MT, N, SPLIT: tl.constexpr):
+def part_out(out_ptr, out_stride, ws_ptr, MT, N, SPLIT: tl.constexpr):
     """Where the epilogue writes: out, or with SPLIT > 1 this part's (MT, N) slice of ws (SPLIT, MT, N)
     (not for a fixed-point accumulator: parts add into it directly)."""
     if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
@@ -61,7 +61,7 @@ def _part_out(out_ptr, out_stride, ws_ptr, MT, N, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, ROWS: tl.constexpr,
+def split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, ROWS: tl.constexpr,
                   SPLIT: tl.constexpr):
     """Split K, deterministically: the last part of a (row tile, x rows) program to finish (cnt: an
     int32 per such program, zero before; it resets it) adds the SPLIT partial sums in part order to
@@ -83,12 +83,12 @@ def _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, 
 
 
 @triton.jit
-def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT: tl.constexpr, BN: tl.constexpr,
+def epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT: tl.constexpr, BN: tl.constexpr,
               GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
               SPLIT: tl.constexpr):
     """y (BN,) fp32 sums of rows `rows` of x row m -> out: + bias, rounded, GLU or + residual; with
     SPLIT > 1 out is the part's slice of the partial sums (kernels pass part_out's) and y is stored
-    as it is, for _split_finish. An int64 out is a fixed-point accumulator: y is added to it
+    as it is, for split_finish. An int64 out is a fixed-point accumulator: y is added to it
     (atomically with SPLIT > 1), unrounded."""
     if HAS_BIAS:
         if tl.program_id(2) == 0:
@@ -103,13 +103,13 @@ def _epilogue(y, rows, rmask, m, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT:
     elif SPLIT > 1:
         tl.store(orow + rows, y, mask=rmask)
     elif GLU:
-        y = _round(y, ACT, ROUND)
+        y = round_act(y, ACT, ROUND)
         gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
-        silu = _round(gate / (1.0 + tl.exp(-gate)), ACT, ROUND)
+        silu = round_act(gate / (1.0 + tl.exp(-gate)), ACT, ROUND)
         half = tl.program_id(0) * (BN // 2) + tl.arange(0, BN // 2)
-        tl.store(orow + half, _round(silu * up, ACT, ROUND), mask=half < N // 2)
+        tl.store(orow + half, round_act(silu * up, ACT, ROUND), mask=half < N // 2)
     else:
-        y = _round(y, ACT, ROUND)
+        y = round_act(y, ACT, ROUND)
         if HAS_RES:
             y += tl.load(res_ptr + m.to(tl.int64) * out_stride + rows, mask=rmask, other=0.0).to(tl.float32)
         tl.store(orow + rows, y, mask=rmask)
@@ -192,7 +192,7 @@ def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None,
         out = residual if inplace else torch.zeros((m, n), dtype=torch.float32, device=device)
         if split > 1 and residual is not None and not inplace:
             out.copy_(residual)
-        # fp32, or an int64 fixed-point accumulator (_epilogue); rows may be column slices
+        # fp32, or an int64 fixed-point accumulator (epilogue); rows may be column slices
         assert out.dtype in (torch.float32, torch.int64) and out.stride(-1) == 1
         return out
     return torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=device)

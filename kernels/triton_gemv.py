@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from .qweight import Q, QWeight
-from .triton_base import INTERPRET, PDL, _pdl_wait
-from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
+from .triton_base import INTERPRET, PDL, pdl_wait
+from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
 DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = range(7)
@@ -135,12 +135,12 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, row
 
 
 @triton.jit
-def _rstd(xrow, K, eps, BLOCK: tl.constexpr):
+def row_rstd(xrow, K, eps, BLOCK: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) over the K values at xrow."""
     acc = tl.zeros((BLOCK,), tl.float32)
     for k0 in range(0, K, BLOCK):
         k = k0 + tl.arange(0, BLOCK)
-        v = _from_fixed(tl.load(xrow + k, mask=k < K, other=0))
+        v = from_fixed_jit(tl.load(xrow + k, mask=k < K, other=0))
         acc += v * v
     return 1.0 / tl.sqrt(tl.sum(acc, 0) / K + eps)
 
@@ -180,8 +180,8 @@ def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, x0, x_stride, rows, r
     if R < ROWS:
         y = tl.sum(tl.sum(acc, 2), 1)
         if NORM:
-            y = y * _rstd(x0 + R * x_stride, K, eps, 1024)
-        _epilogue(y, rows, rmask, m0 + R, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS,
+            y = y * row_rstd(x0 + R * x_stride, K, eps, 1024)
+        epilogue(y, rows, rmask, m0 + R, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT, BN, GLU, HAS_BIAS,
                   HAS_RES, ROUND, SPLIT)
 
 
@@ -199,9 +199,9 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
 
     GLU: rows come in (gate, up) pairs; out[m, n / 2] = silu(gate) * up, each rounded like F.silu.
     SPLIT > 1: program z sums groups [z, z + 1) * groups_per_split into its slice of ws, and the last
-    part adds them into out, which holds the residual (or zeros) already (_split_finish); no
+    part adds them into out, which holds the residual (or zeros) already (split_finish); no
     rounding then."""
-    _pdl_wait(PDL)
+    pdl_wait(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     m0 = tl.program_id(1) * ROWS
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -234,7 +234,7 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
         a5 = _row_acc(a5, 5, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
         a6 = _row_acc(a6, 6, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
         a7 = _row_acc(a7, 7, ROWS, lo, hi, x0, x_stride, clo3, chi3, cmask, nlo, nhi, NORM)
-    pout, pstride = _part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
+    pout, pstride = part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
     _row_out(a0, 0, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
              eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
     _row_out(a1, 1, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
@@ -251,7 +251,7 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
              eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
     _row_out(a7, 7, ROWS, m0, x0, x_stride, rows, rmask, pout, bias_ptr, res_ptr, N, K, pstride,
              eps, ACT, BN, NORM, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
-    _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
+    split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
 
 
 @triton.jit
@@ -298,7 +298,7 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
     is the dtype the torch modules round activations to; outputs are rounded to it unless it is fp32.
     out_dtype defaults to the residual's dtype, else act_dtype.
     split: K is cut into this many parts (None: chosen from the grid size), for few rows, summed in
-    part order by the last part to finish (_split_finish); the output is then fp32 (or an int64
+    part order by the last part to finish (split_finish); the output is then fp32 (or an int64
     fixed-point accumulator: triton_epilogue) and not rounded. inplace: add into `residual` itself.
     counters: the zeroed per-program counters of split products (split_buffers). Dense weights with
     at most DENSE_ROWS rows of x take kernels/triton_dense.py instead (tensor cores, batch-invariant;

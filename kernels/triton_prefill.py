@@ -17,17 +17,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, _pdl_start
-from .triton_epilogue import _from_fixed
+from .triton_base import PDL, pdl_start
+from .triton_epilogue import from_fixed_jit
 
 
 @triton.jit
 def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    _pdl_start(PDL)
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < C
-    x = _from_fixed(tl.load(x_ptr + row * C + c, mask=mask, other=0))
+    x = from_fixed_jit(tl.load(x_ptr + row * C + c, mask=mask, other=0))
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / C + eps)
     ty = w_ptr.dtype.element_ty
     w = tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)

@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_base import INTERPRET, PDL, _pdl_trigger, _pdl_wait
-from .triton_epilogue import _epilogue, _from_fixed, _part_out, _split_finish, plan
-from .triton_gemv import _rstd
+from .triton_base import INTERPRET, PDL, pdl_trigger, pdl_wait
+from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
+from .triton_gemv import row_rstd
 
 # Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
 FIELDS = {
@@ -84,22 +84,22 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     bm = b < K // 32
     cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
-    _pdl_trigger(PDL)
+    pdl_trigger(PDL)
     if NORM:  # the norm weight is never written: loaded before the wait
         nw = tl.load(nw_ptr + cols, mask=bm[:, None], other=0.0).to(tl.float32)
-    _pdl_wait(PDL)
+    pdl_wait(PDL)
     if GLU:
         src = x_ptr + m * x_stride + 2 * cols
         v = _glu_values(src, bm[:, None], act_ptr.dtype.element_ty)
     else:
-        v = _from_fixed(tl.load(x_ptr + m * x_stride + cols, mask=bm[:, None], other=0))
+        v = from_fixed_jit(tl.load(x_ptr + m * x_stride + cols, mask=bm[:, None], other=0))
     if NORM:
         if WHOLE:
             rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, 1), 0) / K + eps)
         else:
-            rstd = _rstd(x_ptr + m * x_stride, K, eps, RSTD_BLOCK)
+            rstd = row_rstd(x_ptr + m * x_stride, K, eps, RSTD_BLOCK)
         v = v * rstd * nw
-    _store_blocks(v, b, bm, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 16), BLOCKS)
+    store_blocks(v, b, bm, q_ptr + m * K, d_ptr + m * (K // 32), s_ptr + m * (K // 16), BLOCKS)
 
 
 @triton.jit
@@ -107,8 +107,8 @@ def _glu_values(src, mask, ACT: tl.constexpr):
     """silu(gate) * up of the interleaved (gate, up) sums at src, src + 1 (fp32, or int64 fixed point)
     where mask, every op rounded to ACT as model.py's modules round it; the sums are cleared (zeros)
     for the next accumulation. Loads bypass L1 (.cg): other programs' atomics wrote the sums."""
-    gate = _from_fixed(tl.load(src, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
-    up = _from_fixed(tl.load(src + 1, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
+    gate = from_fixed_jit(tl.load(src, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
+    up = from_fixed_jit(tl.load(src + 1, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
     tl.store(src, tl.zeros(gate.shape, src.dtype.element_ty), mask=mask)
     tl.store(src + 1, tl.zeros(up.shape, src.dtype.element_ty), mask=mask)
     silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
@@ -116,7 +116,7 @@ def _glu_values(src, mask, ACT: tl.constexpr):
 
 
 @triton.jit
-def _store_blocks(v, b, bm, q_row, d_row, s_row, BLOCKS: tl.constexpr):
+def store_blocks(v, b, bm, q_row, d_row, s_row, BLOCKS: tl.constexpr):
     """v (BLOCKS, 32) fp32 values of 32-value blocks b of one row (those where bm) -> its q, d, s
     (quantize.act's rule)."""
     d = tl.div_rn(tl.max(tl.abs(v), 1), 127.0)
@@ -268,7 +268,7 @@ def _row_out(acc, R: tl.constexpr, ROWS: tl.constexpr, m0, rows, rmask, out_ptr,
              ACT: tl.constexpr, BN: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
              ROUND: tl.constexpr, SPLIT: tl.constexpr):
     if R < ROWS:
-        _epilogue(tl.sum(tl.sum(acc, 2), 0), rows, rmask, m0 + R, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT,
+        epilogue(tl.sum(tl.sum(acc, 2), 0), rows, rmask, m0 + R, out_ptr, bias_ptr, res_ptr, N, out_stride, ACT,
                   BN, GLU, HAS_BIAS, HAS_RES, ROUND, SPLIT)
 
 
@@ -306,11 +306,11 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
         W2 = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3 + BK, r3, rmask[None, :, None] & (u3 + BK < u_hi),
                      EVEN)
     if CHAIN == 2:
-        _pdl_trigger(PDL)
+        pdl_trigger(PDL)
     else:
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
         if CHAIN == 1:
-            _pdl_trigger(PDL)
+            pdl_trigger(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     m0 = tl.program_id(1) * ROWS
     a = tl.zeros((BK, BN, 1), tl.float32)
@@ -325,7 +325,7 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
         W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
         A = _rows_step(A, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN)
     a0, a1, a2, a3, a4, a5, a6, a7 = A
-    pout, pstride = _part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
+    pout, pstride = part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
     _row_out(a0, 0, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
              HAS_RES, ROUND, SPLIT)
     _row_out(a1, 1, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
@@ -342,9 +342,9 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
              HAS_RES, ROUND, SPLIT)
     _row_out(a7, 7, ROWS, m0, rows, rmask, pout, bias_ptr, res_ptr, N, pstride, ACT, BN, GLU, HAS_BIAS,
              HAS_RES, ROUND, SPLIT)
-    _split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
+    split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, M, N, ROWS, SPLIT)
     if CHAIN == 2:
-        _pdl_wait(PDL)
+        pdl_wait(PDL)
 
 
 WHOLE_ROW_BLOCKS = 256  # norm rows of up to this many 32-value blocks take one program (K <= 8192)
