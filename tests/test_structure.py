@@ -2,6 +2,7 @@
 `ast`, imports none, and counts every import, lazy ones too; its docstring says what an import couples):
 - no import cycles among the project's modules;
 - the library (everything but localllm.commands and localllm.cli) never imports the command layer;
+- quantize/ imports nothing else of ours;
 - no private name (_x, not dunder) taken from another project module;
 - device branches (module_structure.device_branch lists the patterns) only in the backends
   (localllm.backends), the kernels (localllm.kernels) and device selection (localllm.device);
@@ -20,6 +21,7 @@ from module_structure import (Edge, Module, absolute, all_edges, cycle_through, 
                               unknown_imports)
 
 COMMANDS = ("localllm.commands", "localllm.cli")  # the layer above the library
+QUANTIZE = ("localllm.quantize",)  # the bottom layer: block formats and the GGUF writer
 DEVICE_MODULES = ("localllm.backends", "localllm.kernels", "localllm.device")  # where device branches belong
 
 
@@ -34,6 +36,15 @@ def test_library_never_imports_commands():
     bad = [f"{modules[e.source].shown}:{e.line}: {e.source} imports {e.target}" for e in all_edges(modules)
            if not in_any(e.source, COMMANDS) and in_any(e.target, COMMANDS)]
     assert not bad, "library modules import the command layer:\n" + "\n".join(bad)
+
+
+def test_quantize_imports_only_itself():
+    """quantize/ (block formats, presets, plans, the writer) imports nothing else of ours: data flows one
+    way, from it to the loaders and kernels (quantize/formats.py)."""
+    modules = project_modules()
+    bad = [f"{modules[e.source].shown}:{e.line}: {e.source} imports {e.target}" for e in all_edges(modules)
+           if in_any(e.source, QUANTIZE) and not in_any(e.target, QUANTIZE)]
+    assert not bad, "quantize/ imports other project modules:\n" + "\n".join(bad)
 
 
 def test_no_private_names_across_modules():
