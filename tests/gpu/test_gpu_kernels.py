@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import rel
+from .gpu_helpers import rel
 
 SHAPES = [(1024, 4096), (512, 14336)]  # (rows, K): 8B's hidden and FFN row lengths
 DEV = "cuda"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import random_ids, rel, take_dense_values
+from .gpu_helpers import random_ids, rel, take_dense_values
 
 CASES = [("smollm2-135m", None), ("qwen2.5-0.5b", None), ("llama-3.2-1b", 8)]  # (preset, layers kept)
 TYPES = ["BF16", "Q8_0", "Q4_K_M", "Q4_0"]

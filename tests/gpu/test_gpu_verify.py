@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import random_ids
+from .gpu_helpers import random_ids
 
 PRESET, LAYERS, DEPTH, TOKENS = "llama-3.2-1b", 8, 512, 6
 
