@@ -25,7 +25,8 @@ def take_dense_values(ref_model: torch.nn.Module, gpu_model: torch.nn.Module) ->
     taken = 0
     for name, ref in ref_model.state_dict().items():
         got = gpu.get(name)
-        if got is None or not got.is_floating_point() or tuple(got.shape) != tuple(ref.shape) or name == "rope_freqs":
+        if (got is None or got.is_meta or not got.is_floating_point() or tuple(got.shape) != tuple(ref.shape)
+                or name == "rope_freqs"):
             continue
         ref.copy_(got.float().cpu())
         taken += 1
