@@ -4,7 +4,7 @@ benchmarks that run llama.cpp beside localllm. Not a dependency of localllm itse
     python bench/llamacpp_env.py            # create or reuse it; prints its python
     LLAMACPP_VENV=/path python bench/...    # (only the benchmarks read this, to pick another cache)
 
-The first build takes about 6 minutes on 2 cores; later runs reuse the cached environment.
+The first build takes several minutes (llama.cpp compiles from source); later runs reuse the cached environment.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python bench/vs_llamacpp.py [MODEL ...] [-t THREADS] [-p 512] [-n 128] [-r 3]
 
 llama.cpp runs through llama-cpp-python, built from source into a cached virtual environment
-(bench/llamacpp_env.py: about 6 minutes on 2 cores the first time). Both sides are timed the way
+(bench/llamacpp_env.py: several minutes the first time). Both sides are timed the way
 llama-bench does: ppP = a P-token prompt into an empty context, tgN = N single-token steps from an
 empty context (each step feeds the previous step's argmax), after one warm-up of each; the mean
 over repetitions is printed, with the ratio localllm / llama.cpp.

@@ -1,10 +1,10 @@
 """Linear layer dispatch: y = x @ w.T + b, choosing the fastest exact path per device, shape and weight kind.
 
 Dense weights (torch tensors):
-  Measured on the 2-core AVX-512 CPU (docs/PERFORMANCE.md): oneDNN's fp16 matrix-vector product streams
-  weights at ~22 GB/s (twice bf16, and fp32 at ~12 GB), but its fp16 matrix-matrix product is
-  ~5x slower than fp32. So fp16 weights serve decode (one row) directly and are widened to fp32 for
-  prefill, where the matmul is compute-bound and the widening costs little. CUDA: cuBLAS.
+  On an AVX-512 CPU oneDNN's fp16 matrix-vector product streams weights faster than bf16 and fp32,
+  but its fp16 matrix-matrix product is several times slower than fp32 (docs/PERFORMANCE.md). So fp16
+  weights serve decode (one row) directly and are widened to fp32 for prefill, where the matmul is
+  compute-bound and the widening costs little. CUDA: cuBLAS.
 Quantized weights as the file's blocks (kernels.cpu.BlockQWeight, CPU and MPS): kernels/cpu.py.
 Quantized weights (kernels.qweight.QWeight, CUDA):
   few rows (decode): Q8_0/Q4_0/Q4_K/Q6_K take integer dot products against x quantized to int8

@@ -30,7 +30,7 @@ from .triton_base import PDL, pdl_start
 from .triton_epilogue import from_fixed_jit
 from .triton_q8 import act_buffers, store_blocks
 
-CHUNK = 64  # cache rows a program takes (bench/attn_tune.py; decode_variants chunk=N)
+CHUNK = 64  # cache rows a program takes: the fastest chunk on Hopper in the sweep (docs/PERFORMANCE.md)
 
 
 @triton.jit
@@ -216,7 +216,7 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     chunk's earlier rows, written by earlier steps, are loaded before the PDL wait (while the q|k|v
     products still run) and the current row joins the tile from registers; so are the rope angles.
     (Merging a verify pass's T rows from registers cost it more than the read back, and letting the
-    next kernel be scheduled only once the chunk's loads were issued gained nothing, 2026-11-26.)"""
+    next kernel be scheduled only once the chunk's loads were issued gained nothing: docs/PERFORMANCE.md.)"""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     j = tl.program_id(0)

@@ -35,7 +35,7 @@ PDL = _pdl_available()
 def pdl_wait(PDL: tl.constexpr):
     """Wait for the kernel before; the next kernel is scheduled once this one's programs exit (the
     integer-dot and float-decoding products: grids of many waves, whose last waves lose residency
-    to early-scheduled successors: 8B Q8_0 356 -> 294 tokens/s with pdl_start, H200 2026-11-26)."""
+    to early-scheduled successors, which made them slower with pdl_start: docs/PERFORMANCE.md)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
 
@@ -51,8 +51,8 @@ def pdl_trigger(PDL: tl.constexpr):
 def pdl_start(PDL: tl.constexpr):
     """Let the next kernel be scheduled as soon as all of this one's programs have started
     (griddepcontrol.launch_dependents: its programs become resident and wait), then wait for the
-    kernel before. For kernels of one wave or less (the dense products, norms, rope, attention):
-    8B bf16 decode 233.8 -> 240.1 tokens/s, 1B 1028 -> 1122 (H200, 2026-11-26)."""
+    kernel before. For kernels of one wave or less (the dense products, norms, rope, attention),
+    where it made bf16 decode faster (docs/PERFORMANCE.md)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()

@@ -6,8 +6,8 @@ glu_rows: gate/up sums (T, 2F) interleaved, in an int64 fixed-point accumulator 
   (T, F) in the activation dtype, each op rounded as model.py's modules round it (the dense products'
   down-projection input); the accumulator is cleared for the next step.
 greedy_ids: logits (T, V) fp32 -> each row's argmax (T,) int64, the first index of the largest value as
-  torch.argmax gives it, inside the step's graph (torch's argmax of a 128k vocabulary took ~30 µs of
-  an 8B Q4_0 step's 2.12 ms, H100).
+  torch.argmax gives it, inside the step's graph (torch's argmax of a large vocabulary and the copy of
+  its id back into the graph were a measurable share of a quantized 8B step: docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def embed_fixed(tokens: torch.Tensor, emb: torch.Tensor, x: torch.Tensor, block:
 def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r. The (gate, up) pairs are
     read and cleared as one contiguous run of 2 BLOCK sums (a stride-2 int64 load / store pair lost
-    some of its zero stores on the H200, 2026-11-26: the stale sums leaked into the next step)."""
+    some of its zero stores on the GPU: the stale sums leaked into the next step; docs/PERFORMANCE.md)."""
     pdl_start(PDL)
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)

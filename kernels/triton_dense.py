@@ -4,14 +4,14 @@ products and speculative decoding's verify pass (up to MP = 16 rows), batch-inva
 out[m, n] = sum_k W[n, k] x[m, k] as tl.dot(W tile (BN, BK), x tile (BK, MP)). x comes in W's dtype
 (the decode step feeds a norm kernel's or the attention's output): its tiles go from memory to the
 tensor cores by the same asynchronous copies as W's, with no pass through registers (a register
-pass to scale or cast x cost 15-20 points of copy bandwidth at 8B shapes: bench/dense_variants.py).
+pass to scale or cast x cost copy bandwidth at 8B shapes: docs/PERFORMANCE.md, CUDA changelog).
 The x tile always has MP rows, the missing ones masked to zero, and the tile shapes and the split of
 K depend on (N, K) only: row m's output is the same bits whatever the other rows are, so a verify
 pass of several tokens reproduces plain decode steps.
 
 Split K (grid (tiles, split)) adds the parts into an int64 fixed-point accumulator with integer
 atomics (triton_epilogue.FIXED_ONE): the same sum in any order, so it needs no ordered reduction
-(whose fence and counter cost 5-15 points on the small products). The decode step keeps its residual
+(whose fence and counter cost bandwidth on the small products: docs/PERFORMANCE.md). The decode step keeps its residual
 stream and the q|k|v and gate/up sums in such accumulators. Any other output (the head's logits, a
 bf16 product) takes one part per tile and the epilogue (bias, rounding, silu(gate) * up, residual).
 
@@ -30,11 +30,12 @@ from .triton_epilogue import FIXED_ONE
 
 ROWS = 16  # x rows per tile: the smallest tensor-core operand width
 MP = tl.constexpr(ROWS)
-# (rows per tile BN, K per iteration BK, pipeline stages, warps): bench/dense_variants.py (H200).
+# (rows per tile BN, K per iteration BK, pipeline stages, warps): the fastest at 8B and 1B shapes on Hopper
+# in the tile sweep (docs/PERFORMANCE.md, CUDA changelog).
 CONFIG = (64, 128, 4, 4)
 if INTERPRET:
     CONFIG = (64, 64, 1, 4)
-PROGRAMS_PER_SM = 1.4  # split K until tiles x parts reaches this many programs per SM (dense_variants.py)
+PROGRAMS_PER_SM = 1.4  # split K until tiles x parts reaches this many programs per SM (fastest in the sweep)
 
 
 @triton.jit
@@ -110,11 +111,11 @@ def _finish(acc, t, n, nmask, m, mmask, out_ptr, bias_ptr, res_ptr, N, out_strid
         tl.store(out_ptr + m[None, :] * out_stride + n[:, None], y, mask=mask)
 
 
-def dense_split(n: int, k: int, device: torch.device, config=None) -> int:
+def dense_split(n: int, k: int, device: torch.device) -> int:
     """Parts of K, from (N, K) and the device alone (batch invariance): doubled until the grid has
     PROGRAMS_PER_SM programs per SM, each part keeping at least two iterations (the interpreter: up
     to 4 parts, so that tests cut K)."""
-    bn, bk = (config or CONFIG)[:2]
+    bn, bk = CONFIG[:2]
     most = max(1, min(16, k // (2 * bk)))
     if device.type != "cuda":
         return min(4, most)
@@ -128,7 +129,7 @@ def dense_split(n: int, k: int, device: torch.device, config=None) -> int:
 def gemv_dense(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                glu: bool = False, act_dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
-               inplace: bool = False, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+               inplace: bool = False) -> torch.Tensor:
     """x (M <= MP, K) -> (M, N) as triton_gemv.gemv (same bias / residual / norm / glu / inplace
     meaning). An int64 residual taken in place is a fixed-point accumulator: the product is added to
     it, split over K (dense_split). norm_weight: x goes through the RMSNorm kernel first
@@ -144,9 +145,9 @@ def gemv_dense(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     m, k = x.shape
     n = w.shape[0]
     assert m <= ROWS and w.shape[1] == k and w.stride(1) == 1
-    bn, bk, stages, warps = config or CONFIG
+    bn, bk, stages, warps = CONFIG
     fixed = inplace and residual is not None and residual.dtype == torch.int64
-    split = dense_split(n, k, x.device, config) if fixed else 1
+    split = dense_split(n, k, x.device) if fixed else 1
     per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     if inplace:
         out = residual

@@ -68,7 +68,7 @@ def split_finish(ws_ptr, cnt_ptr, out_ptr, out_stride, rows, rmask, m0, MT, N, R
     out (which holds the residual or zeros). fp32 atomics into out would add them in whatever order
     the parts finish, and the same step could round differently from run to run. (Loading all
     parts as one (SPLIT, BN) tile and summing it was tried: no faster, and the registers it holds
-    slowed the products, 2026-11-26.)"""
+    slowed the products: docs/PERFORMANCE.md.)"""
     if SPLIT > 1 and out_ptr.dtype.element_ty != tl.int64:
         t = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         if _last_part(cnt_ptr, t, SPLIT, rows):
@@ -198,7 +198,7 @@ def output(m: int, n: int, split: int, glu: bool, residual: torch.Tensor | None,
     return torch.empty((m, n // 2 if glu else n), dtype=out_dtype, device=device)
 
 
-SPLIT_PROGRAMS_PER_SM = 64  # auto_split's aim: bench/verify_rows.py --split-target (H200)
+SPLIT_PROGRAMS_PER_SM = 64  # auto_split's aim: the fastest verify pass and decode step on Hopper (docs/PERFORMANCE.md)
 SPLIT_MAX = 16  # and its most parts
 
 

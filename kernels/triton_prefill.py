@@ -1,8 +1,8 @@
 """Triton kernels for the elementwise work of a multi-token forward on CUDA (prefill, verification).
 
 Eager torch spends ~40 small kernels a layer around the seven matmuls (casts, the norm's reduction,
-rope's halves and concatenation, the cache copies, silu and the product): 28% of an 8B prefill's GPU
-time and most of its launches (H200, bench/decode_profile.py --prefill). These do the same in three:
+rope's halves and concatenation, the cache copies, silu and the product): a large share of an 8B
+prefill's GPU time and most of its launches (docs/PERFORMANCE.md). These do the same in three:
   rmsnorm_rows: x (..., C) -> model.RMSNorm(x): weight * (x * rstd).to(dtype), in weight's dtype;
   rope_cache:   q, k, v projections (B, T, H D) -> q rotated (B, H, T, D), k rotated and v written to
                 the cache rows [start, start + T): model.rope_rotate + KVCache.update;

@@ -53,8 +53,8 @@ def pick_dtype(device: str, name: str | None = None) -> torch.dtype:
 
 
 def cpu_default_dtype() -> str:
-    """float16 where the CPU has AVX-512 (oneDNN's fp16 matrix-vector product streams weights about
-    2x faster than bf16 and 4x faster than fp32 there: docs/PERFORMANCE.md); float32 elsewhere.
+    """float16 where the CPU has AVX-512 (oneDNN's fp16 matrix-vector product streams weights faster
+    than bf16 and fp32 there: docs/PERFORMANCE.md); float32 elsewhere.
     This is the dtype of dense checkpoints (safetensors folders): a GGUF file on the CPU keeps its
     blocks, run by kernels/cpu.py's kernels with float32 activations (load.load_model)."""
     return "float16" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "float32"

@@ -63,7 +63,7 @@ def test_dequantize_kernel_is_bit_exact(quantized):
 
 def test_dequantize_kernel_bf16_is_the_rounded_reference(quantized):
     """Within one bf16 step: the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest
-    (bench/cuda_check.py checks the GPU's bf16 values for equality)."""
+    (tests/gpu/test_gpu_kernels.py checks the GPU's bf16 values for equality)."""
     qtype, raw, qw = quantized
     ref = dequantize_torch(raw, qtype)
     got = triton_gemv.dequantize(qw, torch.bfloat16).float()

@@ -2,7 +2,7 @@
 quantize.act.quantize_act (bit for bit) for the activation quantizer, which itself must be gguf's Q8_0;
 dequantize_torch(W) @ dequantize_act(q, d) (within fp32 summation order) for the products, with the
 epilogues of triton_gemv (bias, residual, GLU, split K). On the GPU the dp4a instruction replaces the
-interpreter's shift emulation; bench/cuda_check.py compares the two paths' results there.
+interpreter's shift emulation; tests/gpu/test_gpu_kernels.py checks the products there.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Speculative decoding on one device with synthetic (random-weight) models: the verify pass's cost and
 end-to-end speedups (issue 7).
 
-    python bench/spec_gpu.py                          # CUDA: llama-3.1-8b bf16 target, llama-3.2-1b bf16 draft
-    python bench/spec_gpu.py --preset smollm2-135m    # small shapes for both (runs on the CPU, slowly)
+    python bench/spec.py                              # CUDA: llama-3.1-8b bf16 target, llama-3.2-1b bf16 draft
+    python bench/spec.py --preset smollm2-135m        # small shapes for both (runs on the CPU, slowly)
 
 Measured in one process, on one device, after warm-up (medians of --reps timings):
   1. a plain decode step of the target: generate.decode_one (on CUDA the captured CUDA graph);

@@ -1,0 +1,137 @@
+"""The decode step's Triton kernels compile for Hopper (sm_90) with the argument types and constexprs
+the decode step passes (bf16 activations, bf16 dense weights, int64 fixed-point accumulators), and fit
+the SM's shared memory (was bench/compile_check.py). Uses Triton's compiler with a GPUTarget; nothing
+runs, so it also works on a machine without a GPU given Triton's CUDA backend (ptxas)."""
+
+from __future__ import annotations
+
+import pytest
+
+SHARED_MAX = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB)
+
+
+def case(fn, types: dict, const: dict, warps: int = 4, odd: tuple[str, ...] = ("M",)):
+    """fn's signature (the named pointer / float types, i32 for the other arguments, the constexprs),
+    its constexpr values, warps and the integer arguments not divisible by 16."""
+    sig = {a: types.get(a, "i32") for a in fn.arg_names}
+    sig.update({a: "constexpr" for a in const})
+    return fn, sig, const, warps, odd
+
+
+def compile_sm90(fn, sig: dict, const: dict, warps: int, odd: tuple[str, ...]):
+    """Compiles as the launcher specialises at real shapes: pointers and every integer argument except
+    `odd` (and floats) divisible by 16 (without this Triton cannot prove 16-byte alignment and does not
+    pipeline the loads)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    idx = {a: (fn.arg_names.index(a),) for a in fn.arg_names}
+    div = [a for a in fn.arg_names if a not in const and a not in odd and sig[a] != "fp32"]
+    src = ASTSource(fn, sig, constexprs={idx[k]: v for k, v in const.items()},
+                    attrs={idx[a]: [["tt.divisibility", 16]] for a in div})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
+
+
+def dense(fixed: bool):
+    """_dense_kernel: bf16 x and weight, into an int64 accumulator (split K) or fp32 logits."""
+    from localllm.kernels import triton_dense
+
+    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*i64" if fixed else "*fp32", "bias_ptr": "*bf16",
+             "res_ptr": "*i64" if fixed else "*fp32", "act_ptr": "*bf16"}
+    bn, bk, stages, warps = triton_dense.CONFIG
+    const = {"BN": bn, "BK": bk, "STAGES": stages, "SPLIT": 2 if fixed else 1, "GLU": False, "HAS_BIAS": fixed,
+             "HAS_RES": False, "ROUND": True, "IEEE": False, "PDL": True}
+    return case(triton_dense._dense_kernel, types, const, warps)
+
+
+def glu_rows():
+    from localllm.kernels import triton_decode
+
+    return case(triton_decode._glu_rows_kernel, {"acc_ptr": "*i64", "out_ptr": "*bf16"}, {"BLOCK": 1024, "PDL": True})
+
+
+def greedy_ids():
+    from localllm.kernels import triton_decode
+
+    types = {"logits_ptr": "*fp32", "out_ptr": "*i64", "best_ptr": "*i64", "cnt_ptr": "*i32", "pos_ptr": "*i32"}
+    return case(triton_decode._greedy_kernel, types, {"BLOCK": triton_decode.ARGMAX_BLOCK, "PDL": True}, 8,
+                odd=("V", "advance"))
+
+
+def rope_store():
+    from localllm.kernels import triton_attention
+
+    types = {"qkv_ptr": "*i64", "q_ptr": "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i32",
+             "inv_freq_ptr": "*fp32"}
+    return case(triton_attention._rope_store_kernel, types, {"D": 128, "CLEAR": True, "PDL": True}, 1,
+                odd=("T", "H", "HKV"))
+
+
+def attention(rope: bool, one: bool):
+    """The GQA attention partials, rope applied inside (rope) or before, one token or several."""
+    from localllm.kernels import triton_attention
+
+    types = {"q_ptr": "*i64" if rope else "*fp32", "k_ptr": "*bf16", "v_ptr": "*bf16", "ws_ptr": "*fp32",
+             "pos_ptr": "*i32", "inv_freq_ptr": "*fp32", "scale": "fp32"}
+    const = {"GROUP": 4, "GP": 16, "D": 128, "BLOCK_S": 64, "CHUNK": 64, "IEEE": False, "ROPE": rope, "ONE": one,
+             "PDL": True}
+    return case(triton_attention._attn_partial_gqa_kernel, types, const, odd=("T", "NSPLIT"))
+
+
+def rmsnorm_rows():
+    from localllm.kernels import triton_prefill
+
+    types = {"x_ptr": "*i64", "w_ptr": "*bf16", "out_ptr": "*bf16", "eps": "fp32"}
+    return case(triton_prefill._rmsnorm_rows_kernel, types, {"BLOCK": 4096, "PDL": True}, 16)
+
+
+def quant_act():
+    from localllm.kernels import triton_q8
+
+    types = {"x_ptr": "*i64", "nw_ptr": "*bf16", "act_ptr": "*fp32", "q_ptr": "*i8", "d_ptr": "*fp32",
+             "s_ptr": "*i32", "eps": "fp32"}
+    const = {"NORM": True, "GLU": False, "BLOCKS": 128, "RSTD_BLOCK": 4096, "WHOLE": True, "PDL": True}
+    return case(triton_q8._quant_act_kernel, types, const, 8)
+
+
+def q8_product(fmt: int, chain: int):
+    """_q8_gemv_kernel (weight format fmt: triton_q8.FMT) into an int64 accumulator, K split."""
+    from localllm.kernels import triton_q8
+
+    types = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "out_ptr": "*i64", "bias_ptr": "*i64",
+             "res_ptr": "*i64", "act_ptr": "*bf16", "ws_ptr": "*i64", "cnt_ptr": "*i32", "P0": "*i32",
+             "P1": "*fp16", "P2": "*fp16" if fmt == 2 else "*i32", "P3": "*u8" if fmt == 2 else "*i8",
+             "P4": "*u8"}
+    qtype = list(triton_q8.FMT)[fmt]
+    bn, bk, warps = triton_q8.CONFIGS[qtype]
+    const = {"FMT": fmt, "UNIT": (32, 32, 64, 128)[fmt], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
+             "HAS_RES": False, "ROUND": True, "SPLIT": 4, "ROWS": 1, "ASM": True, "EVEN": True, "CHAIN": chain,
+             "PRELOAD": triton_q8.PRELOAD[qtype], "PDL": True}
+    return case(triton_q8._q8_gemv_kernel, types, const, warps, odd=("M", "step"))
+
+
+CASES = {
+    "dense fixed": lambda: dense(True),
+    "dense logits": lambda: dense(False),
+    "glu_rows": glu_rows,
+    "greedy_ids": greedy_ids,
+    "rope_store": rope_store,
+    "attention rope=False one=True": lambda: attention(False, True),
+    "attention rope=True one=True": lambda: attention(True, True),
+    "attention rope=True one=False": lambda: attention(True, False),
+    "rmsnorm_rows int64": rmsnorm_rows,
+    "quant_act int64 norm": quant_act,
+    **{f"q8 product fmt {f} chain {c}": (lambda f=f, c=c: q8_product(f, c)) for f, c in ((0, 0), (1, 0), (2, 1), (3, 2))},
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_kernel_compiles_for_sm90(name):
+    fn, sig, const, warps, odd = CASES[name]()
+    k = compile_sm90(fn, sig, const, warps, odd)
+    assert k.asm["ptx"], name
+    assert k.metadata.shared <= SHARED_MAX, f"{name}: {k.metadata.shared} B of shared memory"
+    if name.startswith("dense"):  # the tensor-core product must pipeline its loads and use wgmma
+        ptx = k.asm["ptx"]
+        assert ptx.count("wgmma.mma_async") > 0 and ptx.count("cp.async") > 0, name
