@@ -72,11 +72,13 @@ def place_quantized(model: Transformer, state: dict, backend: type[Runtime], lay
 
 
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
-                keep_quantized: bool | None = None, layout: str | None = None) -> Runtime:
-    """Build on the meta device with the device's backend's ops, assign the checkpoint tensors (one
+                keep_quantized: bool | None = None, layout: str | None = None,
+                backend: type[Runtime] | None = None) -> Runtime:
+    """Build on the meta device with the backend's ops, assign the checkpoint tensors (one
     materialisation only), and let the backend prepare them -> the model's Runtime.
-    layout: see place_quantized (None: layout_for(backend, keep_quantized))."""
-    backend = runtime_class(device)
+    layout: see place_quantized (None: layout_for(backend, keep_quantized)); backend: None for the
+    device's (backends.runtime_class; tests pass Runtime to run the portable backend on the CPU)."""
+    backend = backend or runtime_class(device)
     layout = layout_for(backend, keep_quantized) if layout is None else layout
     if layout == "blocks" and backend.blocks_dtype is not None:
         dtype = backend.blocks_dtype
@@ -136,14 +138,17 @@ def file_size(path: Path) -> int:
 
 
 def load_model(
-    spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None
+    spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None,
+    backend: type[Runtime] | None = None,
 ) -> LoadedModel:
     """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model. The backend
     is picked here, once, from the device (backends.runtime_class); quantized GGUF tensors are kept
     as it wants them (Runtime.quantized; keep_quantized overrides: layout_for), F32/F16/BF16 tensors
-    are dense in dtype (on the CPU, beside kept blocks, fp32: its kernels compute in fp32)."""
+    are dense in dtype (on the CPU, beside kept blocks, fp32: its kernels compute in fp32). backend:
+    see build_model."""
     path = resolve_model(spec)
-    layout = layout_for(runtime_class(device), keep_quantized)
+    backend = backend or runtime_class(device)
+    layout = layout_for(backend, keep_quantized)
     if path.is_dir():
         cfg, state, types, tok = read_hf_folder(path)
     else:
@@ -152,7 +157,7 @@ def load_model(
             layout = "dense"  # nothing to keep: a float file is dense on every backend
         cfg, state, types = read_gguf_model(f, layout)
         tok = load_gguf_tokenizer(f.metadata)
-    runtime = build_model(cfg, state, device, dtype, layout=layout)
+    runtime = build_model(cfg, state, device, dtype, layout=layout, backend=backend)
     return LoadedModel(runtime, tok, cfg, path, types, file_size(path))
 
 
