@@ -75,7 +75,7 @@ def test_tiny_greedy_cached_equals_recomputed_each_step(tiny_lm):
 
 @torch.inference_mode()
 def test_tiny_batched_decode_equals_recomputed(tiny_lm):
-    model, cfg, rt = tiny_lm.model, tiny_lm.config, tiny_lm.runtime
+    model, cfg = tiny_lm.model, tiny_lm.config
     seqs = [prompt_ids(20, seed=1), prompt_ids(20, seed=2)]
     cache = make_cache(cfg, 32, batch=2)
     run(model, cache, [s[:12] for s in seqs], 0)

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 
 import gguf
