@@ -27,10 +27,9 @@ import torch
 
 
 from localllm import options
-from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
-from localllm.generate import greedy_rows, prefill_rows
-from localllm.model import Transformer
+from localllm.backends.measure import device_name, free_memory, measure_roofline
+from localllm.runtime import Runtime
 from localllm.footprint import kv_bytes_per_token, linear_params, model_stats, weight_bytes_per_token
 from localllm.tokenizer import Tokenizer
 
@@ -38,7 +37,7 @@ from localllm.tokenizer import Tokenizer
 @dataclass
 class BenchModel:
     name: str
-    model: Transformer
+    runtime: Runtime
     types: Counter  # weight type -> tensor count
     tokenizer: Tokenizer | None = None  # a file's (a draft model's vocabulary is checked against it)
 
@@ -58,70 +57,23 @@ class Row:
     roofline_share: float
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def op_seconds(fn, device: torch.device, reps: int) -> float:
-    """Seconds one fn() takes on device. CUDA: the best of 5 runs of `reps` back-to-back calls timed by
-    CUDA events (a host sync around each call added ~20 us to a 0.7 ms copy: 2% of the H100's
-    bandwidth, 2026-11-26); elsewhere the median of reps calls, each synced."""
-    for _ in range(2):
-        fn()
-    if device.type == "cuda":
-        best = float("inf")
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3 / reps)
-        return best
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def copy_bandwidth(device: torch.device, mib: int = 1024, reps: int = 10) -> float:
-    """Bytes read + written per second by a large device-local copy (op_seconds)."""
-    mib = mib if device.type == "cuda" else 256
-    a = torch.randn(mib * 2**20 // 4, device=device)
-    b = torch.empty_like(a)
-    return 2 * a.numel() * 4 / op_seconds(lambda: b.copy_(a), device, reps)
-
-
-def matmul_rate(device: torch.device, reps: int = 5) -> float:
-    """FLOP/s of a large random matmul: bf16 8192^3 on CUDA, fp32 1024^3 elsewhere (op_seconds)."""
-    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / op_seconds(lambda: torch.mm(a, b), device, reps)
-
-
-def one_run(model: Transformer, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
+def one_run(rt: Runtime, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
     """-> (prefill seconds of p tokens at depth, seconds of n decode steps after it), for each of the
     cache's B sequences at once (a random prompt each)."""
-    device = model.token_embd.weight.device
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.cfg.vocab_size, (cache.k.shape[1], depth + p), generator=g)
+    ids = torch.randint(0, rt.cfg.vocab_size, (cache.k.shape[1], depth + p), generator=g)
     cache.length = 0
     if depth:
-        prefill_rows(model, cache, ids[:, :depth].tolist(), 0)
-    sync(device)
+        rt.prefill(cache, ids[:, :depth].tolist(), 0)
+    rt.sync()
     t0 = time.perf_counter()
-    logits = prefill_rows(model, cache, ids[:, depth:].tolist(), depth)
-    sync(device)
+    logits = rt.prefill(cache, ids[:, depth:].tolist(), depth)
+    rt.sync()
     t1 = time.perf_counter()
     tokens = logits.argmax(-1)
     for _ in range(n):
-        tokens = greedy_rows(model, cache, tokens)
-    sync(device)
+        tokens = rt.greedy_step(cache, tokens)
+    rt.sync()
     return t1 - t0, time.perf_counter() - t1
 
 
@@ -147,7 +99,7 @@ def check_context(bm: BenchModel, prompts, gens, depths) -> None:
     """The grid's longest test fits the model's context (past it, positions the model was not trained
     for, and a cache as large as the user typed: minutes, gigabytes)."""
     d, p, n = max(depths), max(prompts), max(gens)
-    ctx = bm.model.cfg.context_length
+    ctx = bm.runtime.cfg.context_length
     if d + p + n > ctx:
         raise LocalLLMError(f"{bm.name}: the longest test needs depth {d} + prompt {p} + generated {n} = {d + p + n} "
                             f"tokens but the model's context is {ctx}: lower -d, -p or -n")
@@ -155,19 +107,18 @@ def check_context(bm: BenchModel, prompts, gens, depths) -> None:
 
 def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict, batches=(1,)) -> list[Row]:
     check_context(bm, prompts, gens, depths)
-    model = bm.model
-    device = model.token_embd.weight.device
-    held, params = model_stats(model)
-    wbytes, lparams = weight_bytes_per_token(model), linear_params(model)
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rt = bm.runtime
+    held, params = model_stats(rt.model)
+    wbytes, lparams = weight_bytes_per_token(rt.model), linear_params(rt.model)
+    dev_name = device_name(rt.device)
     base = dict(model=bm.name, size_gib=held / 2**30, params_b=params / 1e9, types=describe_types(bm.types),
                 device=dev_name)
     rows, seen_pp = [], set()
     for b, depth, p, n in itertools.product(batches, depths, prompts, gens):
-        cache = make_cache(model.cfg, depth + p + n + 1, b, dtype=model.token_embd.weight.dtype, device=device)
+        cache = rt.new_cache(depth + p + n + 1, b)
         for _ in range(2):  # warm-up: compile, cuBLAS plans, capture (a prefill shape's second run)
-            one_run(model, p, min(n, 2), depth, cache, seed=-1)
-        runs = [one_run(model, p, n, depth, cache, seed=r) for r in range(reps)]
+            one_run(rt, p, min(n, 2), depth, cache, seed=-1)
+        runs = [one_run(rt, p, n, depth, cache, seed=r) for r in range(reps)]
         at = (f" @ d{depth}" if depth else "") + (f" b{b}" if b > 1 else "")
         if (b, p, depth) not in seen_pp:
             seen_pp.add((b, p, depth))
@@ -183,10 +134,6 @@ def bench_model(bm: BenchModel, prompts, gens, depths, reps: int, roof: dict, ba
                             achieved=bw / 1e9, unit="GB/s", roofline_share=bw / roof["bandwidth"]))
         del cache
     return rows
-
-
-def measure_roofline(device: torch.device) -> dict:
-    return {"bandwidth": copy_bandwidth(device), "flops": matmul_rate(device)}
 
 
 def format_rows(rows: list[Row], roof: dict, fmt: str = "md") -> str:
@@ -222,24 +169,16 @@ def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device
     dev = pick_device(device)
     for spec in specs:
         lm = open_model(spec, dev, dtype)
-        yield BenchModel(lm.path.name, lm.model, lm.tensor_types, lm.tokenizer)
+        yield BenchModel(lm.path.name, lm.runtime, lm.tensor_types, lm.tokenizer)
         del lm
         free_memory(dev)
     for preset in presets:
         cfg = shape_preset(preset)
         for wtype in wtypes:
-            model, types = synthetic_model(cfg, wtype, dev, pick_dtype(dev, dtype))
-            yield BenchModel(f"{preset} {wtype} (synthetic)", model, types)
-            del model
+            rt, types = synthetic_model(cfg, wtype, dev, pick_dtype(dev, dtype))
+            yield BenchModel(f"{preset} {wtype} (synthetic)", rt, types)
+            del rt
             free_memory(dev)
-
-
-def free_memory(device: str) -> None:
-    import gc
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
 
 
 def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto", dtype=None, fmt="md",
@@ -249,7 +188,6 @@ def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto"
     rows, roof = [], None
     for bm in bench_models(specs, presets, wtypes, device, dtype):
         check_context(bm, prompts, gens, depths)  # before the roofline's seconds
-        dev = bm.model.token_embd.weight.device
-        roof = roof or measure_roofline(dev)
+        roof = roof or measure_roofline(bm.runtime.device)
         rows += bench_model(bm, prompts, gens, depths, reps, roof, batches)
     return format_rows(rows, roof or {"bandwidth": 0.0, "flops": 0.0}, fmt)

@@ -72,7 +72,7 @@ import torch
 
 from localllm.quantize.partial import make_partial, remove_stale_partials
 
-from localllm.cache import make_cache
+from localllm.device import widest_float
 from localllm.errors import LocalLLMError
 from localllm.load import LoadedModel
 from localllm.settings import DEFAULT_FILES
@@ -175,9 +175,9 @@ def chunks_for(lm: LoadedModel, text: str, ctx: int = DEFAULT_CTX, max_chunks: i
 @torch.inference_mode()
 def chunk_logits(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     """ids (B, ctx) -> fp32 logits (B, ctx, V): one forward pass from position 0 on a fresh KV cache."""
-    weight = lm.model.token_embd.weight
-    cache = make_cache(lm.config, ids.shape[1], batch=ids.shape[0], dtype=weight.dtype, device=weight.device)
-    return lm.model(ids.to(weight.device), cache, 0).float()
+    rt = lm.runtime
+    cache = rt.new_cache(ids.shape[1], ids.shape[0])
+    return rt.forward(ids.to(rt.device), cache, 0).float()
 
 
 def scored_logits(logits: torch.Tensor, first: int) -> torch.Tensor:
@@ -197,8 +197,7 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def precise_log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """log_softmax in float64 (float32 on MPS, which has no float64): float32's ~1e-6 error per
     log-prob would be a visible share of a small KLD."""
-    dtype = torch.float32 if logits.device.type == "mps" else torch.float64
-    return torch.log_softmax(logits.to(dtype), dim=-1)
+    return torch.log_softmax(logits.to(widest_float(logits.device)), dim=-1)
 
 
 @dataclass

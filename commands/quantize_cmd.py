@@ -45,7 +45,7 @@ from localllm.quantize.partial import remove_stale_partials
 from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
 from localllm.config import ModelConfig, read_json
-from localllm.device import pick_device
+from localllm.device import encoder_device
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
 from localllm.hf_to_gguf import converter_rope_freqs, gguf_arch, hf_metadata, permute_qk
@@ -309,13 +309,6 @@ def parse_request(type_name: str, tensor_types: Sequence[str]) -> tuple[Preset, 
 
 def read_source(path: Path, tokenizer_from: str | Path | None) -> Source:
     return read_hf_source(path, tokenizer_from) if path.is_dir() else read_gguf_source(path, tokenizer_from)
-
-
-def encoder_device(name: str) -> str:
-    """auto: cuda when torch sees one, else cpu (the encoders do not target mps)."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return pick_device(name)
 
 
 def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, device: str,

@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 from localllm.commands.bench import BenchModel, bench_models, check_context, check_grid, mean_std
-from localllm.cache import make_cache
+from localllm.backends.measure import device_name
 from localllm.draft import open_drafter
 from localllm.generate import Stats, generate
 from localllm.sampling import Sampler
 from localllm.settings import DraftSettings, SamplingSettings
-from localllm.speculative import Drafter, SpecStats, generate_speculative, warm_verify
+from localllm.runtime import Runtime
+from localllm.speculative import Drafter, SpecStats, generate_speculative
 
 GREEDY = SamplingSettings(temperature=0.0)
 
@@ -47,31 +48,31 @@ def random_prompt(vocab_size: int, p: int, seed: int) -> list[int]:
     return torch.randint(0, vocab_size, (p,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def one_pair(model, cache, drafter: Drafter, ds: DraftSettings, prompt: list[int], n: int) -> tuple[Stats, SpecStats, bool]:
+def one_pair(rt: Runtime, cache, drafter: Drafter, ds: DraftSettings, prompt: list[int], n: int
+             ) -> tuple[Stats, SpecStats, bool]:
     """Plain then speculative greedy generation of n ids after prompt (no stop ids), in cache."""
-    device = model.token_embd.weight.device
     plain, spec = Stats(), SpecStats()
     cache.length = 0
-    warm_verify(model, cache)  # graph captures stay out of the timings
-    plain_ids = list(generate(model, cache, prompt, Sampler(GREEDY, device), n, (), plain))
+    rt.warm_verify(cache)  # graph captures stay out of the timings
+    plain_ids = list(generate(rt, cache, prompt, Sampler(GREEDY, rt.device), n, (), plain))
     cache.length = 0
-    spec_ids = list(generate_speculative(model, cache, prompt, Sampler(GREEDY, device), drafter, n, (), spec,
+    spec_ids = list(generate_speculative(rt, cache, prompt, Sampler(GREEDY, rt.device), drafter, n, (), spec,
                                          settings=ds))
     return plain, spec, plain_ids == spec_ids
 
 
 def bench_spec_model(bm: BenchModel, drafter: Drafter, ds: DraftSettings, prompts, gens, reps: int) -> list[SpecRow]:
     check_context(bm, prompts, gens, [0])
-    device = bm.model.token_embd.weight.device
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rt = bm.runtime
+    dev_name = device_name(rt.device)
     draft = ds.draft or f"lookup {ds.lookup}"
     rows = []
     for p in prompts:
         for n in gens:
-            cache = make_cache(bm.model.cfg, p + n + 1, dtype=bm.model.token_embd.weight.dtype, device=device)
-            vocab = bm.model.cfg.vocab_size
-            one_pair(bm.model, cache, drafter, ds, random_prompt(vocab, p, -1), min(n, 4))  # warm-up: CUDA graphs
-            runs = [one_pair(bm.model, cache, drafter, ds, random_prompt(vocab, p, r), n) for r in range(reps)]
+            cache = rt.new_cache(p + n + 1)
+            vocab = rt.cfg.vocab_size
+            one_pair(rt, cache, drafter, ds, random_prompt(vocab, p, -1), min(n, 4))  # warm-up: CUDA graphs
+            runs = [one_pair(rt, cache, drafter, ds, random_prompt(vocab, p, r), n) for r in range(reps)]
             plain = statistics.mean(a.generate_tps() for a, _, _ in runs)
             spec = mean_std([b.generate_tps() for _, b, _ in runs])
             speedup = mean_std([b.generate_tps() / a.generate_tps() for a, b, _ in runs])
@@ -112,7 +113,7 @@ def run_spec_bench(specs, presets, wtypes, prompts, gens, reps, device, dtype, d
     rows = []
     for bm in bench_models(specs, presets, wtypes, device, dtype):
         check_context(bm, prompts, gens, [0])  # before the drafter is built
-        drafter = open_drafter(bm.model, bm.tokenizer, ds, GREEDY)
+        drafter = open_drafter(bm.runtime, bm.tokenizer, ds, GREEDY)
         rows += bench_spec_model(bm, drafter, ds, prompts, gens, reps)
         del drafter
     return format_spec_rows(rows, fmt)

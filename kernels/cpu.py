@@ -16,7 +16,7 @@ prompts but moves greedy output off the fp32 reference where the top two logits 
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
 weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
 dequantize_torch) one matrix at a time for torch's fp32 GEMM.
-A whole decode step (T = 1) runs in C++ without returning to Python: localllm/cpu_decode.py.
+A whole decode step (T = 1) runs in C++ without returning to Python: localllm/backends/cpu.py.
 MPS (Apple) keeps the file's blocks and runs the torch fallback (dequantize_torch's ops run there).
 """
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from localllm.quantize.decode import dequantize_torch
+
 from .cpu import BlockQWeight
 from .cpu import qlinear as cpu_qlinear
 from .qweight import INT_DOT_TYPES, QWeight
@@ -52,7 +54,19 @@ def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch
 
         y = gemv(x.reshape(rows, -1), w, bias=b, act_dtype=x.dtype)
         return y.reshape(*x.shape[:-1], w.shape[0])
-    return F.linear(x, w.dequantize(x.dtype), b)
+    return F.linear(x, dequantize_qweight(w, x.dtype), b)
+
+
+def dequantize_qweight(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(N, K) dense values: a BlockQWeight decodes its own blocks; for a QWeight Triton's decoder for
+    kernel types, the torch reference for the rest."""
+    if isinstance(w, BlockQWeight):
+        return w.dequantize(dtype)
+    if "raw" in w.parts:
+        return dequantize_torch(w.parts["raw"], w.qtype).to(dtype)
+    from .triton_gemv import dequantize
+
+    return dequantize(w.to_rows(), dtype)
 
 
 def fused_linear(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import gguf
 import torch
 
-from localllm.quantize.decode import BLOCK_SIZES, dequantize_torch, unpack_k_scales
+from localllm.quantize.decode import BLOCK_SIZES, unpack_k_scales
 
 Q = gguf.GGMLQuantizationType
 
@@ -143,11 +143,3 @@ class QWeight:
             join = lambda ts: torch.cat(ts, axis)  # noqa: E731
         parts = {name: join([w.parts[name] for w in ws]) for name in ws[0].parts}
         return QWeight(qtype, (sum(w.shape[0] for w in ws), k), parts, blocks)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(N, K) dense values: Triton's decoder for kernel types, the torch reference for the rest."""
-        if "raw" in self.parts:
-            return dequantize_torch(self.parts["raw"], self.qtype).to(dtype)
-        from .triton_gemv import dequantize
-
-        return dequantize(self.to_rows(), dtype)

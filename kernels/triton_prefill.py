@@ -36,7 +36,7 @@ def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, C, eps, BLOCK: tl.constexpr, PDL
 
 def rmsnorm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., C) -> model.RMSNorm's output (..., C) in weight's dtype (also the decode step's norm
-    before a float-decoding quantized matvec: cuda_decode)."""
+    before a float-decoding quantized matvec: backends/cuda_graph.py)."""
     x = x.contiguous()
     c = x.shape[-1]
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
@@ -116,7 +116,7 @@ def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, step, BLOCK: tl.constexpr):
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
     """F.silu(gate) * up, both (..., N) of one dtype; or with up None, gate is (..., 2N) of interleaved
-    (gate, up) pairs (a fused gate/up product: cuda_decode.fuse_blocks)."""
+    (gate, up) pairs (a fused gate/up product: backends/cuda.py fuse)."""
     if up is None:
         gate = gate.contiguous()
         out = torch.empty((*gate.shape[:-1], gate.shape[-1] // 2), dtype=gate.dtype, device=gate.device)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .cache import KVCache, make_cache
+from .cache import KVCache
 from .chat_template import Message, render_with_spans
 from .errors import LocalLLMError
 from .generate import Stats, generate, stream_text
@@ -61,10 +61,9 @@ class ChatSession:
 
     def __post_init__(self):
         if self.cache is None:
-            w = self.lm.model.token_embd.weight
             ctx = max(2, min(self.gen.ctx, self.lm.config.context_length))
-            self.cache = make_cache(self.lm.config, ctx, dtype=w.dtype, device=w.device)
-        self.sampler = Sampler(self.sampling, self.lm.model.token_embd.weight.device)
+            self.cache = self.lm.runtime.new_cache(ctx)
+        self.sampler = Sampler(self.sampling, self.lm.runtime.device)
         self.text = PromptText(self.notify)  # typed text: invalid UTF-8 replaced, one note per problem
 
     def conversation(self, messages: list[Message] | None = None) -> list[Message]:
@@ -113,13 +112,13 @@ class ChatSession:
         if self.drafter is not None:
             self.last = SpecStats()
             tokens = generate_speculative(
-                self.lm.model, self.cache, ids, self.sampler, self.drafter, self.gen.max_tokens,
+                self.lm.runtime, self.cache, ids, self.sampler, self.drafter, self.gen.max_tokens,
                 self.lm.tokenizer.stop_ids, self.last, reuse, self.draft, self.plain_steps,
             )
         else:
             self.last = Stats()
             tokens = generate(
-                self.lm.model, self.cache, ids, self.sampler, self.gen.max_tokens, self.lm.tokenizer.stop_ids, self.last, reuse
+                self.lm.runtime, self.cache, ids, self.sampler, self.gen.max_tokens, self.lm.tokenizer.stop_ids, self.last, reuse
             )
         try:
             for piece in stream_text(self.lm.tokenizer, _collect(tokens, produced), self.gen.stop):

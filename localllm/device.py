@@ -32,6 +32,13 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
+def encoder_device(name: str) -> str:
+    """The quantize encoders' device: auto is cuda when torch sees one, else cpu (they do not target mps)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return pick_device(name)
+
+
 DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
 
 
@@ -42,7 +49,8 @@ def check_dtype_name(option: str, name: str) -> None:
         raise LocalLLMError(f"{option} {name} is no dtype we run (choose {', '.join(known)})")
 
 
-def pick_dtype(device: str, name: str | None = None) -> torch.dtype:
+def pick_dtype(device: str | torch.device, name: str | None = None) -> torch.dtype:
+    device = torch.device(device).type  # "cuda:0" -> "cuda"
     allowed = DEVICE_DTYPES[device]
     name = DTYPE_ALIASES.get(name, name)
     if name is None:
@@ -50,6 +58,11 @@ def pick_dtype(device: str, name: str | None = None) -> torch.dtype:
     if name not in allowed:
         raise LocalLLMError(f"dtype {name} is not supported on {device} (choose {', '.join(allowed)})")
     return getattr(torch, name)
+
+
+def widest_float(device: torch.device) -> torch.dtype:
+    """float64, except on MPS, which has none (float32 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def cpu_default_dtype() -> str:

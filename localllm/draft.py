@@ -14,13 +14,14 @@ from localllm.quantize.presets import FLOAT_TYPES, PRESETS, ModelShape, fallback
 
 from . import options
 from .footprint import linear_weights, nbytes
-from .cache import KVCache, make_cache
+from .cache import KVCache
 from .device import check_dtype_name, pick_dtype
 from .errors import LocalLLMError
 from .generate import decode_one
 from .load import build_model, load_model, load_tokenizer
 from .model import Transformer
 from .nonfinite import dense, matrices
+from .runtime import Runtime
 from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DraftSettings, SamplingSettings
 from .speculative import Drafter, feed
@@ -79,38 +80,37 @@ def check_same_vocab(target: Tokenizer, draft: Tokenizer, name: str) -> None:
 # ---- draft models
 
 
-def self_draft(model: Transformer, type_name: str, dtype: torch.dtype) -> Transformer:
+def self_draft(target: Runtime, type_name: str, dtype: torch.dtype) -> Runtime:
     """The target quantized in memory as `localllm quantize --type type_name` would write it (llama.cpp's
-    per-tensor rules: quantize/presets.py; the encoders of quantize/), then placed as load_model places
-    a file's weights: blocks for kernels/cpu.py on the CPU and MPS (the embedding too; on the CPU the
-    dense tensors are fp32, as its kernels compute in fp32), QWeights on CUDA (the embedding decoded,
-    as the loader decodes it there). Norms are the target's, in dtype (shared where it is the target's)."""
-    cfg, device = model.cfg, model.token_embd.weight.device
-    raw = device.type in ("cpu", "mps")
+    per-tensor rules: quantize/presets.py; the encoders of quantize/), then built as load_model builds a
+    file's weights on the target's backend (load.build_model: blocks on the CPU and MPS, the embedding
+    too; QWeights on CUDA, the embedding decoded, as the loader decodes it there). Norms are the
+    target's, in dtype (shared where it is the target's)."""
+    model, cfg, device = target.model, target.cfg, target.device
+    blocks = type(target).quantized == "blocks"
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(".weight") or v.dim() == 1}
     weights = matrices(model)
     shape = ModelShape(cfg.arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
     types = preset_types(find_preset(type_name), [(gguf_name(k), tuple(w.shape)) for k, w in weights.items()], shape)
     for (name, w), qtype in zip(weights.items(), types):
-        qtype = None if qtype is None or (name == "token_embd.weight" and not raw) else fallback(qtype, w.shape[1])
+        qtype = None if qtype is None or (name == "token_embd.weight" and not blocks) else fallback(qtype, w.shape[1])
         if qtype is None or qtype in FLOAT_TYPES:
             state[name] = dense(w)  # build_model casts it to dtype
         else:  # one fp32 copy at a time (an 8B model's would not fit beside it)
             state[name] = QuantizedTensor(qtype, torch.from_numpy(quantize_tensor(dense(w).float(), qtype)).to(device))
-    return build_model(cfg, state, str(device), torch.float32 if device.type == "cpu" else dtype, raw_blocks=raw)
+    return build_model(cfg, state, str(device), dtype)
 
 
 class ModelDrafter:
     """Drafts with a model of the target's vocabulary, sampling with the target's sampler settings."""
 
-    def __init__(self, model: Transformer, sampler: Sampler, min_p: float, cost: float):
-        self.model, self.sampler, self.min_p, self.cost = model, sampler, min_p, cost
+    def __init__(self, rt: Runtime, sampler: Sampler, min_p: float, cost: float):
+        self.rt, self.sampler, self.min_p, self.cost = rt, sampler, min_p, cost
         self.cache: KVCache | None = None
 
     def start(self, capacity: int, valid: int) -> None:
         if self.cache is None or self.cache.capacity < capacity:
-            w = self.model.token_embd.weight
-            self.cache = make_cache(self.model.cfg, capacity, dtype=w.dtype, device=w.device)
+            self.cache = self.rt.new_cache(capacity)
         self.rollback(valid)
 
     def rollback(self, valid: int) -> None:
@@ -121,14 +121,14 @@ class ModelDrafter:
         if k < 1:
             return [], None
         self.rollback(len(seq) - 1)  # at least the last id is fed: its logits are the first draft's
-        logits = feed(self.model, self.cache, seq[self.cache.length:])
+        logits = feed(self.rt, self.cache, seq[self.cache.length:])
         if is_plain_greedy(self.sampler) and not self.min_p:  # one-hot q: ids only, no distributions
             ids = []
             for j in range(k):
                 token = logits.argmax()
                 ids.append(token)
                 if j + 1 < k:
-                    logits = decode_one(self.model, self.cache, token)
+                    logits = decode_one(self.rt, self.cache, token)
             return torch.stack(ids).tolist(), None  # one host sync for the round
         ids, qs = [], []
         for j in range(k):
@@ -142,7 +142,7 @@ class ModelDrafter:
             qs.append(q)
             if j + 1 < k:  # the last draft is fed next round, with the target's own id after it
                 history = torch.cat((history, token.view(1)))
-                logits = decode_one(self.model, self.cache, token)
+                logits = decode_one(self.rt, self.cache, token)
         return ids, torch.stack(qs) if qs else None
 
 
@@ -183,7 +183,7 @@ class LookupDrafter:
 
 
 def open_drafter(
-    model: Transformer, tokenizer: Tokenizer | None, ds: DraftSettings, sampling: SamplingSettings
+    target: Runtime, tokenizer: Tokenizer | None, ds: DraftSettings, sampling: SamplingSettings
 ) -> Drafter | None:
     """The drafter ds asks for (None: plain decoding). tokenizer: the target's, to check a draft model's
     vocabulary against (None for a synthetic target, which takes self:TYPE or lookup only)."""
@@ -192,22 +192,22 @@ def open_drafter(
         return LookupDrafter(ds.lookup, ds.lookup_cost)
     if ds.draft is None:
         return None
-    device = model.token_embd.weight.device
-    dtype = pick_dtype(device.type, ds.dtype)
+    device = target.device
+    dtype = pick_dtype(str(device), ds.dtype)
     name = self_type(ds.draft)
     if name is not None:
-        draft = self_draft(model, name, dtype)
+        draft = self_draft(target, name, dtype)
     elif tokenizer is None:
         raise LocalLLMError("a synthetic target takes --draft self:TYPE or --lookup N, not a draft model")
     else:
         check_same_vocab(tokenizer, load_tokenizer(ds.draft), ds.draft)  # before the weights load
-        draft = load_model(ds.draft, device.type, dtype).model
-        if draft.cfg.vocab_size != model.cfg.vocab_size:
+        draft = load_model(ds.draft, str(device), dtype).runtime
+        if draft.cfg.vocab_size != target.cfg.vocab_size:
             raise LocalLLMError(f"the draft model {ds.draft} does not share the target's vocabulary: its output has "
-                                f"{draft.cfg.vocab_size} logits, the target's {model.cfg.vocab_size}")
+                                f"{draft.cfg.vocab_size} logits, the target's {target.cfg.vocab_size}")
     # its own random stream: draws correlated with the target's acceptance tests would bias the output
     seed = None if sampling.seed is None else (sampling.seed + 1) % 2**63
-    cost = step_bytes(draft) / step_bytes(model)
+    cost = step_bytes(draft.model) / step_bytes(target.model)
     return ModelDrafter(draft, Sampler(replace(sampling, seed=seed), device), ds.min_p, cost)
 
 

@@ -1,7 +1,7 @@
 """Generation as a generator of token ids, plus text streaming with stop strings.
 
-prefill() runs the whole prompt in one forward pass; decode_one() runs one token. Both write the
-KV cache passed in. `generate` yields ids until an end-of-turn id, the token limit or the context end.
+prefill() runs the whole prompt in one pass; decode_one() runs one token; both go through the model's
+Runtime (its backend's fastest path) and write the KV cache passed in. `generate` yields ids until an end-of-turn id, the token limit or the context end.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from .cache import KVCache
 from . import options
 from .errors import LocalLLMError
-from .model import Transformer
 from .nonfinite import check_logits
+from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -36,64 +36,22 @@ class Stats:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@torch.inference_mode()
+def prefill(rt: Runtime, cache: KVCache, ids: list[int], start: int = 0) -> torch.Tensor:
+    """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,)."""
+    return rt.prefill(cache, [ids], start)[0]
 
 
 @torch.inference_mode()
-def prefill(model: Transformer, cache: KVCache, ids: list[int], start: int = 0) -> torch.Tensor:
-    """Run ids at positions [start, start+len) in one pass -> logits of the last position (V,).
-
-    On CUDA a prompt shape seen before replays a captured graph (cuda_prefill.py)."""
-    return prefill_rows(model, cache, [ids], start)[0]
-
-
-def prefill_rows(model: Transformer, cache: KVCache, rows: list[list[int]], start: int = 0) -> torch.Tensor:
-    """One prompt per sequence of the cache (equal lengths) at positions [start, start+len) in one pass
-    -> logits of each last position (B, V)."""
-    device = model.token_embd.weight.device
-    tokens = torch.tensor(rows, dtype=torch.long, device=device)
-    if device.type == "cuda":
-        from .cuda_prefill import prefill_graph_for
-
-        return prefill_graph_for(model, cache).run(tokens, start)[:, -1]
-    return model(tokens, cache, start, last_only=True)[:, -1]
+def decode_one(rt: Runtime, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
+    """token: 0-d id tensor at position cache.length of a batch-1 cache -> logits (V,) (Runtime.decode)."""
+    return rt.decode(cache, token.view(1))[0]
 
 
 @torch.inference_mode()
-def graph_decoding(cache: KVCache) -> bool:
-    """Decode steps into this cache replay CUDA graphs (cuda_decode.py): batch 1 on CUDA."""
-    return cache.k.device.type == "cuda" and cache.k.shape[1] == 1
-
-
-def decode_one(model: Transformer, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
-    """token: 0-d id tensor at position cache.length of a batch-1 cache -> logits (V,) (decode_rows)."""
-    return decode_rows(model, cache, token.view(1))[0]
-
-
-def decode_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-    """tokens (B,): one id per sequence of the cache, all at position cache.length -> logits (B, V).
-
-    On CUDA the step is a replayed CUDA graph of the same kernels as batch 1 (cuda_decode.py; the
-    products read each weight once for all B rows); its logits buffer is overwritten by the next step."""
-    b = cache.k.shape[1]
-    if cache.k.device.type == "cuda":
-        from .cuda_decode import decoder_for  # Triton is imported only where it runs
-
-        return decoder_for(model, cache).step(tokens).view(b, -1)
-    return model(tokens.view(b, 1), cache, cache.length)[:, -1]
-
-
-def greedy_rows(model: Transformer, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-    """tokens (B,) as decode_rows takes them -> the argmax ids (B,) of their logits. On CUDA the argmax
-    is the graph's last kernel and the ids stay the decoder's input buffer (overwritten by the next
-    step; passed back, they are not copied): one launch a token."""
-    if cache.k.device.type == "cuda":
-        from .cuda_decode import decoder_for
-
-        return decoder_for(model, cache, greedy=True).step_greedy(tokens)
-    return decode_rows(model, cache, tokens).argmax(-1)
+def greedy_one(rt: Runtime, cache: KVCache, token: torch.Tensor) -> torch.Tensor:
+    """decode_one's argmax as a 0-d tensor (Runtime.greedy_step: on CUDA inside the step's graph)."""
+    return rt.greedy_step(cache, token.view(1))[0]
 
 
 def check_generation(max_tokens: int, ctx: int) -> None:
@@ -130,7 +88,7 @@ def check_prompt(prompt_len: int, cache: KVCache, reuse: int) -> None:
 
 
 def generate(
-    model: Transformer,
+    rt: Runtime,
     cache: KVCache,
     prompt: list[int],
     sampler: Sampler,
@@ -147,14 +105,13 @@ def generate(
     """
     check_prompt(len(prompt), cache, reuse)
     stats = stats if stats is not None else Stats()
-    device = model.token_embd.weight.device
     stop = set(stop_ids)
-    history = torch.tensor(prompt, dtype=torch.long, device=device)
+    history = torch.tensor(prompt, dtype=torch.long, device=rt.device)
     t0 = time.perf_counter()
-    logits = prefill(model, cache, prompt[reuse:], reuse)
-    check_logits(model, logits)
+    logits = prefill(rt, cache, prompt[reuse:], reuse)
+    check_logits(rt.model, logits)
     budget, by_context = token_budget(max_tokens, len(prompt), cache.capacity)
-    greedy = is_plain_greedy(sampler)  # then the decode step picks the next id itself (greedy_rows)
+    greedy = is_plain_greedy(sampler)  # then the decode step picks the next id itself (greedy_one)
     token = sampler(logits, history)
     for i in range(budget):
         tid = int(token)  # the one host sync per token: we must know the id to stream it
@@ -167,8 +124,7 @@ def generate(
         stats.generated_tokens += 1
         history = torch.cat((history, token.view(1)))
         if i + 1 < budget:
-            token = greedy_rows(model, cache, token.view(1))[0] if greedy else \
-                sampler(decode_one(model, cache, token), history)
+            token = greedy_one(rt, cache, token) if greedy else sampler(decode_one(rt, cache, token), history)
         stats.generate_seconds = time.perf_counter() - t0
     else:
         stats.context_full = cache.capacity if by_context else 0

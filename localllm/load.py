@@ -8,17 +8,17 @@ from pathlib import Path
 
 import torch
 
-from localllm.kernels.cpu import BlockQWeight, load_extension, pack_for_cpu
 from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
 from localllm.quantize.decode import dequantize_torch
 
 from .config import ModelConfig
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
+from .backends import runtime_class
 from .model import QEmbedding, Transformer, llama3_rope_factors
 from .nonfinite import check_vectors
 from .registry import resolve_model
-from .settings import DEFAULT_CPU
+from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
 from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
@@ -26,59 +26,76 @@ from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
 
 @dataclass
 class LoadedModel:
-    model: Transformer
+    runtime: Runtime  # the model on its backend: what generation, benchmarks and evaluation run
     tokenizer: Tokenizer
     config: ModelConfig
     path: Path
     tensor_types: Counter  # checkpoint tensor type name -> count
     file_bytes: int
 
+    @property
+    def model(self) -> Transformer:
+        """The weights (read them; never attach state: the runtime owns what it builds from them)."""
+        return self.runtime.model
 
-def place_quantized(
-    model: Transformer, state: dict, device: str, keep: bool | None = None, raw: bool = False,
-    dtype: torch.dtype = torch.float32,
-) -> None:
-    """The one pass that decides where quantized linear weights live, by the checkpoint's tensor types.
 
-    raw (load_model's choice on CPU and MPS): each QuantizedTensor stays as the file's blocks in a
-    BlockQWeight (kernels/cpu.py: C++ kernels on the CPU, torch decoding on MPS), token_embd included.
-    Otherwise on CUDA each becomes a QWeight held by its Linear (quantized on the GPU, run by the
-    fused kernels of kernels/); elsewhere it is decoded to dense float here (gguf's values exactly).
-    keep overrides the choice (tests run the kernels on the CPU under TRITON_INTERPRET).
-    """
-    keep = torch.device(device).type == "cuda" if keep is None else keep
-    on_cpu = raw and torch.device(device).type == "cpu"
-    ext = load_extension(DEFAULT_CPU.cache_dir) if on_cpu else None  # None: the torch fallback
+def layout_for(backend: type[Runtime], keep_quantized: bool | None) -> str:
+    """How quantized tensors are kept: the backend's choice, or keep_quantized's override (True: QWeight
+    for the Triton kernels on any device, as tests run them under TRITON_INTERPRET; False: dense)."""
+    if keep_quantized is None:
+        return backend.quantized
+    return "qweight" if keep_quantized else "dense"
+
+
+def place_quantized(model: Transformer, state: dict, backend: type[Runtime], layout: str, device: str,
+                    dtype: torch.dtype) -> None:
+    """The one pass that places quantized linear weights (QuantizedTensor values of state), by layout:
+    "blocks": the file's blocks as the backend's BlockQWeight (token_embd too, a QEmbedding);
+    "qweight": a QWeight held by its Linear, block-major where the integer-dot kernels read it
+    (kernels/triton_q8.py); "dense": decoded to float here (gguf's values exactly)."""
     for name, value in list(state.items()):
         if not isinstance(value, QuantizedTensor):
             continue
-        if raw:
-            qw = pack_for_cpu(BlockQWeight.from_blocks(value.data.to(device), value.qtype, dtype), ext)
+        if layout == "blocks":
+            qw = backend.block_weight(value.data.to(device), value.qtype, dtype)
             if name == "token_embd.weight":
                 model.token_embd = QEmbedding(qw)
             else:
                 model.get_submodule(name.removesuffix(".weight")).set_quantized(qw)
             del state[name]
-        elif keep:
+        elif layout == "qweight":
             module = model.get_submodule(name.removesuffix(".weight"))
-            # block-major where the integer-dot decode kernels read it (kernels/triton_q8.py)
             module.set_quantized(QWeight.from_raw(value.data.to(device), value.qtype).to_blocks())
             del state[name]
         else:
             state[name] = dequantize_torch(value.data, value.qtype)
 
 
-def build_model(
-    cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype, keep_quantized: bool | None = None,
-    raw_blocks: bool = False,
-) -> Transformer:
-    """Build on the meta device, then assign the checkpoint tensors (one materialisation only).
-    raw_blocks: quantized tensors stay as the file's blocks (see place_quantized)."""
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
+                keep_quantized: bool | None = None, layout: str | None = None,
+                backend: type[Runtime] | None = None) -> Runtime:
+    """Build on the meta device with the backend's ops, assign the checkpoint tensors (one
+    materialisation only), and let the backend prepare them -> the model's Runtime.
+    layout: see place_quantized (None: layout_for(backend, keep_quantized)); backend: None for the
+    device's (backends.runtime_class; tests pass Runtime to run the portable backend on the CPU)."""
+    backend = backend or runtime_class(device)
+    layout = layout_for(backend, keep_quantized) if layout is None else layout
+    if layout == "blocks" and backend.blocks_dtype is not None:
+        dtype = backend.blocks_dtype
     with torch.device("meta"):
-        model = Transformer(cfg)
-    place_quantized(model, state, device, keep_quantized, raw_blocks, dtype)
+        model = Transformer(cfg, backend.ops)
+    place_quantized(model, state, backend, layout, device, dtype)
     state.setdefault("rope_freqs", llama3_rope_factors(cfg))
     check_vectors(state)
+    assign(model, state, cfg, device, dtype)
+    model.eval()
+    backend.prepare(model)
+    return backend(model)
+
+
+def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype: torch.dtype) -> None:
+    """state's tensors into the meta-built model, checked against its state dict, cast to dtype (the
+    rope divisors stay fp32) on device."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     if missing and len(state) <= 1:  # rope_freqs aside, nothing: a vocab-only GGUF
@@ -94,21 +111,16 @@ def build_model(
         keep_fp32 = name == "rope_freqs"
         state[name] = state[name].to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
     model.load_state_dict(state, assign=True, strict=True)
-    return model.eval()
 
 
-def read_gguf_model(
-    f: GGUFFile, device: str = "cpu", raw: bool = False
-) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
-    """On CUDA quantized linear weights stay in their blocks (see place_quantized); with raw (CPU,
-    MPS) the quantized embedding too, as views of the file's mapping. The whole file is validated
+def read_gguf_model(f: GGUFFile, layout: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+    """The file's config and tensors: quantized ones kept as their blocks unless layout is "dense"
+    (for "blocks" the embedding too, as views of the file's mapping). The whole file is validated
     (validate.check_gguf) before the first tensor is decoded."""
     cfg = check_gguf(f)
     types = Counter(t.tensor_type.name for t in f.tensors.values())
-    if raw:
-        return cfg, gguf_state_dict(f, cfg, QUANTIZED_TYPES, keep_embedding=True), types
-    keep = QUANTIZED_TYPES if torch.device(device).type == "cuda" else frozenset()
-    return cfg, gguf_state_dict(f, cfg, keep), types
+    keep = frozenset() if layout == "dense" else QUANTIZED_TYPES
+    return cfg, gguf_state_dict(f, cfg, keep, keep_embedding=layout == "blocks"), types
 
 
 def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
@@ -126,27 +138,27 @@ def file_size(path: Path) -> int:
 
 
 def load_model(
-    spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None
+    spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None,
+    backend: type[Runtime] | None = None,
 ) -> LoadedModel:
-    """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model.
-    keep_quantized: see place_quantized (False: dense weights on every device, e.g. for calibration).
-    A quantized GGUF file on CPU or MPS keeps its blocks (BlockQWeight); on the CPU its kernels compute
-    in fp32, so the model's dense tensors (norms, biases) and the KV cache are float32 whatever dtype
-    says. F32/F16/BF16 tensors are decoded to dense as before."""
+    """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model. The backend
+    is picked here, once, from the device (backends.runtime_class); quantized GGUF tensors are kept
+    as it wants them (Runtime.quantized; keep_quantized overrides: layout_for), F32/F16/BF16 tensors
+    are dense in dtype (on the CPU, beside kept blocks, fp32: its kernels compute in fp32). backend:
+    see build_model."""
     path = resolve_model(spec)
-    raw = False
+    backend = backend or runtime_class(device)
+    layout = layout_for(backend, keep_quantized)
     if path.is_dir():
         cfg, state, types, tok = read_hf_folder(path)
     else:
         f = open_gguf(path)
-        quantized = any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values())
-        raw = quantized and keep_quantized is None and torch.device(device).type in ("cpu", "mps")
-        cfg, state, types = read_gguf_model(f, device, raw)
+        if not any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values()) and layout == "blocks":
+            layout = "dense"  # nothing to keep: a float file is dense on every backend
+        cfg, state, types = read_gguf_model(f, layout)
         tok = load_gguf_tokenizer(f.metadata)
-    if raw and torch.device(device).type == "cpu":
-        dtype = torch.float32
-    model = build_model(cfg, state, device, dtype, keep_quantized, raw)
-    return LoadedModel(model, tok, cfg, path, types, file_size(path))
+    runtime = build_model(cfg, state, device, dtype, layout=layout, backend=backend)
+    return LoadedModel(runtime, tok, cfg, path, types, file_size(path))
 
 
 def load_tokenizer(spec: str | None) -> Tokenizer:

@@ -6,11 +6,17 @@ so a GGUF file loads without renaming; `weights.py` maps Hugging Face names onto
 
 RoPE is the "neox" / rotate-half form used by Hugging Face; llama.cpp's llama-arch GGUF files store
 q/k rows permuted for its interleaved form, and the loader undoes that permutation.
+
+This is the one description of the layer. A backend (localllm/backends/) replaces only the few ops
+of `Ops` with its own kernels computing the same math; TORCH_OPS are the portable reference ops
+(torch ops MPS runs: tests/test_portable_ops.py checks the list).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +31,10 @@ from .config import ModelConfig
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T (+ bias), through kernels.linear so each device takes its fastest path.
+    """y = x @ weight.T (+ bias), through kernels.linear, which picks the kernel for the weight's kind.
 
-    Holds either a dense `weight` parameter or, after set_quantized (load.py's CUDA pass), a QWeight
-    `qweight` that stays quantized on the device; `w` is whichever it holds.
+    Holds either a dense `weight` parameter or, after set_quantized (the loader's placement), a
+    QWeight / BlockQWeight `qweight` that stays quantized; `w` is whichever it holds.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -64,22 +70,54 @@ class QEmbedding(nn.Module):
         return embed(self.weight, tokens)
 
 
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., C) -> (..., C) in weight's dtype. Normalise in fp32 and scale after casting to the
+    weights' dtype, as transformers' LlamaRMSNorm does; x may be the fp32 residual stream."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(weight.dtype)
+
+
+def project_qkv(attn: "Attention", x: torch.Tensor, layer: int, cache: KVCache, start: int, cos, sin):
+    """x (B, T, C) -> q (B, H, T, D) rotated, and the cache's keys, values (B, Hkv, start + T, D) with
+    this step's rows written."""
+    cfg, (B, T, _) = attn.cfg, x.shape
+    q = attn.attn_q(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+    k = attn.attn_k(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    v = attn.attn_v(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    if cfg.qk_norm:
+        q, k = attn.attn_q_norm(q), attn.attn_k_norm(k)
+    q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
+    return (q, *cache.update(layer, start, k, v))
+
+
+def glu_input(blk: "Block", h: torch.Tensor) -> torch.Tensor:
+    """h (B, T, C) -> silu(gate(h)) * up(h) (B, T, F): the down projection's input."""
+    return F.silu(blk.ffn_gate(h)) * blk.ffn_up(h)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The ops a backend may replace in the layer, each computing the same math as the reference:
+    rmsnorm(x, weight, eps) as `rmsnorm`; qkv(attn, x, layer, cache, start, cos, sin) as
+    `project_qkv` (and the same cache writes); mlp_in(blk, h) as `glu_input`."""
+
+    rmsnorm: Callable
+    qkv: Callable
+    mlp_in: Callable
+
+
+TORCH_OPS = Ops(rmsnorm=rmsnorm, qkv=project_qkv, mlp_in=glu_input)
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, ops: Ops = TORCH_OPS):
         super().__init__()
-        self.eps = eps
+        self.eps, self.ops = eps, ops
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and scale after casting to the weights' dtype, as transformers'
-        # LlamaRMSNorm does; x may be the fp32 residual stream. CUDA: one Triton kernel, same rounding.
-        if x.is_cuda:
-            from localllm.kernels.triton_prefill import rmsnorm_rows
-
-            return rmsnorm_rows(x, self.weight, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(self.weight.dtype)
+        return self.ops.rmsnorm(x, self.weight, self.eps)
 
 
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,95 +146,57 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.ops = cfg, ops
         self.attn_q = Linear(cfg.dim, cfg.q_dim, bias=cfg.qkv_bias)
         self.attn_k = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
         self.attn_v = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
         self.attn_output = Linear(cfg.q_dim, cfg.dim, bias=False)
         if cfg.qk_norm:
-            self.attn_q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-            self.attn_k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-        # CUDA: (q|k|v weight, bias) fused into one product, its rows viewed by attn_q/k/v (set by
-        # cuda_decode.fuse_blocks; None where the three differ in kind or type)
+            self.attn_q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, ops)
+            self.attn_k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, ops)
+        # (q|k|v weight, bias) as one product whose rows attn_q/k/v view, for backends that fuse them
+        # at load (backends/cuda.py's fuse); None: three products
         self.fused_qkv: tuple | None = None
 
     def forward(self, x, layer: int, cache: KVCache, start: int, cos, sin, mask):
         # x: (B, T, C) -> (B, T, C); writes this step's k/v into cache rows [start, start + T).
         cfg, (B, T, _) = self.cfg, x.shape
-        if x.is_cuda and cache.k.dtype == x.dtype:
-            q, keys, values = self._project_cuda(x, layer, cache, start, cos, sin)
-        else:
-            q, keys, values = self._project(x, layer, cache, start, cos, sin)
+        q, keys, values = self.ops.qkv(self, x, layer, cache, start, cos, sin)
         # keys/values: (B, Hkv, start + T, D); mask None means plain causal from position 0.
         y = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
         )
         return self.attn_output(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
 
-    def _project_cuda(self, x, layer: int, cache: KVCache, start: int, cos, sin):
-        """As _project, with rope and the cache writes in one Triton kernel (kernels/triton_prefill.py)."""
-        from localllm.kernels.triton_prefill import rope_cache
-
-        cfg, (B, T, _) = self.cfg, x.shape
-        if self.fused_qkv is not None:
-            qkv = linear(x, *self.fused_qkv)
-            q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
-        else:
-            q, k, v = self.attn_q(x), self.attn_k(x), self.attn_v(x)
-        if cfg.qk_norm:
-            q = self.attn_q_norm(q.view(B, T, cfg.n_heads, cfg.head_dim))
-            k = self.attn_k_norm(k.view(B, T, cfg.n_kv_heads, cfg.head_dim))
-        return rope_cache(q.reshape(B, T, -1), k.reshape(B, T, -1), v, cache.k[layer], cache.v[layer], start, cos,
-                          sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
-
-    def _project(self, x, layer: int, cache: KVCache, start: int, cos, sin):
-        """x (B, T, C) -> q (B, H, T, D) rotated, and the cache's k, v (B, Hkv, start + T, D) with this
-        step's rows written."""
-        cfg, (B, T, _) = self.cfg, x.shape
-        q = self.attn_q(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
-        k = self.attn_k(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.attn_v(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        if cfg.qk_norm:
-            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
-        q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
-        keys, values = cache.update(layer, start, k, v)
-        return q, keys, values
-
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ops = ops
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
+        self.attn = Attention(cfg, ops)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
-        # CUDA: gate/up rows interleaved in one weight (cuda_decode.fuse_blocks), or None
+        # gate/up rows interleaved in one weight, for backends that fuse them at load; None: two products
         self.fused_gate_up = None
 
     def forward(self, x, layer, cache, start, cos, sin, mask):
         x = x + self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
-        h = self.ffn_norm(x)
-        if h.is_cuda:
-            from localllm.kernels.triton_prefill import silu_mul
-
-            if self.fused_gate_up is not None:  # one product, then silu(gate) * up of its interleaved pairs
-                return x + self.ffn_down(silu_mul(linear(h, self.fused_gate_up)))
-            return x + self.ffn_down(silu_mul(self.ffn_gate(h), self.ffn_up(h)))
-        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
+        return x + self.ffn_down(self.ops.mlp_in(self, self.ffn_norm(x)))
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
         super().__init__()
         self.cfg = cfg
         # _weight: no random init (on the meta device that init alone imports torch._dynamo: ~2 s of load)
         self.token_embd = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim))
-        self.blk = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.blk = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.n_layers))
+        self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         if not cfg.tied_output:
             self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
         # (D/2,) divisors of the rope frequencies: ones, llama3 factors, or a GGUF rope_freqs tensor.
@@ -216,18 +216,6 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
         """tokens: (B, T) at positions [start, start + T) -> logits (B, T, V) in fp32 ((B, 1, V) with last_only)."""
         T = tokens.shape[1]
-        if T == 1 and tokens.device.type == "cpu":
-            from .cpu_decode import decoder_for  # one C++ call per token where the weights allow it
-
-            decoder = decoder_for(self, cache)
-            if decoder is not None:
-                logits = decoder.step(int(tokens[0, 0]), start, cache)
-                cache.length = start + 1
-                return logits.view(1, 1, -1)
-        if tokens.is_cuda:
-            from .cuda_decode import fuse_blocks  # q|k|v and gate/up as one product each
-
-            fuse_blocks(self)
         positions = torch.arange(start, start + T, device=tokens.device)
         cos, sin = self.rope_tables(positions)
         mask = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from localllm.kernels.linear import dequantize_qweight
 from localllm.kernels.qweight import QWeight
 
 from .errors import LocalLLMError
@@ -25,7 +26,7 @@ def matrices(model: Transformer) -> dict[str, torch.Tensor | QWeight]:
 
 
 def dense(w: torch.Tensor | QWeight) -> torch.Tensor:
-    return w.dequantize(torch.float32) if isinstance(w, QWeight) else w.detach()
+    return dequantize_qweight(w, torch.float32) if isinstance(w, QWeight) else w.detach()
 
 
 def nonfinite_tensor(model: Transformer) -> str | None:

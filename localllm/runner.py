@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-from .cache import make_cache
 from .device import pick_device, pick_dtype
 from .draft import open_drafter
 from .generate import Stats, check_generation, generate, stream_text
@@ -59,14 +58,13 @@ def complete(
     generate_speculative)."""
     check_generation(gen.max_tokens, gen.ctx)
     ids = encode_prompt(lm, prompt)
-    device = lm.model.token_embd.weight.device
-    cache = make_cache(lm.config, context_size(lm, gen.ctx), dtype=lm.model.token_embd.weight.dtype, device=device)
-    sampler = Sampler(sampling, device)
+    cache = lm.runtime.new_cache(context_size(lm, gen.ctx))
+    sampler = Sampler(sampling, lm.runtime.device)
     if drafter is not None:
-        tokens = generate_speculative(lm.model, cache, ids, sampler, drafter, gen.max_tokens, lm.tokenizer.stop_ids,
+        tokens = generate_speculative(lm.runtime, cache, ids, sampler, drafter, gen.max_tokens, lm.tokenizer.stop_ids,
                                       stats, settings=draft, plain_steps=plain_steps)
     else:
-        tokens = generate(lm.model, cache, ids, sampler, gen.max_tokens, lm.tokenizer.stop_ids, stats)
+        tokens = generate(lm.runtime, cache, ids, sampler, gen.max_tokens, lm.tokenizer.stop_ids, stats)
     return stream_text(lm.tokenizer, tokens, gen.stop)
 
 
@@ -78,7 +76,7 @@ def timed_open(spec: str | None, device: str, dtype: str | None) -> tuple[Loaded
 
 def timed_drafter(lm: LoadedModel, ds: DraftSettings, sampling: SamplingSettings) -> tuple[Drafter | None, float]:
     t0 = time.perf_counter()
-    drafter = open_drafter(lm.model, lm.tokenizer, ds, sampling)
+    drafter = open_drafter(lm.runtime, lm.tokenizer, ds, sampling)
     return drafter, time.perf_counter() - t0
 
 

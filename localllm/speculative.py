@@ -13,9 +13,9 @@ prompt plus the emitted ids (N of them), a round starts with the target's cache 
 the verify pass writes positions N-1 .. N-1+K; after m kept drafts the rollback is cache.length =
 N + m (stale rows are overwritten later). The drafter keeps its own cache the same way.
 
-On CUDA the verify pass is a captured graph of the decode step's kernels run for K+1 tokens
-(cuda_decode.GraphDecoder), whose rows are computed exactly as plain decode steps compute them, so
-greedy ids equal plain decoding's on the GPU too; K is then at most triton_epilogue.MAX_ROWS - 1.
+The verify pass is the Runtime's (on CUDA a captured graph of the decode step's kernels run for K+1
+tokens, backends/cuda_graph.py, whose rows are computed exactly as plain decode steps compute them,
+so greedy ids equal plain decoding's on the GPU too; K is then at most Runtime.most_drafts).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Iterable, Iterator, Protocol
 import torch
 
 from .cache import KVCache
-from .generate import Stats, _sync, check_prompt, decode_one, graph_decoding, prefill, token_budget
-from .model import Transformer
+from .generate import Stats, check_prompt, decode_one, prefill, token_budget
 from .nonfinite import check_logits
+from .runtime import Runtime
 from .sampling import Sampler, draw, is_plain_greedy
 from .settings import DEFAULT_DRAFT, DraftSettings
 
@@ -69,57 +69,24 @@ class SpecStats(Stats):
 
 
 @torch.inference_mode()
-def feed(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
+def feed(rt: Runtime, cache: KVCache, ids: list[int]) -> torch.Tensor:
     """Run ids at positions cache.length.. -> logits of the last (V,). Up to two ids go one at a time
-    through decode_one (a CUDA graph; on the CPU the fast one-row path): cheaper than a small
+    through decode_one (a CUDA graph; on the CPU the C++ one-token step): cheaper than a small
     multi-row pass. More (a prompt) are one prefill."""
     if len(ids) > 2:
-        return prefill(model, cache, ids, cache.length)
-    device = model.token_embd.weight.device
+        return prefill(rt, cache, ids, cache.length)
     for t in ids:
-        logits = decode_one(model, cache, torch.tensor(t, device=device))
+        logits = decode_one(rt, cache, torch.tensor(t, device=rt.device))
     return logits
 
 
-def most_drafts(cache: KVCache) -> int | None:
-    """The most drafts one verify pass takes (None: no limit)."""
-    if graph_decoding(cache):  # the verify pass is the decode step's graph for several tokens
-        from localllm.kernels.triton_epilogue import MAX_ROWS
-
-        return MAX_ROWS - 1
-    return None
-
-
 @torch.inference_mode()
-def warm_verify(model: Transformer, cache: KVCache) -> None:
-    """Capture now the verify graph of every pass size this cache can take (each is otherwise captured
-    on first use: tens of ms for an 8B model, which benchmarks keep out of their timings). Rows past
-    cache.length are written, which later steps overwrite."""
-    most = most_drafts(cache)
-    if most is None:
-        return
-    from .cuda_decode import decoder_for
-
-    start = cache.length
-    for t in range(2, most + 2):
-        if start + t <= cache.capacity:
-            decoder_for(model, cache, t).step(torch.zeros(t, dtype=torch.long, device=cache.k.device))
-            cache.length = start
-
-
-@torch.inference_mode()
-def verify(model: Transformer, cache: KVCache, ids: list[int]) -> torch.Tensor:
-    """The target's pass over the last emitted id and the drafts -> logits (T, V). More than one id is
-    one pass reading the weights once for all of them: on CUDA the decode step's graph for T tokens
-    (each row as plain decoding computes it), else the model's multi-token forward."""
+def verify(rt: Runtime, cache: KVCache, ids: list[int]) -> torch.Tensor:
+    """The target's pass over the last emitted id and the drafts -> logits (T, V): one id is a plain
+    step, more are one pass reading the weights once for all of them (Runtime.verify)."""
     if len(ids) == 1:
-        return feed(model, cache, ids)[None]
-    device = model.token_embd.weight.device
-    if graph_decoding(cache):
-        from .cuda_decode import decoder_for
-
-        return decoder_for(model, cache, len(ids)).step(torch.tensor(ids, device=device))
-    return model(torch.tensor([ids], device=device), cache, cache.length)[0]
+        return feed(rt, cache, ids)[None]
+    return rt.verify(cache, ids)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -144,7 +111,7 @@ def accept(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, generator: t
 
 @torch.inference_mode()
 def speculative_round(
-    model: Transformer, cache: KVCache, sampler: Sampler, drafter: Drafter, seq: list[int], history: torch.Tensor, k: int
+    rt: Runtime, cache: KVCache, sampler: Sampler, drafter: Drafter, seq: list[int], history: torch.Tensor, k: int
 ) -> tuple[list[int], int]:
     """One round: draft up to k ids after seq, verify them in one target pass, keep a prefix, draw one
     more. The target's cache holds seq[:-1] before, seq[:-1] + the kept drafts after.
@@ -153,7 +120,7 @@ def speculative_round(
     assert cache.length == N - 1, f"target cache holds {cache.length} ids, expected {N - 1}"
     drafted, q = drafter.propose(seq, history, k)
     n = len(drafted)
-    logits = verify(model, cache, seq[-1:] + drafted)
+    logits = verify(rt, cache, seq[-1:] + drafted)
     if is_plain_greedy(sampler):  # p_i one-hot at argmax: keep drafts while they are the argmax (one sync)
         best = logits.argmax(-1).tolist()
         m = next((i for i in range(n) if drafted[i] != best[i]), n)
@@ -215,23 +182,22 @@ def adaptive_k(drafter: Drafter, ds: DraftSettings) -> AdaptiveK:
 
 
 @torch.inference_mode()
-def time_plain_step(model: Transformer, cache: KVCache, token: int, steps: int) -> float:
+def time_plain_step(rt: Runtime, cache: KVCache, token: int, steps: int) -> float:
     """Seconds of one plain decode step of token at position cache.length (after one warm-up step:
     CUDA graph capture). The same row is rewritten each time; cache.length is restored."""
-    device = model.token_embd.weight.device
-    start, t = cache.length, torch.tensor(token, device=device)
-    decode_one(model, cache, t)
+    start, t = cache.length, torch.tensor(token, device=rt.device)
+    decode_one(rt, cache, t)
     cache.length = start
-    _sync(device)
+    rt.sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        decode_one(model, cache, t).argmax().item()  # a plain step ends in a host sync too
+        decode_one(rt, cache, t).argmax().item()  # a plain step ends in a host sync too
         cache.length = start
     return (time.perf_counter() - t0) / steps
 
 
 def generate_speculative(
-    model: Transformer,
+    rt: Runtime,
     cache: KVCache,
     prompt: list[int],
     sampler: Sampler,
@@ -248,7 +214,7 @@ def generate_speculative(
     first, for stats.plain_tps. On return both caches hold at most prompt + the yielded ids."""
     check_prompt(len(prompt), cache, reuse)
     stats = stats if stats is not None else SpecStats()
-    device = model.token_embd.weight.device
+    device = rt.device
     stop = set(stop_ids)
     seq = list(prompt)
     history = torch.tensor(prompt, dtype=torch.long, device=device)
@@ -256,17 +222,17 @@ def generate_speculative(
     drafter.start(cache.capacity, reuse)
     budget, by_context = token_budget(max_tokens, len(prompt), cache.capacity)
     # the first id as plain decoding draws it: from the prompt's prefill logits
-    logits = prefill(model, cache, prompt[reuse:], reuse)
-    check_logits(model, logits)
+    logits = prefill(rt, cache, prompt[reuse:], reuse)
+    check_logits(rt.model, logits)
     token = sampler(logits, history)
     first = int(token)
     stats.prompt_tokens, stats.prompt_seconds = len(prompt) - reuse, time.perf_counter() - t0
     if budget < 1 or first in stop:
         return
     if plain_steps:  # at the first id's position, rolled back
-        stats.plain_tps = 1 / time_plain_step(model, cache, first, plain_steps)
+        stats.plain_tps = 1 / time_plain_step(rt, cache, first, plain_steps)
     schedule = adaptive_k(drafter, settings)
-    limit = most_drafts(cache)
+    limit = rt.most_drafts(cache)
     t0 = time.perf_counter()
     seq.append(first)
     history = torch.cat((history, token.view(1)))
@@ -276,7 +242,7 @@ def generate_speculative(
         while len(seq) - len(prompt) < budget:
             # the round emits up to k + 1 ids; none past the budget (nor past the cache's end)
             k = min(schedule.k(), budget - (len(seq) - len(prompt)) - 1, limit or budget)
-            new, n = speculative_round(model, cache, sampler, drafter, seq, history, k)
+            new, n = speculative_round(rt, cache, sampler, drafter, seq, history, k)
             schedule.update(n, len(new) - 1)
             stats.target_passes += 1
             stats.drafted += n

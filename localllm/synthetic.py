@@ -23,6 +23,7 @@ from localllm.quantize import quantize_tensor
 from .config import ModelConfig
 from .load import build_model
 from .model import Transformer, llama3_rope_factors
+from .runtime import Runtime
 from .weights import QuantizedTensor, gguf_name
 
 Q = gguf.GGMLQuantizationType
@@ -100,8 +101,9 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
 
 
 def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtype, seed: int = 0,
-                    keep_quantized: bool | None = None):
-    """-> (Transformer on device, Counter of weight types). Dense weights take `dtype`."""
+                    keep_quantized: bool | None = None) -> tuple[Runtime, Counter]:
+    """-> (the model on its device's backend, laid out as its GGUF file would load (load.build_model),
+    Counter of weight types). Dense weights take `dtype`."""
     state, types = synthetic_state(cfg, wtype, device, seed)
     types[str(dtype).removeprefix("torch.")] = types.pop("dense")
     return build_model(cfg, state, device, dtype, keep_quantized), types

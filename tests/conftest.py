@@ -97,7 +97,7 @@ def default_greedy(default_lm):
     try:
         cache = make_cache(lm.config, 128)
         sampler = Sampler(SamplingSettings(temperature=0))
-        ids = list(generate(lm.model, cache, prompt, sampler, GREEDY_TOKENS, lm.tokenizer.stop_ids))
+        ids = list(generate(lm.runtime, cache, prompt, sampler, GREEDY_TOKENS, lm.tokenizer.stop_ids))
     finally:
         hook.remove()
     assert len(ids) == GREEDY_TOKENS, f"stopped early after {len(ids)} tokens"

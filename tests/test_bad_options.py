@@ -107,7 +107,7 @@ def test_n_minus_one_runs_until_the_context_is_full(tiny):
     cache = make_cache(lm.config, 16, dtype=torch_float32(), device="cpu")
     stats = Stats()
     prompt = [1, 2, 3]
-    ids = list(generate(lm.model, cache, prompt, Sampler(SamplingSettings(temperature=0)), -1, (), stats))
+    ids = list(generate(lm.runtime, cache, prompt, Sampler(SamplingSettings(temperature=0)), -1, (), stats))
     assert len(ids) == 16 - len(prompt) and stats.context_full == 16
     r = invoke(["complete", tiny, "the", "-n", "-1", "--temp", "0", "--ctx", "16"])
     assert r.returncode == 0 and r.stdout.strip(), r.stderr

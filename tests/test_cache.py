@@ -56,7 +56,7 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
 
 @torch.inference_mode()
 def test_tiny_greedy_cached_equals_recomputed_each_step(tiny_lm):
-    model, cfg = tiny_lm.model, tiny_lm.config
+    model, cfg, rt = tiny_lm.model, tiny_lm.config, tiny_lm.runtime
     prompt = prompt_ids(7)
     cache = make_cache(cfg, 64)
     logits = run(model, cache, [prompt], 0)[0, -1]
@@ -66,10 +66,10 @@ def test_tiny_greedy_cached_equals_recomputed_each_step(tiny_lm):
         assert max_diff(logits, ref) <= TOL, f"step {step}"
         seq.append(int(logits.argmax()))
         assert cache.length == len(seq) - 1
-        logits = decode_one(model, cache, torch.tensor(seq[-1]))
+        logits = decode_one(rt, cache, torch.tensor(seq[-1]))
     # The library's generation loop takes the same greedy path.
     sampler = Sampler(SamplingSettings(temperature=0))
-    ids = list(generate(model, make_cache(cfg, 64), prompt, sampler, GREEDY_TOKENS))
+    ids = list(generate(rt, make_cache(cfg, 64), prompt, sampler, GREEDY_TOKENS))
     assert ids == seq[len(prompt):]
 
 
@@ -87,7 +87,7 @@ def test_tiny_batched_decode_equals_recomputed(tiny_lm):
 
 @torch.inference_mode()
 def test_tiny_prefill_after_cache_equals_recomputed(tiny_lm):
-    model, cfg = tiny_lm.model, tiny_lm.config
+    model, cfg, rt = tiny_lm.model, tiny_lm.config, tiny_lm.runtime
     seq = prompt_ids(30, seed=3)
     ref = recompute(model, cfg, [seq])[0]
     cache = make_cache(cfg, 40)
@@ -99,27 +99,27 @@ def test_tiny_prefill_after_cache_equals_recomputed(tiny_lm):
     chunk = run(model, cache, [seq[20:29]], 20)[0]
     assert max_diff(chunk, ref[20:29]) <= TOL
     assert cache.length == 29
-    assert max_diff(decode_one(model, cache, torch.tensor(seq[29])), ref[29]) <= TOL
+    assert max_diff(decode_one(rt, cache, torch.tensor(seq[29])), ref[29]) <= TOL
 
 
 @torch.inference_mode()
 def test_tiny_rollback_redecode(tiny_lm):
-    model, cfg = tiny_lm.model, tiny_lm.config
+    model, cfg, rt = tiny_lm.model, tiny_lm.config, tiny_lm.runtime
     seq = prompt_ids(24, seed=4)
     ref = recompute(model, cfg, [seq])[0]
     cache = make_cache(cfg, 32)
     run(model, cache, [seq[:16]], 0)
-    first = [decode_one(model, cache, torch.tensor(t)) for t in seq[16:24]]
+    first = [decode_one(rt, cache, torch.tensor(t)) for t in seq[16:24]]
     # Roll back 6 positions and decode other tokens over the stale rows.
     cache.length = 18
     other = prompt_ids(4, seed=5)
     for i, t in enumerate(other):
-        got = decode_one(model, cache, torch.tensor(t))
+        got = decode_one(rt, cache, torch.tensor(t))
         assert max_diff(got, recompute(model, cfg, [seq[:18] + other[: i + 1]])[0, -1]) <= TOL
     # Roll back again and re-decode the original tokens: the same logits as the first time.
     cache.length = 18
     for i, t in enumerate(seq[18:24]):
-        got = decode_one(model, cache, torch.tensor(t))
+        got = decode_one(rt, cache, torch.tensor(t))
         assert max_diff(got, first[i + 2]) <= TOL and max_diff(got, ref[18 + i]) <= TOL
     # And a rolled-back multi-token chunk.
     cache.length = 10
@@ -158,6 +158,7 @@ def test_default_greedy_cached_equals_recomputed(default_lm, default_greedy, def
 @torch.inference_mode()
 def test_default_prefill_after_cache_and_rollback(default_lm, default_seq, default_ref):
     model, cfg, seq, ref = default_lm.model, default_lm.config, default_seq, default_ref
+    rt = default_lm.runtime
     n = len(seq)
     cache = make_cache(cfg, 64)
     run(model, cache, [seq[:10]], 0)
@@ -165,6 +166,6 @@ def test_default_prefill_after_cache_and_rollback(default_lm, default_seq, defau
     # Roll back and re-decode single tokens, then a chunk, over the stale rows.
     cache.length = n - 8
     for pos in range(n - 8, n - 5):
-        assert max_diff(decode_one(model, cache, torch.tensor(seq[pos])), ref[pos]) <= TOL
+        assert max_diff(decode_one(rt, cache, torch.tensor(seq[pos])), ref[pos]) <= TOL
     cache.length = 20
     assert max_diff(run(model, cache, [seq[20:n]], 20)[0], ref[20:n]) <= TOL

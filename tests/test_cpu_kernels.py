@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 
 import gguf
@@ -19,7 +17,7 @@ import torch
 
 from localllm.kernels.cpu import QMATVEC_MAX_ROWS, BlockQWeight, dequantize_rows, embed, load_extension, pack_for_cpu, qlinear
 from localllm.cache import make_cache
-from localllm.cpu_decode import decoder_for
+from localllm.backends.cpu import CpuRuntime
 from localllm.generate import generate
 from localllm.gguf_file import open_gguf
 from localllm.load import load_model
@@ -111,24 +109,25 @@ def test_decode_step_matches_reference_forward(tiny, case):
     """One C++ call per token gives the logits of the dense model's forward (inputs of quantized
     products rounded alike), and fills the cache as the torch path does."""
     path = str(tiny.gguf(case, Q.Q8_0))
-    fast = load_model(path, "cpu").model
+    rt = load_model(path, "cpu").runtime
+    fast = rt.model
     ref = load_model(path, "cpu", torch.float32, keep_quantized=False).model
     hooked_reference(ref, fast)
     tokens = torch.randint(0, fast.cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
-    cache, ref_cache = make_cache(fast.cfg, 12), make_cache(fast.cfg, 12)
-    assert decoder_for(fast, cache) is not None
+    cache, ref_cache = rt.new_cache(12), make_cache(fast.cfg, 12)
+    assert isinstance(rt, CpuRuntime) and rt.cpp_decoder(cache) is not None
     with torch.inference_mode():
-        fast(tokens[:, :6], cache, 0)
+        rt.prefill(cache, tokens[:, :6].tolist(), 0)
         ref(tokens[:, :6], ref_cache, 0)
         for i in range(6, 9):
-            got, want = fast(tokens[:, i:i + 1], cache, i), ref(tokens[:, i:i + 1], ref_cache, i)
+            got, want = rt.decode(cache, tokens[:, i])[:, None], ref(tokens[:, i:i + 1], ref_cache, i)
             assert rel(got, want) < 1e-4, f"step {i}"  # unrounded inputs: ~5e-3 with int8, ~2e-5 int16
     assert rel(cache.k[:, :, :, :9], ref_cache.k[:, :, :, :9]) < 1e-4
 
 
 def greedy(lm, ids: list[int], n: int) -> list[int]:
-    cache = make_cache(lm.config, len(ids) + n + 1, dtype=lm.model.token_embd.weight.dtype)
-    return list(generate(lm.model, cache, ids, Sampler(SamplingSettings(temperature=0)), n))
+    cache = lm.runtime.new_cache(len(ids) + n + 1)
+    return list(generate(lm.runtime, cache, ids, Sampler(SamplingSettings(temperature=0)), n))
 
 
 LONG_PROMPT = (  # ~130 tokens: a prompt past QMATVEC_MAX_ROWS, multiplied as a batch

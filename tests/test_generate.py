@@ -34,7 +34,7 @@ def run(lm, max_tokens: int, stop_ids=(), capacity: int | None = None, stats: St
     ids = encode_prompt(lm, PROMPT)
     w = lm.model.token_embd.weight
     cache = make_cache(lm.config, capacity or len(ids) + max_tokens, dtype=w.dtype, device=w.device)
-    out = list(generate(lm.model, cache, ids, Sampler(GREEDY), max_tokens, stop_ids, stats))
+    out = list(generate(lm.runtime, cache, ids, Sampler(GREEDY), max_tokens, stop_ids, stats))
     return out, cache
 
 

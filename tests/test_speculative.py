@@ -61,16 +61,16 @@ def prompt(target) -> list[int]:
 
 
 def drafter_for(target, ds: DraftSettings, sampling: SamplingSettings):
-    return open_drafter(target.model, target.tokenizer, ds, sampling)
+    return open_drafter(target.runtime, target.tokenizer, ds, sampling)
 
 
-def plain_ids(model, prompt, sampling, n, stop=(), capacity=128) -> list[int]:
-    return list(generate(model, make_cache(model.cfg, capacity), prompt, Sampler(sampling), n, stop))
+def plain_ids(rt, prompt, sampling, n, stop=(), capacity=128) -> list[int]:
+    return list(generate(rt, rt.new_cache(capacity), prompt, Sampler(sampling), n, stop))
 
 
-def spec_ids(model, prompt, sampling, drafter, ds, n, stop=(), capacity=128, stats=None):
-    cache = make_cache(model.cfg, capacity)
-    out = list(generate_speculative(model, cache, prompt, Sampler(sampling), drafter, n, stop, stats, settings=ds))
+def spec_ids(rt, prompt, sampling, drafter, ds, n, stop=(), capacity=128, stats=None):
+    cache = rt.new_cache(capacity)
+    out = list(generate_speculative(rt, cache, prompt, Sampler(sampling), drafter, n, stop, stats, settings=ds))
     return out, cache
 
 
@@ -95,9 +95,9 @@ DRAFTS = {
 def test_greedy_equals_plain(target, prompt, tiny, name):
     ds, greedy = DRAFTS[name]
     ds = ds or DraftSettings(draft=str(tiny.gguf("llama3")), dtype="float32")
-    ref = plain_ids(target.model, prompt, greedy, 64)
+    ref = plain_ids(target.runtime, prompt, greedy, 64)
     stats = SpecStats()
-    out, _ = spec_ids(target.model, prompt, greedy, drafter_for(target, ds, greedy), ds, 64, stats=stats)
+    out, _ = spec_ids(target.runtime, prompt, greedy, drafter_for(target, ds, greedy), ds, 64, stats=stats)
     assert out == ref
     assert stats.generated_tokens == 64 and stats.drafted > 0
     if name != "unrelated-model":  # a related draft or lookup: some passes give more than one id
@@ -106,16 +106,16 @@ def test_greedy_equals_plain(target, prompt, tiny, name):
 
 def test_greedy_stop_id_budget_and_context_end(target, prompt):
     drafter = drafter_for(target, F32_DRAFT, GREEDY)
-    ref = plain_ids(target.model, prompt, GREEDY, 40)
+    ref = plain_ids(target.runtime, prompt, GREEDY, 40)
     k = next(i for i in range(5, len(ref)) if ref[i] not in ref[:i])
-    out, cache = spec_ids(target.model, prompt, GREEDY, drafter, F32_DRAFT, 40, stop={ref[k]})
+    out, cache = spec_ids(target.runtime, prompt, GREEDY, drafter, F32_DRAFT, 40, stop={ref[k]})
     assert out == ref[:k]
     assert cache.length <= len(prompt) + k and drafter.cache.length <= len(prompt) + k
     for n in (1, 2, 7):  # the budget holds exactly, whatever the round sizes
-        assert spec_ids(target.model, prompt, GREEDY, drafter, F32_DRAFT, n)[0] == ref[:n]
+        assert spec_ids(target.runtime, prompt, GREEDY, drafter, F32_DRAFT, n)[0] == ref[:n]
     capacity = len(prompt) + 6  # the context ends first
-    assert spec_ids(target.model, prompt, GREEDY, drafter, F32_DRAFT, 40, capacity=capacity)[0] == \
-        plain_ids(target.model, prompt, GREEDY, 40, capacity=capacity)
+    assert spec_ids(target.runtime, prompt, GREEDY, drafter, F32_DRAFT, 40, capacity=capacity)[0] == \
+        plain_ids(target.runtime, prompt, GREEDY, 40, capacity=capacity)
 
 
 def test_default_model_f32_target_with_its_q4_1_file_as_draft(default_lm, default_greedy):
@@ -124,9 +124,9 @@ def test_default_model_f32_target_with_its_q4_1_file_as_draft(default_lm, defaul
     prompt, ref, _ = default_greedy
     ds = DraftSettings(draft="smollm2-135m")
     greedy = SamplingSettings(temperature=0.0)
-    drafter = open_drafter(default_lm.model, default_lm.tokenizer, ds, greedy)
+    drafter = open_drafter(default_lm.runtime, default_lm.tokenizer, ds, greedy)
     stats = SpecStats()
-    out, _ = spec_ids(default_lm.model, prompt, greedy, drafter, ds, GREEDY_TOKENS, default_lm.tokenizer.stop_ids,
+    out, _ = spec_ids(default_lm.runtime, prompt, greedy, drafter, ds, GREEDY_TOKENS, default_lm.tokenizer.stop_ids,
                       stats=stats)
     assert out == ref
     assert stats.acceptance() > 0.9 and stats.tokens_per_pass() > 3
@@ -159,12 +159,12 @@ def speculative_pairs(target, prompt, seeds: int) -> Counter:
     ds = replace(F32_DRAFT, max_draft=2)
     drafter = drafter_for(target, ds, RANDOM)
     cache = make_cache(target.config, 32)
-    prefill(target.model, cache, prompt[:-1], 0)  # every run reuses these rows (generate's `reuse`)
+    prefill(target.runtime, cache, prompt[:-1], 0)  # every run reuses these rows (generate's `reuse`)
     counts = Counter()
     for seed in range(seeds):
         drafter.sampler.generator.manual_seed(1_000_000 + seed)
         sampler = Sampler(replace(RANDOM, seed=seed))
-        ids = generate_speculative(target.model, cache, prompt, sampler, drafter, 3, reuse=len(prompt) - 1,
+        ids = generate_speculative(target.runtime, cache, prompt, sampler, drafter, 3, reuse=len(prompt) - 1,
                                    settings=ds)
         counts[tuple(ids)[:2]] += 1
     return counts
@@ -209,10 +209,10 @@ def test_rollback_matches_recomputation(target, prompt, tiny):
     sampler, rng = Sampler(sampling), random.Random(0)
     cache = make_cache(cfg, 128)
     drafter.start(128, 0)
-    prefill(model, cache, prompt[:-1], 0)
+    prefill(target.runtime, cache, prompt[:-1], 0)
     seq, seen = list(prompt), set()
     while len(seq) < 100:
-        new, n = speculative_round(model, cache, sampler, drafter, seq, torch.tensor(seq), rng.randint(1, 6))
+        new, n = speculative_round(target.runtime, cache, sampler, drafter, seq, torch.tensor(seq), rng.randint(1, 6))
         seen.add((n, len(new) - 1))
         seq += new
         # target: rows [0, N-1) are seq[:-1]; the next step's logits from them equal a fresh pass
@@ -223,9 +223,9 @@ def test_rollback_matches_recomputation(target, prompt, tiny):
         # draft: rows [0, L) are seq[:L]; a pass over the rest equals a fresh pass
         L = drafter.cache.length
         assert L <= len(seq) - 1
-        got = drafter.model(torch.tensor([seq[L:]]), drafter.cache, L)[0]
+        got = drafter.rt.model(torch.tensor([seq[L:]]), drafter.cache, L)[0]
         drafter.cache.length = L
-        assert (got - recompute(drafter.model, seq)[L:]).abs().max() <= TOL
+        assert (got - recompute(drafter.rt.model, seq)[L:]).abs().max() <= TOL
     assert any(m == 0 for n, m in seen) and any(0 < m < n for n, m in seen) and any(m == n for n, m in seen), seen
 
 
@@ -307,7 +307,7 @@ def test_draft_with_another_vocabulary_is_one_error_line(tiny, tmp_path):
     result = CliRunner().invoke(app, ["complete", str(tiny.gguf("llama")), "hi", "--draft", str(other)])
     one_error_line(result, "does not share the target's vocabulary")
     with pytest.raises(LocalLLMError, match="synthetic target"):
-        open_drafter(load_model(str(other), "cpu").model, None, DraftSettings(draft=str(other)), GREEDY)
+        open_drafter(load_model(str(other), "cpu").runtime, None, DraftSettings(draft=str(other)), GREEDY)
 
 
 # ---- the commands
@@ -335,7 +335,7 @@ def test_chat_with_a_drafter_equals_plain(target):
         session = ChatSession(target, template, gen, greedy, drafter=drafter, draft=F32_DRAFT)
         return ["".join(session.reply(text)) for text in ("Hi! Who are you?", "Tell me about the sea.")]
 
-    drafter = open_drafter(target.model, target.tokenizer, F32_DRAFT, greedy)
+    drafter = open_drafter(target.runtime, target.tokenizer, F32_DRAFT, greedy)
     assert replies(drafter) == replies(None)
     assert drafter.cache.length > 0  # it drafted for both turns, keeping the first turn's rows
 
@@ -345,10 +345,10 @@ TINY = ModelConfig(arch="llama", n_layers=2, dim=256, ffn_dim=512, n_heads=4, n_
 
 
 def test_spec_bench_rows():
-    model, types = synthetic_model(TINY, "f32", "cpu", torch.float32)
+    rt, types = synthetic_model(TINY, "f32", "cpu", torch.float32)
     ds = DraftSettings(draft="self:Q8_0", dtype="float32")
-    drafter = open_drafter(model, None, ds, SamplingSettings(temperature=0.0))
-    rows = bench_spec_model(BenchModel("tiny", model, types), drafter, ds, [8], [12], 2)
+    drafter = open_drafter(rt, None, ds, SamplingSettings(temperature=0.0))
+    rows = bench_spec_model(BenchModel("tiny", rt, types), drafter, ds, [8], [12], 2)
     assert [r.test for r in rows] == ["tg12 after pp8"]
     r = rows[0]
     assert r.same_output and r.plain_tps > 0 and r.spec_tps > 0 and r.tokens_per_pass >= 1

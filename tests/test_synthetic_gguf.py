@@ -51,7 +51,7 @@ def test_written_file_reads_back_as_synthetic_state(tmp_path, monkeypatch, token
     assert types["blk.0.attn_norm.weight"] == Q.F32
 
     f = open_gguf(path)
-    cfg, got, _ = read_gguf_model(f, "cpu", raw=True)  # quantized tensors stay as their blocks
+    cfg, got, _ = read_gguf_model(f, "blocks")  # quantized tensors stay as their blocks
     # llama3 scaling travels as the rope_freqs tensor; the epsilon as a float32
     assert replace(cfg, norm_eps=TINY.norm_eps) == replace(TINY, rope_scaling=None)
     assert cfg.norm_eps == pytest.approx(TINY.norm_eps)

@@ -30,7 +30,8 @@ from localllm.kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noq
 from localllm.kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
-from localllm.cuda_decode import GraphDecoder  # noqa: E402
+from localllm.backends.cuda import fuse  # noqa: E402
+from localllm.backends.cuda_graph import GraphDecoder  # noqa: E402
 from localllm.load import build_model  # noqa: E402
 from localllm.model import Linear  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
@@ -228,14 +229,21 @@ def quantize_inputs_like(ref: torch.nn.Module, fast: torch.nn.Module) -> None:
         ref.output_norm.register_forward_hook(lambda _m, _args, y: through_int8(y))
 
 
+def graph_model(state: dict):
+    """The weights as the CUDA backend loads them (QWeights, q|k|v and gate/up fused), on the CPU."""
+    model = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True).model
+    fuse(model)
+    return model
+
+
 @pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "Q4_0", "f32"])
 def test_decode_step_matches_model_forward(wtype, monkeypatch):
     """GraphDecoder's step (eager here: no graphs on the CPU) gives the fp32 model's logits, the
     reference quantizing the inputs of integer-product weights as the kernels do."""
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
     state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=1)
-    ref = build_model(TINY, dict(state), "cpu", torch.float32)
-    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    ref = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=False).model
+    fast = graph_model(state)
     tokens = torch.randint(0, TINY.vocab_size, (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         cache, ref_cache = make_cache(TINY, 8), make_cache(TINY, 8)
@@ -257,7 +265,7 @@ def test_batched_step_rows_equal_single_sequences(wtype, monkeypatch):
     each sequence's logits and cache rows bit for bit as a batch-1 step on that sequence alone."""
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
     state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=5)
-    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    fast = graph_model(state)
     tokens = torch.randint(0, TINY.vocab_size, (3, 6), generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
         batch = make_cache(TINY, 8, batch=3)
@@ -302,7 +310,7 @@ def test_greedy_step_gives_the_argmax_of_plain_steps(wtype, monkeypatch):
     the argmax of a plain decoder's logits, step after step, and its logits are those logits."""
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
     state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=8)
-    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    fast = graph_model(state)
     prompt = torch.randint(0, TINY.vocab_size, (2, 5), generator=torch.Generator().manual_seed(9))
     with torch.inference_mode():
         caches = make_cache(TINY, 9, batch=2), make_cache(TINY, 9, batch=2)
@@ -325,7 +333,7 @@ def test_verify_step_rows_equal_plain_steps(wtype, monkeypatch):
     cache rows bit for bit as 3 one-token steps do: greedy verification keeps plain decoding's ids."""
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
     state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=3)
-    fast = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True)
+    fast = graph_model(state)
     tokens = torch.randint(0, TINY.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         cache = make_cache(TINY, 8)

@@ -25,6 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from localllm.kernels import triton_q8  # noqa: E402
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
+from localllm.kernels.linear import dequantize_qweight  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
 from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
 
@@ -123,10 +124,10 @@ def test_block_major_round_trip_and_views(weight):
     """to_blocks reorders bytes only: back to rows, views, interleaved cat all decode to the reference."""
     qtype, ref, qw = weight
     assert qw.blocks and qw.nbytes == qw.to_rows().nbytes
-    assert torch.equal(qw.dequantize(torch.float32), ref)
+    assert torch.equal(dequantize_qweight(qw, torch.float32), ref)
     fused = QWeight.cat([qw, qw.rows(0, 40)], interleave=True)
     for i in (0, 1):
-        assert torch.equal(fused.rows(i, fused.shape[0], 2).dequantize(torch.float32), ref)
+        assert torch.equal(dequantize_qweight(fused.rows(i, fused.shape[0], 2), torch.float32), ref)
     x, xa, xv = act(1, 9)
     got = triton_q8.gemv_q8(xa, fused.rows(1, fused.shape[0], 2), act_dtype=torch.float32)
     assert rel(got, xv.double() @ ref.double().T) < 1e-6

@@ -22,11 +22,11 @@ the verify pass gives plain decoding's bits (speculative decoding's greedy ids a
 Dense weights take tensor-core products (kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K weights
 integer dot products (kernels/triton_q8.py). Every kernel matches the module ops of model.py (its
 reference) within rounding (the products' sums are added to x unrounded, and Q8_0's rounding of the
-activations for integer-dot weights): bench/cuda_check.py measures it against the CPU fp32 model.
+activations for integer-dot weights): tests/gpu/test_gpu_logits.py checks it against the CPU fp32
+model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not here.
 """
 
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F
@@ -39,52 +39,13 @@ from localllm.kernels.triton_epilogue import COUNTERS, from_fixed
 from localllm.kernels.triton_prefill import rmsnorm_rows
 from localllm.kernels.triton_q8 import quantize_act
 
-from .cache import KVCache
-from .model import Linear, Transformer
-
-def fuse_rows(linears: list[Linear], interleave: bool = False) -> torch.Tensor | QWeight | None:
-    """Stack the weights of Linears fed by the same input into one (sum N, K) weight (rows interleaved
-    with `interleave`: gate/up for the GLU epilogue) and make each Linear hold a row view of it (no
-    second copy). None when their kinds, types or shapes differ."""
-    ws = [m.w for m in linears]
-    if interleave and len({tuple(w.shape) for w in ws}) != 1:
-        return None
-    if all(isinstance(w, QWeight) for w in ws) and len({w.qtype for w in ws}) == 1 and ws[0].has_kernel:
-        fused = QWeight.cat(ws, interleave)
-    elif all(isinstance(w, torch.Tensor) for w in ws) and len({w.dtype for w in ws}) == 1:
-        ts = [w.detach() for w in ws]
-        fused = torch.stack(ts, 1).flatten(0, 1) if interleave else torch.cat(ts)
-    else:
-        return None
-    start = 0
-    for i, (m, w) in enumerate(zip(linears, ws)):
-        n = w.shape[0]
-        rows = slice(i, None, len(ws)) if interleave else slice(start, start + n)
-        if isinstance(fused, QWeight):
-            m.qweight = fused.rows(rows.start, rows.stop if rows.stop is not None else fused.shape[0], rows.step or 1)
-        else:
-            m.weight = torch.nn.Parameter(fused[rows], requires_grad=False)
-        start += n
-    return fused
+from ..cache import KVCache
+from ..model import Transformer
 
 
 def int_dot(w) -> bool:
     """w is a QWeight taking the integer-dot kernels (kernels/triton_q8.py)."""
     return isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES
-
-
-def fuse_blocks(model: Transformer) -> None:
-    """Once per model on CUDA: q|k|v stacked and gate/up interleaved into one weight each (Attention.
-    fused_qkv, Block.fused_gate_up), for the decode step's kernels and prefill's products alike."""
-    if getattr(model, "_fused", False):
-        return
-    for blk in model.blk:
-        a = blk.attn
-        qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
-        bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
-        a.fused_qkv = (qkv, bias) if qkv is not None else None
-        blk.fused_gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
-    model._fused = True
 
 
 class LayerWeights:
@@ -104,17 +65,14 @@ class GraphDecoder:
     decoding's ids."""
 
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1,
-                 chain: bool = True, fuse_rope: bool = True, greedy: bool = False):
+                 greedy: bool = False):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
-        self.chain = chain  # separate integer-dot q, k, v products overlap (triton_q8's CHAIN)
-        self.fuse_rope = fuse_rope  # rope_store's work done by the attention kernel (decode_attention's rope)
         self.rows = rows = cache.k.shape[1] * tokens  # sequences x tokens each
         # greedy: the step ends with each row's argmax written into its own input ids (step_greedy)
         assert not greedy or tokens == 1, "greedy ids are the next step's input: one token a step"
         self.greedy = greedy
         dev = cache.k.device
-        fuse_blocks(model)
         self.layers = [LayerWeights(b) for b in model.blk]
         exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=dev).float() / cfg.head_dim
         self.inv_freq = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
@@ -158,7 +116,7 @@ class GraphDecoder:
             start = 0
             for j, m in enumerate(ms):
                 n = m.w.shape[0]
-                chain = (1 if j == 0 else 2) if self.chain else 0  # triton_q8's CHAIN: first, later
+                chain = 1 if j == 0 else 2  # triton_q8's CHAIN (first, later): the products overlap
                 kw = {"xq": xq, "chain": chain} if xq is not None else {"norm": norm}
                 self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, **kw)
                 start += n
@@ -169,7 +127,7 @@ class GraphDecoder:
             qkv = torch.cat((q, k, v), -1)
             self.qkv_acc.zero_()
         kc, vc = self.cache.k[i], self.cache.v[i]  # (B, Hkv, S, D)
-        if self.fuse_rope and qkv is self.qkv_acc and cfg.head_dim >= 16:
+        if qkv is self.qkv_acc and cfg.head_dim >= 16:
             # the attention rotates q, k and stores k, v itself (and clears the accumulator)
             q, rope = None, (qkv, self.inv_freq, cfg.head_dim)
         else:
@@ -255,20 +213,3 @@ class GraphDecoder:
         assert self.greedy
         self.step(token)
         return self.token
-
-
-def held_for(model: Transformer, attr: str, cache: KVCache, make):
-    """model.<attr>, an object built by make(model, cache) for this cache; one kept: a new cache
-    replaces it (and frees its graph)."""
-    obj = getattr(model, attr, None)
-    if obj is None or obj.cache is not cache:
-        obj = make(model, cache)
-        setattr(model, attr, obj)
-    return obj
-
-
-def decoder_for(model: Transformer, cache: KVCache, tokens: int = 1, greedy: bool = False) -> GraphDecoder:
-    """The model's decoder of `tokens` tokens a step for this cache (one kept per token count and
-    greedy: a new cache replaces its graph)."""
-    attr = "_graph_decoder" + ("" if tokens == 1 else f"_{tokens}") + ("_greedy" if greedy else "")
-    return held_for(model, attr, cache, lambda m, c: GraphDecoder(m, c, tokens=tokens, greedy=greedy))

@@ -1,21 +1,24 @@
-"""Decode on the CPU in one C++ call per token (kernels/cpu_decode.cpp): the model's weights, norms
-and rope tables handed over once, then each step runs every layer without returning to Python.
+"""The CPU backend: decode in one C++ call per token (kernels/cpu_decode.cpp), the model's weights,
+norms and rope tables handed over once, then each step runs every layer without returning to Python.
 
-Used by Transformer.forward for one token (batch 1) when the extension is built, every linear
-weight is a BlockQWeight the C++ products read (or a dense fp32 matrix), and the KV cache is fp32.
-Otherwise forward runs its torch ops (same results up to the int8 activation rounding of the
-products: docs/PERFORMANCE.md).
+A GGUF file's quantized tensors stay as its blocks, repacked for the C++ products (kernels/cpu.py),
+and the dense tensors beside them are fp32 (the kernels compute in fp32). One-token steps of a
+batch-1 fp32 cache go through the C++ decoder when the extension is built and every linear weight is
+a BlockQWeight the C++ products read (or a dense fp32 matrix); everything else (prompts, batches,
+dense models) runs the portable torch forward. Both give the same results up to the int8 activation
+rounding of the products (tests/test_cpu_kernels.py, tests/gpu/test_cpu_error.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from localllm.kernels.cpu import BlockQWeight, args, load_extension, runs_in_cpp
+from localllm.kernels.cpu import BlockQWeight, args, load_extension, pack_for_cpu, runs_in_cpp
 
-from .cache import KVCache
-from .model import QEmbedding, Transformer
-from .settings import DEFAULT_CPU
+from ..cache import KVCache
+from ..model import QEmbedding, Transformer
+from ..runtime import Runtime
+from ..settings import DEFAULT_CPU
 
 LINEARS = ("attn.attn_q", "attn.attn_k", "attn.attn_v", "attn.attn_output", "ffn_gate", "ffn_up", "ffn_down")
 VECTORS = ("attn_norm.weight", "ffn_norm.weight", "attn.attn_q_norm.weight", "attn.attn_k_norm.weight",
@@ -81,13 +84,41 @@ def cache_fits(cache: KVCache) -> bool:
     )
 
 
-def decoder_for(model: Transformer, cache: KVCache) -> CpuDecoder | None:
-    """The model's C++ decoder, built on first use; None where the model or cache does not fit."""
-    if not cache_fits(cache) or model.cfg.head_dim % 8:
+def build_decoder(model: Transformer) -> CpuDecoder | None:
+    """The model's C++ decoder, or None where it does not fit: only models that keep the file's blocks
+    (a quantized GGUF on the CPU); dense ones stay on the torch forward."""
+    if model.cfg.head_dim % 8 or not isinstance(model.token_embd, QEmbedding) or model_tensors(model) is None:
         return None
-    if not hasattr(model, "_cpu_decoder"):
-        # Only models that keep the file's blocks (load_model on the CPU); dense ones stay the torch reference.
-        fits = isinstance(model.token_embd, QEmbedding) and model_tensors(model) is not None
-        ext = load_extension(DEFAULT_CPU.cache_dir) if fits else None
-        model._cpu_decoder = CpuDecoder(model, ext) if ext is not None else None
-    return model._cpu_decoder
+    ext = load_extension(DEFAULT_CPU.cache_dir)
+    return CpuDecoder(model, ext) if ext is not None else None
+
+
+class CpuRuntime(Runtime):
+    blocks_dtype = torch.float32  # the C++ kernels compute in fp32: norms, biases and the KV cache too
+
+    def __init__(self, model: Transformer):
+        super().__init__(model)
+        self.decoder: CpuDecoder | None = None  # built on the first one-token step
+        self.decoder_built = False
+
+    @staticmethod
+    def block_weight(blocks: torch.Tensor, qtype, dtype: torch.dtype) -> BlockQWeight:
+        """The file's blocks repacked for the C++ products (kernels/cpu.py; as they are without the
+        extension: its torch fallback)."""
+        return pack_for_cpu(BlockQWeight.from_blocks(blocks, qtype, dtype), load_extension(DEFAULT_CPU.cache_dir))
+
+    def cpp_decoder(self, cache: KVCache) -> CpuDecoder | None:
+        if not cache_fits(cache):
+            return None
+        if not self.decoder_built:
+            self.decoder, self.decoder_built = build_decoder(self.model), True
+        return self.decoder
+
+    def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        decoder = self.cpp_decoder(cache)
+        if decoder is None:
+            return super().decode(cache, tokens)
+        start = cache.length
+        logits = decoder.step(int(tokens.view(-1)[0]), start, cache)
+        cache.length = start + 1
+        return logits.view(1, -1)

@@ -1,0 +1,211 @@
+"""The CUDA backend: Triton kernels, and CUDA graphs so a step is one launch.
+
+- Load: quantized weights stay QWeights on the GPU (integer-dot or float-decoding Triton kernels,
+  kernels/linear.py), and `fuse` stacks q|k|v and interleaves gate/up into one weight each, once.
+- Prompts: the model's forward with CUDA_OPS (Triton norm, rope + cache write, silu * up); a prompt
+  shape seen before replays a captured graph (PrefillGraph).
+- Decode, greedy steps and speculative verify passes: backends/cuda_graph.py's GraphDecoder, one
+  captured graph a step; a greedy step's argmax is its last kernel.
+Each op computes what model.py's reference op computes, within rounding (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localllm.kernels.linear import linear
+from localllm.kernels.qweight import QWeight
+from localllm.kernels.triton_epilogue import MAX_ROWS
+from localllm.kernels.triton_prefill import rmsnorm_rows, rope_cache, silu_mul
+
+from ..cache import KVCache
+from ..model import Linear, Ops, Transformer, project_qkv
+from ..runtime import Runtime
+from .cuda_graph import GraphDecoder
+
+
+# ---- load: q|k|v and gate/up as one product each
+
+
+def fuse_rows(linears: list[Linear], interleave: bool = False) -> torch.Tensor | QWeight | None:
+    """Stack the weights of Linears fed by the same input into one (sum N, K) weight (rows interleaved
+    with `interleave`: gate/up for the GLU epilogue) and make each Linear hold a row view of it (no
+    second copy). None when their kinds, types or shapes differ."""
+    ws = [m.w for m in linears]
+    if interleave and len({tuple(w.shape) for w in ws}) != 1:
+        return None
+    if all(isinstance(w, QWeight) for w in ws) and len({w.qtype for w in ws}) == 1 and ws[0].has_kernel:
+        fused = QWeight.cat(ws, interleave)
+    elif all(isinstance(w, torch.Tensor) for w in ws) and len({w.dtype for w in ws}) == 1:
+        ts = [w.detach() for w in ws]
+        fused = torch.stack(ts, 1).flatten(0, 1) if interleave else torch.cat(ts)
+    else:
+        return None
+    start = 0
+    for i, (m, w) in enumerate(zip(linears, ws)):
+        n = w.shape[0]
+        rows = slice(i, None, len(ws)) if interleave else slice(start, start + n)
+        if isinstance(fused, QWeight):
+            m.qweight = fused.rows(rows.start, rows.stop if rows.stop is not None else fused.shape[0], rows.step or 1)
+        else:
+            m.weight = torch.nn.Parameter(fused[rows], requires_grad=False)
+        start += n
+    return fused
+
+
+def fuse(model: Transformer) -> None:
+    """q|k|v stacked and gate/up interleaved into one weight each (Attention.fused_qkv,
+    Block.fused_gate_up), for the decode step's kernels and prefill's products alike. Once, at load."""
+    for blk in model.blk:
+        a = blk.attn
+        qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
+        bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
+        a.fused_qkv = (qkv, bias) if qkv is not None else None
+        blk.fused_gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
+
+
+# ---- the model's ops for prompts
+
+
+def cuda_qkv(attn, x, layer: int, cache: KVCache, start: int, cos, sin):
+    """project_qkv with rope and the cache writes in one Triton kernel (kernels/triton_prefill.py), the
+    three products as one where fused. A cache of another dtype than x takes the reference op."""
+    if cache.k.dtype != x.dtype:
+        return project_qkv(attn, x, layer, cache, start, cos, sin)
+    cfg, (B, T, _) = attn.cfg, x.shape
+    if attn.fused_qkv is not None:
+        qkv = linear(x, *attn.fused_qkv)
+        q, k, v = qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
+    else:
+        q, k, v = attn.attn_q(x), attn.attn_k(x), attn.attn_v(x)
+    if cfg.qk_norm:
+        q = attn.attn_q_norm(q.view(B, T, cfg.n_heads, cfg.head_dim))
+        k = attn.attn_k_norm(k.view(B, T, cfg.n_kv_heads, cfg.head_dim))
+    return rope_cache(q.reshape(B, T, -1), k.reshape(B, T, -1), v, cache.k[layer], cache.v[layer], start, cos,
+                      sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+
+
+def cuda_mlp_in(blk, h: torch.Tensor) -> torch.Tensor:
+    """silu(gate(h)) * up(h) by one Triton kernel, over the fused gate/up product's interleaved pairs."""
+    if blk.fused_gate_up is not None:
+        return silu_mul(linear(h, blk.fused_gate_up))
+    return silu_mul(blk.ffn_gate(h), blk.ffn_up(h))
+
+
+CUDA_OPS = Ops(rmsnorm=rmsnorm_rows, qkv=cuda_qkv, mlp_in=cuda_mlp_in)
+
+
+# ---- prompts: a shape seen before replays a graph
+#
+# A prefill of T tokens launches ~11 kernels a layer and is bound by the host's launch time for large
+# models (docs/PERFORMANCE.md). When the same (T, start) comes again (a benchmark's repetitions, a
+# fixed-length batch job) the forward is captured once and replayed: one launch. A new shape runs
+# eagerly; the second time it is captured (eager warm-up, then capture), after that replayed. One
+# graph is kept per cache (the last shape captured). Reference: the eager forward itself (the graph
+# replays exactly its kernels, writing the same cache rows).
+
+
+class PrefillGraph:
+    def __init__(self, model: Transformer, cache: KVCache):
+        self.model, self.cache = model, cache
+        self.seen: tuple | None = None  # the last shape run eagerly
+        self.key: tuple | None = None  # the captured shape
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.tokens: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+
+    def _capture(self, tokens: torch.Tensor, start: int) -> None:
+        self.graph = None  # free the previous graph's pool first
+        self.tokens = tokens.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs asks
+            self.model(self.tokens, self.cache, start, last_only=True)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.model(self.tokens, self.cache, start, last_only=True)
+
+    def run(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """tokens (B, T) at positions [start, start + T) -> logits (B, 1, V) of the last position."""
+        key = (tuple(tokens.shape), start)
+        if key != self.key and key == self.seen:
+            self._capture(tokens, start)
+            self.key = key
+        if key == self.key:
+            self.tokens.copy_(tokens)
+            self.graph.replay()
+            self.cache.length = start + tokens.shape[1]
+            return self.logits.clone()
+        self.seen = key
+        return self.model(tokens, self.cache, start, last_only=True)
+
+
+# ---- the runtime
+
+
+class CudaRuntime(Runtime):
+    ops = CUDA_OPS
+    quantized = "qweight"
+    prepare = staticmethod(fuse)
+
+    def __init__(self, model: Transformer):
+        super().__init__(model)
+        # one decoder per (tokens a step, greedy) and one prefill graph, for the cache last used: a
+        # new cache replaces them (and frees their graphs)
+        self.decoders: dict[tuple[int, bool], GraphDecoder] = {}
+        self.prefill_graph: PrefillGraph | None = None
+
+    def decoder(self, cache: KVCache, tokens: int = 1, greedy: bool = False) -> GraphDecoder:
+        dec = self.decoders.get((tokens, greedy))
+        if dec is None or dec.cache is not cache:
+            dec = self.decoders[(tokens, greedy)] = GraphDecoder(self.model, cache, tokens=tokens, greedy=greedy)
+        return dec
+
+    def prefill(self, cache: KVCache, rows: list[list[int]], start: int = 0) -> torch.Tensor:
+        if self.prefill_graph is None or self.prefill_graph.cache is not cache:
+            self.prefill_graph = PrefillGraph(self.model, cache)
+        tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            return self.prefill_graph.run(tokens, start)[:, -1]
+
+    def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Every sequence of the cache in one replayed graph of batch 1's kernels (the products read
+        each weight once for all B rows); the logits buffer is overwritten by the next step."""
+        return self.decoder(cache).step(tokens).view(cache.k.shape[1], -1)
+
+    def greedy_step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """The argmax is the graph's last kernel and the ids stay the decoder's input buffer
+        (overwritten by the next step; passed back, they are not copied): one launch a token."""
+        return self.decoder(cache, greedy=True).step_greedy(tokens)
+
+    def graphs(self, cache: KVCache) -> bool:
+        """Verify passes replay the decode step's graph for several tokens: batch 1."""
+        return cache.k.shape[1] == 1
+
+    def verify(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
+        """The decode step's graph for T tokens: each row as a plain step computes it (so greedy
+        speculative ids are plain decoding's)."""
+        if not self.graphs(cache):
+            return super().verify(cache, ids)
+        return self.decoder(cache, len(ids)).step(torch.tensor(ids, device=self.device))
+
+    def most_drafts(self, cache: KVCache) -> int | None:
+        return MAX_ROWS - 1 if self.graphs(cache) else None
+
+    @torch.inference_mode()
+    def warm_verify(self, cache: KVCache) -> None:
+        """Capture now the verify graph of every pass size this cache can take (each is otherwise
+        captured on first use: tens of ms for an 8B model, which benchmarks keep out of their timings).
+        Rows past cache.length are written, which later steps overwrite."""
+        most = self.most_drafts(cache)
+        if most is None:
+            return
+        start = cache.length
+        for t in range(2, most + 2):
+            if start + t <= cache.capacity:
+                self.decoder(cache, t).step(torch.zeros(t, dtype=torch.long, device=self.device))
+                cache.length = start
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)

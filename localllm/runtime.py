@@ -1,0 +1,90 @@
+"""One opened model on one backend: the weights in the backend's layout and the steps run on them.
+
+`load.load_model` picks the backend once (backends.runtime_class) and returns its Runtime; generation,
+speculative decoding, benchmarks and evaluation call only these methods, never ask for the device.
+
+Runtime itself is the portable torch backend: the reference forward of model.py with TORCH_OPS, which
+MPS runs (tests/test_portable_ops.py checks its op list) and which the CPU runs where its C++ decoder
+does not apply. Backends subclass it and override the steps they run faster (backends/cpu.py,
+backends/cuda.py); each override computes what the portable step computes (their tests compare them).
+
+Shapes: B sequences of the cache, T tokens per step, V vocabulary; logits are fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import KVCache, make_cache
+from .model import TORCH_OPS, Ops, Transformer
+
+
+class Runtime:
+    ops: Ops = TORCH_OPS  # the model's ops on this backend (load builds the Transformer with them)
+    # How a GGUF file's quantized tensors are kept (load.place_quantized): "blocks" = the file's blocks
+    # (BlockQWeight; rows decoded by torch, by C++ kernels on the CPU), "qweight" = QWeight for the
+    # Triton kernels, "dense" = decoded to float.
+    quantized: str = "blocks"
+    # dtype of the dense tensors beside "blocks" weights (None: the dtype asked for)
+    blocks_dtype: torch.dtype | None = None
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        self.cfg = model.cfg
+        emb = model.token_embd.weight
+        self.device: torch.device = emb.device
+        self.dtype: torch.dtype = emb.dtype  # activations and KV cache
+
+    @staticmethod
+    def prepare(model: Transformer) -> None:
+        """Once at load, after the weights are assigned: a backend's re-layout (CUDA fuses q|k|v and
+        gate/up). Nothing for the portable backend."""
+
+    @staticmethod
+    def block_weight(blocks: torch.Tensor, qtype, dtype: torch.dtype):
+        """A "blocks" tensor (raw GGUF blocks (N, row bytes) on the device) as the BlockQWeight this
+        backend's products read."""
+        from .kernels.cpu import BlockQWeight
+
+        return BlockQWeight.from_blocks(blocks, qtype, dtype)
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        return make_cache(self.cfg, capacity, batch, dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
+        """tokens (B, T) at positions [start, start + T) -> logits (B, T, V) ((B, 1, V) with last_only)."""
+        return self.model(tokens, cache, start, last_only)
+
+    def prefill(self, cache: KVCache, rows: list[list[int]], start: int = 0) -> torch.Tensor:
+        """One prompt per sequence of the cache (equal lengths) at positions [start, start + len) in one
+        pass -> logits of each last position (B, V)."""
+        tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return self.forward(tokens, cache, start, last_only=True)[:, -1]
+
+    def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B,): one id per sequence, all at position cache.length -> logits (B, V). The returned
+        tensor may be a buffer the next step overwrites."""
+        b = tokens.numel()
+        return self.forward(tokens.view(b, 1), cache, cache.length)[:, -1]
+
+    def greedy_step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """decode(), then each row's argmax -> ids (B,) (a backend may return its own input buffer,
+        overwritten by the next step: pass it back as is)."""
+        return self.decode(cache, tokens).argmax(-1)
+
+    def verify(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
+        """Batch 1: T ids at positions cache.length.. in one pass -> logits (T, V) (speculative decoding's
+        check of the drafts; each row as plain decoding would compute it, up to rounding here)."""
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+        return self.forward(tokens, cache, cache.length)[0]
+
+    def most_drafts(self, cache: KVCache) -> int | None:
+        """The most drafts one verify pass takes (None: no limit)."""
+        return None
+
+    def warm_verify(self, cache: KVCache) -> None:
+        """Prepare now whatever verify passes of every size would prepare on first use (CUDA graphs)."""
+
+    def sync(self) -> None:
+        """Wait until the device has finished the work queued so far (for timing)."""
