@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from localllm.cache import make_cache
+from localllm.footprint import weight_bytes_per_token
 from localllm.generate import Stats, generate
 from localllm.runner import open_model
 from localllm.sampling import Sampler
@@ -37,18 +37,13 @@ def copy_bandwidth(device: str, mib: int = 256) -> float:
     return 2 * a.numel() * 4 * n / (time.perf_counter() - t0)
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    # Every parameter is read once per decoded token (the embedding row aside, but tied output reads it all).
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def run_once(lm, prompt_len: int, n_gen: int) -> Stats:
-    device = lm.model.token_embd.weight.device
-    cache = make_cache(lm.config, prompt_len + n_gen + 1, dtype=lm.model.token_embd.weight.dtype, device=device)
+    rt = lm.runtime
+    cache = rt.new_cache(prompt_len + n_gen + 1)
     prompt = [int(x) for x in torch.randint(100, lm.config.vocab_size - 100, (prompt_len,))]
     stats = Stats()
     # No stop ids: always generate exactly n_gen tokens.
-    for _ in generate(lm.model, cache, prompt, Sampler(SamplingSettings(temperature=0), device), n_gen, (), stats):
+    for _ in generate(rt, cache, prompt, Sampler(SamplingSettings(temperature=0), rt.device), n_gen, (), stats):
         pass
     return stats
 
@@ -70,11 +65,11 @@ def main() -> None:
     runs = [run_once(lm, args.prompt, args.gen) for _ in range(args.reps)]
     tg = [s.generate_tps() for s in runs]
     pp = [s.prompt_tps() for s in runs]
-    device = str(lm.model.token_embd.weight.device)
-    bw = copy_bandwidth(lm.model.token_embd.weight.device)
-    wb = weight_bytes(lm.model)
+    rt = lm.runtime
+    bw = copy_bandwidth(rt.device)
+    wb = weight_bytes_per_token(rt.model)
     mean_tg = statistics.mean(tg)
-    print(f"model {lm.path.name} | device {device} | dtype {lm.model.token_embd.weight.dtype} | threads {torch.get_num_threads()}")
+    print(f"model {lm.path.name} | device {rt.device} | dtype {rt.dtype} | threads {torch.get_num_threads()}")
     print(f"pp{args.prompt}: {statistics.mean(pp):.1f} ± {statistics.pstdev(pp):.1f} tokens/s")
     print(f"tg{args.gen}: {mean_tg:.1f} ± {statistics.pstdev(tg):.1f} tokens/s (runs: {', '.join(f'{x:.1f}' for x in tg)})")
     print(

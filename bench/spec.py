@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from localllm.cache import make_cache
+from localllm.backends.measure import device_name
 from localllm.device import pick_device, pick_dtype
 from localllm.draft import ModelDrafter, open_drafter, step_bytes
 from localllm.generate import decode_one, generate, prefill
@@ -42,66 +42,59 @@ GREEDY = SamplingSettings(temperature=0.0)
 BAR_K, BAR_RATIO = 5, 1.3
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_ms(fn, device: torch.device, reps: int) -> float:
+def median_ms(fn, rt, reps: int) -> float:
     """Median wall time of fn() in ms, after two warm-up calls (CUDA graph capture, cuBLAS plans)."""
     times = []
     for i in range(reps + 2):
-        sync(device)
+        rt.sync()
         t0 = time.perf_counter()
         fn()
-        sync(device)
+        rt.sync()
         if i >= 2:
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def at_depth(model, depth: int, new: int):
+def at_depth(rt, depth: int, new: int):
     """A cache holding depth random ids, and `new` other random ids (1, new) to run after them."""
-    device = model.token_embd.weight.device
-    cache = make_cache(model.cfg, depth + new + 16, dtype=model.token_embd.weight.dtype, device=device)
-    prefill(model, cache, random_prompt(model.cfg.vocab_size, depth, 0), 0)
-    return cache, torch.tensor([random_prompt(model.cfg.vocab_size, new, 1)], device=device)
+    cache = rt.new_cache(depth + new + 16)
+    prefill(rt, cache, random_prompt(rt.cfg.vocab_size, depth, 0), 0)
+    return cache, torch.tensor([random_prompt(rt.cfg.vocab_size, new, 1)], device=rt.device)
 
 
 @torch.inference_mode()
-def step_ms(model, depth: int, reps: int) -> float:
+def step_ms(rt, depth: int, reps: int) -> float:
     """One plain decode step at position depth (the cache rolled back after each)."""
-    cache, ids = at_depth(model, depth, 1)
+    cache, ids = at_depth(rt, depth, 1)
 
     def step():
-        decode_one(model, cache, ids[0, 0])
+        decode_one(rt, cache, ids[0, 0])
         cache.length = depth
 
-    return median_ms(step, ids.device, reps)
+    return median_ms(step, rt, reps)
 
 
 @torch.inference_mode()
-def verify_ms(model, depth: int, k: int, reps: int, eager: bool = False) -> float:
+def verify_ms(rt, depth: int, k: int, reps: int, eager: bool = False) -> float:
     """One verify pass of k + 1 ids at position depth (rolled back after each), as speculative
     decoding runs it; eager: the model's multi-token forward instead."""
-    cache, ids = at_depth(model, depth, k + 1)
+    cache, ids = at_depth(rt, depth, k + 1)
     listed = ids[0].tolist()
 
     def run():
         if eager:
-            model(ids, cache, depth)
+            rt.forward(ids, cache, depth)
         else:
-            verify(model, cache, listed)
+            verify(rt, cache, listed)
         cache.length = depth
 
-    return median_ms(run, ids.device, reps)
+    return median_ms(run, rt, reps)
 
 
-def end_to_end(model, name: str, drafter, ds: DraftSettings, prompt: list[int], n: int) -> dict:
-    device = model.token_embd.weight.device
-    cache = make_cache(model.cfg, len(prompt) + n + 1, dtype=model.token_embd.weight.dtype, device=device)
-    one_pair(model, cache, drafter, ds, prompt, min(n, 8))  # warm-up
-    plain, spec, same = one_pair(model, cache, drafter, ds, prompt, n)
+def end_to_end(rt, name: str, drafter, ds: DraftSettings, prompt: list[int], n: int) -> dict:
+    cache = rt.new_cache(len(prompt) + n + 1)
+    one_pair(rt, cache, drafter, ds, prompt, min(n, 8))  # warm-up
+    plain, spec, same = one_pair(rt, cache, drafter, ds, prompt, n)
     return dict(drafter=name, plain=plain.generate_tps(), spec=spec.generate_tps(),
                 speedup=spec.generate_tps() / plain.generate_tps(), acceptance=spec.acceptance(),
                 per_pass=spec.tokens_per_pass(), same=same)
@@ -134,8 +127,8 @@ def main() -> None:
     self_ds = DraftSettings(draft=f"self:{args.self_type}", dtype=args.dtype)
     self_drafter = open_drafter(target, None, self_ds, GREEDY)
     quantize_s = time.perf_counter() - t0
-    device = target.token_embd.weight.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    device = target.device
+    name = device_name(device)
     print(f"device {name}; target {target_name} {args.type}, draft {draft_name} {args.draft_type}, dtype {dtype}; "
           f"self:{args.self_type} built in {quantize_s:.1f} s; depth {args.depth}", flush=True)
 
@@ -146,11 +139,11 @@ def main() -> None:
     ms = verify_ms(target, args.depth, BAR_K, args.reps, eager=True)
     rows.append((f"verify K+1 = {BAR_K + 1} ids, the model's eager forward (for comparison)", ms, ms / rows[0][1]))
     rows.append((f"decode step, draft {draft_name} {args.draft_type}", step_ms(draft, args.depth, args.reps), 0.0))
-    rows.append((f"decode step, self:{args.self_type}", step_ms(self_drafter.model, args.depth, args.reps), 0.0))
+    rows.append((f"decode step, self:{args.self_type}", step_ms(self_drafter.rt, args.depth, args.reps), 0.0))
     for i in (-2, -1):
         rows[i] = (rows[i][0], rows[i][1], rows[i][1] / rows[0][1])
 
-    model_drafter = ModelDrafter(draft, Sampler(GREEDY, device), DEFAULT_DRAFT.min_p, step_bytes(draft) / step_bytes(target))
+    model_drafter = ModelDrafter(draft, Sampler(GREEDY, device), DEFAULT_DRAFT.min_p, step_bytes(draft.model) / step_bytes(target.model))
     lookup_ds = DraftSettings(lookup=args.lookup)
     natural = random_prompt(tcfg.vocab_size, args.depth, 2)
     repetitive = (random_prompt(tcfg.vocab_size, 64, 3) * (args.depth // 64 + 1))[: args.depth]
@@ -165,7 +158,7 @@ def main() -> None:
     # plain decoding against itself: split-K products must reduce deterministically for "same ids" to mean much
     runs = []
     for _ in range(2):
-        cache = make_cache(tcfg, len(natural) + args.n + 1, dtype=target.token_embd.weight.dtype, device=device)
+        cache = target.new_cache(len(natural) + args.n + 1)
         runs.append(list(generate(target, cache, natural, Sampler(GREEDY, device), args.n)))
     print(f"plain decoding twice, {args.n} greedy ids: {'identical' if runs[0] == runs[1] else 'DIFFERENT'}")
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from llamacpp_env import run_llamacpp
-from localllm.cache import make_cache
 from localllm.load import load_model
 from localllm.registry import resolve_model
 
@@ -57,24 +56,23 @@ print(json.dumps({"pp": [pp() for _ in range(reps)], "tg": [tg() for _ in range(
 
 def localllm_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict[str, list[float]]:
     torch.set_num_threads(threads)
-    lm = load_model(str(path), "cpu")
-    model, cfg = lm.model, lm.config
+    rt = load_model(str(path), "cpu").runtime
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, cfg.vocab_size - 100, (1, p), generator=g)
-    cache = make_cache(cfg, p + n + 8, dtype=model.token_embd.weight.dtype)
+    prompt = torch.randint(100, rt.cfg.vocab_size - 100, (1, p), generator=g)
+    cache = rt.new_cache(p + n + 8)
 
     @torch.inference_mode()
     def pp() -> float:
         t = time.perf_counter()
-        model(prompt, cache, 0, last_only=True)
+        rt.forward(prompt, cache, 0, last_only=True)
         return p / (time.perf_counter() - t)
 
     @torch.inference_mode()
     def tg() -> float:
-        token = prompt[:, :1]
+        token, cache.length = prompt[0, :1], 0
         t = time.perf_counter()
-        for i in range(n):
-            token = model(token, cache, i)[:, -1].argmax(-1, keepdim=True)
+        for _ in range(n):
+            token = rt.decode(cache, token).argmax(-1)
         return n / (time.perf_counter() - t)
 
     pp(), tg()  # warm-up (and the C++ kernels' build, the first time)

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from localllm.commands.bench import BenchModel, bench_model, free_memory, measure_roofline
+from localllm.backends.measure import free_memory, measure_roofline
+from localllm.commands.bench import BenchModel, bench_model
 from localllm.device import pick_device, pick_dtype
 from localllm.errors import LocalLLMError
 from localllm.commands.quantize_cmd import read_gguf_metadata
@@ -107,9 +108,9 @@ def llamacpp_speeds(exe: Path, path: Path, p: int, n: int, reps: int) -> tuple[d
 
 def localllm_speeds(cfg, wtype: str, device: str, p: int, n: int, reps: int, roof: dict) -> dict:
     """The same tests through localllm.commands.bench, on the synthetic model `localllm bench --synthetic` builds."""
-    model, types = synthetic_model(cfg, wtype, device, pick_dtype(device))
-    rows = bench_model(BenchModel(wtype, model, types), [p], [n], [0], reps, roof)
-    del model
+    rt, types = synthetic_model(cfg, wtype, device, pick_dtype(device))
+    rows = bench_model(BenchModel(wtype, rt, types), [p], [n], [0], reps, roof)
+    del rt
     free_memory(device)
     by_test = {r.test: (r.tps_mean, r.tps_std) for r in rows}
     return {f"pp{p}": by_test[f"pp{p}"], f"tg{n}": by_test[f"tg{n} after pp{p}"]}

@@ -380,7 +380,7 @@ def test_dense_kernel_rows_are_batch_invariant(dtype, norm, fixed):
 
 
 def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
-    """Split K sums its parts in part order (triton_gemv._split_finish): the same call twice gives the
+    """Split K sums its parts in part order (triton_epilogue.split_finish): the same call twice gives the
     same bits, one row alone the same bits as in a batch, and the counters are zero afterwards."""
     qtype, _, w = quantized
     from localllm.kernels import triton_q8
