@@ -37,7 +37,8 @@ def open_pair(path):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 @torch.inference_mode()
 def test_cuda_logits_match_cpu_fp32(synthetic_files, case, wtype):
-    gpu, ref = open_pair(synthetic_files.gguf(*case, wtype))
+    preset, layers = case
+    gpu, ref = open_pair(synthetic_files.gguf(preset, wtype, layers))
     ids = random_ids(gpu.cfg.vocab_size, PROMPT + STEPS, seed=1)
     cg, cc = gpu.new_cache(32), ref.new_cache(32)
     lg = gpu.prefill(cg, [ids[:PROMPT]], 0)[0]

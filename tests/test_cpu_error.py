@@ -1,8 +1,7 @@
 """The CPU path (quantized weights kept as the file's blocks, C++ kernels, int16-rounded activations)
 against the dense fp32 reference (weights decoded by quantize.dequantize_torch, torch ops), on the
 default model teacher-forced through 256 tokens of bench/data/eval.txt: one decode step at a time and
-as one prompt (was bench/cpu_error.py). Here with the GPU tests: it needs a machine with the C++
-toolchain and the time to build the kernels.
+as one prompt (was bench/cpu_error.py).
 
 Bounds: measured 2.6e-4 largest logit error over the logit range, KL 8.6e-8 mean / 2.2e-6 largest,
 the same top token at every position (docs/PERFORMANCE.md, CPU error); the only source of error is
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-EVAL = Path(__file__).resolve().parents[2] / "bench" / "data" / "eval.txt"
+EVAL = Path(__file__).resolve().parents[1] / "bench" / "data" / "eval.txt"
 N = 256
 
 
