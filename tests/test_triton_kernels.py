@@ -14,10 +14,10 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
-for _name in ("kernels.triton_base", "kernels.triton_epilogue", "kernels.triton_gemv", "kernels.triton_dense",
-              "kernels.triton_q8", "kernels.triton_decode", "kernels.triton_attention", "kernels.triton_prefill"):
-    if _name in sys.modules:
-        importlib.reload(sys.modules[_name])
+for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_dense", "triton_q8", "triton_decode",
+              "triton_attention", "triton_prefill"):
+    if f"localllm.kernels.{_name}" in sys.modules:
+        importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 
 import gguf  # noqa: E402
 import pytest  # noqa: E402
@@ -30,7 +30,7 @@ from localllm.kernels.qweight import INT_DOT_TYPES, KERNEL_TYPES, QWeight  # noq
 from localllm.kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.cache import make_cache  # noqa: E402
 from localllm.config import ModelConfig  # noqa: E402
-from localllm.backends.cuda import fuse  # noqa: E402
+from localllm.backends.cuda import CUDA_OPS, CudaRuntime, fuse  # noqa: E402
 from localllm.backends.cuda_graph import GraphDecoder  # noqa: E402
 from localllm.load import build_model  # noqa: E402
 from localllm.model import Linear  # noqa: E402
@@ -234,6 +234,29 @@ def graph_model(state: dict):
     model = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True).model
     fuse(model)
     return model
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "f32"])
+def test_cuda_ops_forward_matches_reference(wtype, monkeypatch):
+    """The CUDA backend's prompt forward (as load builds it: QWeights, CUDA_OPS, q|k|v and gate/up
+    fused by prepare) gives the reference forward's logits and cache rows: a prompt of 2 sequences,
+    then a chunk after it (the masked path), within fp32 rounding."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(TINY, wtype, "cpu", seed=11)
+    ref = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=False)
+    fast = build_model(TINY, dict(state), "cpu", torch.float32, backend=CudaRuntime)
+    assert isinstance(fast, CudaRuntime) and fast.model.blk[0].attn.ops is CUDA_OPS
+    for blk in fast.model.blk:  # fused once at load (a Q4_K_M layer's Q6_K attn_v keeps q, k, v apart)
+        assert blk.fused_gate_up is not None and (blk.attn.fused_qkv is not None or wtype == "Q4_K_M")
+    tokens = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(12))
+    caches = [rt.new_cache(12, batch=2) for rt in (ref, fast)]
+    for start, stop in ((0, 6), (6, 9)):
+        want, got = (rt.forward(tokens[:, start:stop], c, start) for rt, c in zip((ref, fast), caches))
+        assert rel(got, want) < 1e-5, (start, stop)
+        assert caches[1].length == caches[0].length == stop
+        for layer in range(TINY.n_layers):
+            for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+                assert rel(b[layer][:, :, :stop], a[layer][:, :, :stop]) < 1e-5, layer
 
 
 @pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "Q4_0", "f32"])

@@ -9,8 +9,10 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-if "kernels.triton_prefill" in sys.modules:  # re-decorate if imported uninterpreted
-    importlib.reload(sys.modules["kernels.triton_prefill"])
+# re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
+for _name in ("triton_base", "triton_epilogue", "triton_prefill"):
+    if f"localllm.kernels.{_name}" in sys.modules:
+        importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -13,9 +13,9 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
-for _name in ("kernels.triton_base", "kernels.triton_epilogue", "kernels.triton_gemv", "kernels.triton_q8"):
-    if _name in sys.modules:
-        importlib.reload(sys.modules[_name])
+for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_q8"):
+    if f"localllm.kernels.{_name}" in sys.modules:
+        importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402

@@ -196,7 +196,7 @@ class CudaRuntime(Runtime):
     @torch.inference_mode()
     def warm_verify(self, cache: KVCache) -> None:
         """Capture now the verify graph of every pass size this cache can take (each is otherwise
-        captured on first use: tens of ms for an 8B model, which benchmarks keep out of their timings).
+        captured on first use, costing far more than a step: benchmarks keep it out of their timings).
         Rows past cache.length are written, which later steps overwrite."""
         most = self.most_drafts(cache)
         if most is None:
