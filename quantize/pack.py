@@ -1,4 +1,4 @@
-"""Byte packing shared by the encoders: the inverses of decode.py's unpacking helpers."""
+"""Byte packing shared by the encoders: the inverses of quantize/formats/bits.py's unpacking helpers."""
 
 from __future__ import annotations
 
