@@ -1,4 +1,5 @@
-"""quantize/ encoders: exact round trips through the gguf package, and quality against llama.cpp.
+"""quantize/ encoders: exact round trips through the gguf package, and quality against llama.cpp;
+the registry quantize.formats.FORMATS as the one source of every type's facts (end of file).
 
 Oracles: `gguf.quants.dequantize` (decoding), `gguf.quants.quantize` (llama.cpp's reference rule for
 the formats it implements), and RMSE figures of llama.cpp's own quantizers (ggml_quantize_chunk)
