@@ -36,16 +36,17 @@ import gguf
 import torch
 import torch.nn.functional as F
 
-from localllm.quantize.decode import BLOCK_SIZES, dequantize_torch
+from localllm.quantize.decode import dequantize_torch
+from localllm.quantize.formats import FORMATS
 
 from .qweight import QWeight
 
 Q = gguf.GGMLQuantizationType
 SOURCES = ("cpu_quant.cpp", "cpu_tiles.cpp", "cpu_decode.cpp", "cpu_bind.cpp")
 HEADERS = ("cpu_quant.h", "cpu_simd.h", "cpu_tiles.h", "cpu_decode.h")
-# Types the C++ products read in place (plus F32/F16/BF16 matrices, multiplied in fp32).
-CPU_TYPES = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
-DENSE_TYPES = frozenset((Q.F32, Q.F16, Q.BF16))
+# Types the C++ products read in place (plus F32/F16/BF16 matrices, multiplied in fp32): Format.cpu.
+CPU_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and not f.dense)
+DENSE_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and f.dense)
 
 
 @dataclass
@@ -60,8 +61,8 @@ class BlockQWeight(QWeight):
 
     @classmethod
     def from_blocks(cls, raw: torch.Tensor, qtype: Q, dtype: torch.dtype) -> "BlockQWeight":
-        block, nbytes = BLOCK_SIZES[qtype]
-        return cls(qtype, (raw.shape[0], raw.shape[1] // nbytes * block), {"raw": raw}, dtype=dtype)
+        fmt = FORMATS[qtype]
+        return cls(qtype, (raw.shape[0], raw.shape[1] // fmt.nbytes * fmt.block), {"raw": raw}, dtype=dtype)
 
     @property
     def tiled(self) -> bool:

@@ -4,9 +4,9 @@
 // serves Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K. The blocks stay as the file
 // stores them (memory-mapped); only the 6-bit K-quant scales are unpacked, per group, in registers.
 //
-// Exactness: s and m are computed in fp32 in the order of quantize/decode.py (d * sc first, then the
+// Exactness: s and m are computed in fp32 in the order of the torch decoders (d * sc first, then the
 // min term), so s * (u - o) + m equals dequantize_torch's value bit for bit (tests/test_cpu_kernels.py).
-// Byte layouts: see the comments above each decoder in quantize/decode.py.
+// Byte layouts: see the comments above each decoder in quantize/formats/legacy_types.py and k_types.py.
 #pragma once
 
 #include <immintrin.h>

@@ -15,6 +15,8 @@ the decoded values are those of `quantize.dequantize_torch` bit for bit:
 | others (Q5_0, Q5_1, Q2_K, Q3_K) | raw uint8 (N, row bytes): decoded to dense before each product |
 
 Q4_K/Q5_K store 16 instead of 12 scale bytes per 256 values (4.625 instead of 4.5 bits per weight).
+Each type's fields, which types a Triton kernel reads, and the block-major units are its Format's
+(localllm.quantize.formats.FORMATS: fields, gemv, int_dot); the type sets here are derived from it.
 """
 
 from __future__ import annotations
@@ -24,56 +26,23 @@ from dataclasses import dataclass
 import gguf
 import torch
 
-from localllm.quantize.decode import BLOCK_SIZES, unpack_k_scales
+from localllm.quantize.formats import FORMATS
 
 Q = gguf.GGMLQuantizationType
 
 # Types with fused Triton kernels (kernels/triton_gemv.py); the rest are decoded to dense per product.
-KERNEL_TYPES = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K))
+KERNEL_TYPES = frozenset(t for t, f in FORMATS.items() if f.gemv is not None)
 # Types whose decode products take integer dot products against int8 activations (kernels/triton_q8.py),
 # with each planar field's elements per unit of values (a Q8_0/Q4_0 block of 32, a 64-value chunk of a
 # Q4_K super-block, a 128-value half of a Q6_K one) in the block-major layout; 1: per 16/32/256 values.
-BLOCK_MAJOR = {
-    Q.Q8_0: {"qs": 32, "d": 1}, Q.Q4_0: {"qs": 16, "d": 1},
-    Q.Q4_K: {"qs": 32, "d": 1, "dmin": 1, "sc": 1, "mn": 1}, Q.Q6_K: {"ql": 64, "qh": 32, "sc": 1, "d": 1},
-}
+BLOCK_MAJOR = {t: dict(f.int_dot.chunks) for t, f in FORMATS.items() if f.int_dot is not None}
 INT_DOT_TYPES = frozenset(BLOCK_MAJOR)
-QUANTIZED_TYPES = frozenset(t for t in BLOCK_SIZES if t not in (Q.F32, Q.F16, Q.BF16))
-
-
-def _f16(blocks: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
-    """(rows * nb, nbytes) blocks -> (rows, nb) fp16 of the field at `offset`."""
-    return blocks[:, offset:offset + 2].contiguous().view(torch.float16).reshape(rows, -1)
-
-
-def _bytes(blocks: torch.Tensor, lo: int, hi: int, rows: int) -> torch.Tensor:
-    return blocks[:, lo:hi].contiguous().reshape(rows, -1)
+QUANTIZED_TYPES = frozenset(t for t, f in FORMATS.items() if not f.dense)
 
 
 def planar_fields(raw: torch.Tensor, qtype: Q) -> dict[str, torch.Tensor]:
-    """raw uint8 (N, row bytes) -> the planar fields of the table above."""
-    n = raw.shape[0]
-    b = raw.reshape(-1, BLOCK_SIZES[qtype][1])
-    if qtype == Q.Q8_0:
-        return {"qs": _bytes(b, 2, 34, n), "d": _f16(b, 0, n)}
-    if qtype == Q.Q4_0:
-        return {"qs": _bytes(b, 2, 18, n), "d": _f16(b, 0, n)}
-    if qtype == Q.Q4_1:
-        return {"qs": _bytes(b, 4, 20, n), "d": _f16(b, 0, n), "m": _f16(b, 2, n)}
-    if qtype in (Q.Q4_K, Q.Q5_K):
-        sc, mn = unpack_k_scales(b[:, 4:16])
-        out = {"d": _f16(b, 0, n), "dmin": _f16(b, 2, n), "sc": sc.reshape(n, -1), "mn": mn.reshape(n, -1)}
-        if qtype == Q.Q4_K:
-            return {**out, "qs": _bytes(b, 16, 144, n)}
-        return {**out, "qh": _bytes(b, 16, 48, n), "qs": _bytes(b, 48, 176, n)}
-    if qtype == Q.Q6_K:
-        return {
-            "ql": _bytes(b, 0, 128, n),
-            "qh": _bytes(b, 128, 192, n),
-            "sc": _bytes(b, 192, 208, n).view(torch.int8),
-            "d": _f16(b, 208, n),
-        }
-    return {"raw": raw.contiguous()}
+    """raw uint8 (N, row bytes) -> the planar fields of the table above (Format.planar)."""
+    return FORMATS[qtype].planar(raw)
 
 
 @dataclass
@@ -92,9 +61,9 @@ class QWeight:
     @classmethod
     def from_raw(cls, raw: torch.Tensor, qtype: Q) -> "QWeight":
         """raw: uint8 (N, row bytes), the GGUF tensor data, on the device it will run on."""
-        block, nbytes = BLOCK_SIZES[qtype]
+        fmt = FORMATS[qtype]
         n, row_bytes = raw.shape
-        return cls(qtype, (n, row_bytes // nbytes * block), planar_fields(raw, qtype))
+        return cls(qtype, (n, row_bytes // fmt.nbytes * fmt.block), fmt.planar(raw))
 
     @property
     def device(self) -> torch.device:

@@ -27,7 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .qweight import Q, QWeight
+from localllm.quantize.formats import FORMATS
+
+from .qweight import KERNEL_TYPES, Q, QWeight
 from .triton_base import INTERPRET, PDL, pdl_wait
 from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
 
@@ -35,12 +37,9 @@ from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_fin
 DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = range(7)
 FMT_OF = {Q.Q8_0: Q8_0, Q.Q4_0: Q4_0, Q.Q4_1: Q4_1, Q.Q4_K: Q4_K, Q.Q5_K: Q5_K, Q.Q6_K: Q6_K}
 WIDTH = {DENSE: 16, Q8_0: 16, Q4_0: 16, Q4_1: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16}
-# Field order passed as pointers P0..P5 (unused ones repeat P0).
-FIELDS = {
-    DENSE: ("w",), Q8_0: ("qs", "d"), Q4_0: ("qs", "d"), Q4_1: ("qs", "d", "m"),
-    Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q5_K: ("qs", "d", "dmin", "sc", "mn", "qh"),
-    Q6_K: ("ql", "d", None, "sc", None, "qh"),
-}
+assert set(FMT_OF) == KERNEL_TYPES
+# Field order passed as pointers P0..P5 (unused ones repeat P0): each type's Format.gemv (quantize/formats).
+FIELDS = {DENSE: ("w",), **{fmt: FORMATS[t].gemv for t, fmt in FMT_OF.items()}}
 # (rows per program BN, groups per iteration G, warps) per format for the product: the best of
 # bench/cuda_check.py's sweep at Llama 3.1 8B shapes on an H200 (2026-11-26).
 CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),

@@ -27,19 +27,19 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.quantize.formats import FORMATS
+
 from .qweight import INT_DOT_TYPES, Q, QWeight
 from .triton_base import INTERPRET, PDL, pdl_trigger, pdl_wait
 from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
 from .triton_gemv import row_rstd
 
-# Weight fields per type (P0..P4; word fields viewed as int32) and values per unit.
-FIELDS = {
-    Q.Q8_0: ("qs", "d", None, None, None), Q.Q4_0: ("qs", "d", None, None, None),
-    Q.Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q.Q6_K: ("ql", "d", "qh", "sc", None),
-}
+# Weight fields per type (P0..P4; word fields viewed as int32) and values per unit: each type's
+# Format.int_dot (quantize/formats).
+FIELDS = {t: FORMATS[t].int_dot.args for t in INT_DOT_TYPES}
 WORDS = ("qs", "ql", "qh")
 FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
-UNIT = {Q.Q8_0: 32, Q.Q4_0: 32, Q.Q4_K: 64, Q.Q6_K: 128}
+UNIT = {t: FORMATS[t].int_dot.unit for t in INT_DOT_TYPES}
 TYPES = INT_DOT_TYPES
 assert set(FMT) == TYPES
 # (rows per program BN, units per iteration BK, warps): bench/q8_tune.py's sweep (H200); Q8_0 and Q4_0

@@ -1,7 +1,7 @@
 """Checkpoint tensors -> our parameter names (which are the GGUF names) as torch tensors.
 
 GGUF names are ours already; Hugging Face names go through one explicit table. Quantized GGUF tensors
-are decoded with the `gguf` package's values (quantize/formats.py).
+are decoded with the `gguf` package's values (quantize/formats/).
 """
 
 from __future__ import annotations

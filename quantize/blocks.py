@@ -12,29 +12,17 @@ import gguf
 import numpy as np
 import torch
 
-from . import kquants, simple
-from .decode import DECODERS
-from .formats import BLOCK_SIZES, check_type
+from .formats import FORMATS, format_of
 
 Q = gguf.GGMLQuantizationType
 
-FLOAT_ENCODERS = {Q.F32: simple.encode_f32, Q.F16: simple.encode_f16, Q.BF16: simple.encode_bf16}
-
-BLOCK_ENCODERS = {
-    Q.Q8_0: simple.encode_q8_0,
-    Q.Q4_0: simple.encode_q4_0,
-    Q.Q4_1: simple.encode_q4_1,
-    Q.Q5_0: simple.encode_q5_0,
-    Q.Q5_1: simple.encode_q5_1,
-    Q.Q2_K: kquants.encode_q2_k,
-    Q.Q3_K: kquants.encode_q3_k,
-    Q.Q4_K: kquants.encode_q4_k,
-    Q.Q5_K: kquants.encode_q5_k,
-    Q.Q6_K: kquants.encode_q6_k,
-}
+# type -> its encoder (each Format's encode): dense types take the tensor, block types (B, block)
+# values and weights and give candidate encodings.
+FLOAT_ENCODERS = {t: f.encode for t, f in FORMATS.items() if f.dense}
+BLOCK_ENCODERS = {t: f.encode for t, f in FORMATS.items() if not f.dense}
 
 # The K-quants take the imatrix itself; the 32-value formats take llama.cpp's per-row weights.
-K_QUANTS = frozenset((Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
+K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
 
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
@@ -45,16 +33,16 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
 
     importance: (cols,) imatrix-style mean of x^2 per input column, or None.
     """
-    check_type(qtype)
+    fmt = format_of(qtype)
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D tensor, got shape {tuple(w.shape)}")
-    block, nbytes = BLOCK_SIZES[qtype]
+    block, nbytes = fmt.block, fmt.nbytes
     rows, cols = w.shape
     if cols % block:
         raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, got {cols}")
     w = w.detach().float()
-    if qtype in FLOAT_ENCODERS:
-        return FLOAT_ENCODERS[qtype](w).cpu().numpy()
+    if fmt.dense:
+        return fmt.encode(w).cpu().numpy()
     if not torch.isfinite(w).all():
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
     if importance is not None:
@@ -68,14 +56,15 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
 
 def encode_rows(x: torch.Tensor, qtype: Q, importance: torch.Tensor | None) -> torch.Tensor:
     """(rows, cols) -> (rows * blocks per row, bytes per block): the best candidate of each block."""
-    block = BLOCK_SIZES[qtype][0]
+    fmt = FORMATS[qtype]
+    block = fmt.block
     xb = x.reshape(-1, block)
     qw = None if importance is None else importance.reshape(1, -1, block).expand(x.shape[0], -1, -1).reshape(-1, block)
-    if qtype in K_QUANTS or qw is None:
+    if fmt.imatrix or qw is None:
         weights = qw
     else:
         weights = row_weights(x, importance).reshape(-1, block)
-    candidates = BLOCK_ENCODERS[qtype](xb, weights)
+    candidates = fmt.encode(xb, weights)
     return pick_best(xb, qw, qtype, candidates)
 
 
@@ -86,7 +75,7 @@ def row_weights(x: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
 
 
 def block_error(xb: torch.Tensor, qw: torch.Tensor | None, qtype: Q, data: torch.Tensor) -> torch.Tensor:
-    diff = DECODERS[qtype](data) - xb
+    diff = FORMATS[qtype].decode(data) - xb
     err = diff * diff if qw is None else qw * diff * diff
     return torch.nan_to_num(err.sum(-1), nan=float("inf"))
 

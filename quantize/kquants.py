@@ -7,7 +7,7 @@ an imatrix) and quantize_row_*_impl (with one; also run without one, on its defa
 impl search once more weighted as the error is measured (1, or the imatrix), and for each of these
 two least-squares refits of the super-block scale(s) (ours). Each is: a scale search per sub-block
 (search.py), the sub-block scales as ints against one fp16 super-block scale, then every value
-re-rounded against the scales as they will decode. Bit layouts are drawn in decode.py.
+re-rounded against the scales as they will decode. Bit layouts are drawn in formats/k_types.py.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def q45_k_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref_grid: 
 
 
 def pack_k_scales(sc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """(B, 8) 6-bit scales and mins -> the 12 scale bytes of Q4_K/Q5_K (decode.py draws them)."""
+    """(B, 8) 6-bit scales and mins -> the 12 scale bytes of Q4_K/Q5_K (formats/k_types.py draws them)."""
     lo_sc, hi_sc, lo_m, hi_m = sc[:, :4], sc[:, 4:], m[:, :4], m[:, 4:]
     first = lo_sc | ((hi_sc >> 4) << 6)
     second = lo_m | ((hi_m >> 4) << 6)

@@ -1,4 +1,4 @@
-"""Byte packing shared by the encoders: the inverses of decode.py's unpacking helpers."""
+"""Byte packing shared by the encoders: the inverses of quantize/formats/bits.py's unpacking helpers."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def pack_nibbles(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bit_planes(fields: torch.Tensor, nbits: int) -> torch.Tensor:
-    """(B, 8 // nbits, n) int fields -> (B, n) uint8: field k at bits nbits*k (decode.bit_planes' inverse)."""
+    """(B, 8 // nbits, n) int fields -> (B, n) uint8: field k at bits nbits*k (formats/bits.bit_planes' inverse)."""
     shifts = torch.arange(0, 8, nbits, device=fields.device, dtype=torch.int32).view(-1, 1)
     packed = ((fields.int() & ((1 << nbits) - 1)) << shifts).sum(dim=-2)
     return packed.to(torch.uint8)

@@ -4,7 +4,7 @@ Each encoder takes the blocks of a tensor, x (B, 32) float32, and the per-value 
 llama.cpp's imatrix search (None without importance), and returns candidate encodings, each (B, bytes
 per block) uint8; blocks.py keeps the best candidate of each block. Without weights the only
 candidate is llama.cpp's reference rule (quantize_row_*_ref), which gguf-py repeats: the bytes equal
-`gguf.quants.quantize`'s. Bit layouts are drawn in decode.py.
+`gguf.quants.quantize`'s. Bit layouts are drawn in formats/legacy_types.py.
 """
 
 from __future__ import annotations

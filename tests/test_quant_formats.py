@@ -1,4 +1,5 @@
-"""quantize/ encoders: exact round trips through the gguf package, and quality against llama.cpp.
+"""quantize/ encoders: exact round trips through the gguf package, and quality against llama.cpp;
+the registry quantize.formats.FORMATS as the one source of every type's facts (end of file).
 
 Oracles: `gguf.quants.dequantize` (decoding), `gguf.quants.quantize` (llama.cpp's reference rule for
 the formats it implements), and RMSE figures of llama.cpp's own quantizers (ggml_quantize_chunk)
@@ -16,6 +17,7 @@ import torch
 
 from conftest import default_model_path
 from localllm.quantize import SUPPORTED_TYPES, bits_per_weight, dequantize, dequantize_torch, quantize_tensor
+from localllm.quantize.formats import FORMATS
 
 Q = gguf.GGMLQuantizationType
 FLOATS = [Q.F32, Q.F16, Q.BF16]
@@ -245,3 +247,93 @@ def test_gguf_file_round_trip(tmp_path):
         assert t.tensor_type == qtype
         assert list(t.shape) == [x.shape[1], x.shape[0]]
         np.testing.assert_array_equal(dequantize(t.data, t.tensor_type), values, err_msg=t.name)
+
+
+# ---- the registry: every type's facts in one place (quantize/formats), read by quantize/ and kernels/
+
+def test_registry_matches_gguf_sizes_and_fields_tile_each_block():
+    """FORMATS holds exactly the supported types; each one's block geometry is gguf's and its fields
+    cover every byte of a block exactly once."""
+    assert set(FORMATS) == SUPPORTED_TYPES == set(ALL)
+    for qtype, f in FORMATS.items():
+        assert f.qtype == qtype
+        assert (f.block, f.nbytes) == gguf.GGML_QUANT_SIZES[qtype], qtype.name
+        assert bits_per_weight(qtype) == f.bits
+        fields = sorted(f.fields, key=lambda x: x.offset)
+        assert sum(x.size for x in fields) == f.nbytes, qtype.name
+        assert [x.offset for x in fields] == [0] + list(np.cumsum([x.size for x in fields[:-1]])), qtype.name
+        assert all(x.size % x.dtype.itemsize == 0 for x in fields), qtype.name
+        assert f.dense == (qtype in FLOATS) and f.imatrix == (qtype in K_QUANTS)
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_registry_encoder_and_decoder_round_trip_through_gguf(qtype):
+    """Each Format's own encoder and decoder: every candidate encoding decodes, through the Format and
+    through gguf.quants.dequantize, to the same bits."""
+    f = FORMATS[qtype]
+    x = torch.from_numpy(tensors()["normal"][:8])
+    if f.dense:
+        candidates = [f.encode(x)]
+    else:
+        xb = x.reshape(-1, f.block)
+        candidates = f.encode(xb, None) + f.encode(xb, torch.rand_like(xb))
+    for data in candidates:
+        raw = data.reshape(x.shape[0], -1).numpy()
+        assert raw.dtype == np.uint8 and raw.shape[1] == x.shape[1] // f.block * f.nbytes
+        got = f.decode(torch.from_numpy(raw).reshape(-1, f.nbytes)).reshape(x.shape[0], -1)
+        want = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+        np.testing.assert_array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_planar_fields_are_the_stored_bytes(qtype):
+    """Format.planar splits every field of the stored blocks into one (N, X) array, bytes as stored
+    (widened fields: their unpack of them); the kernels' field names and block-major units exist."""
+    f = FORMATS[qtype]
+    n, nb = 3, 4
+    raw = torch.randint(0, 256, (n, nb * f.nbytes), dtype=torch.uint8)
+    parts = f.planar(raw)
+    if f.gemv is None:
+        assert list(parts) == ["raw"] and torch.equal(parts["raw"], raw) and f.int_dot is None
+        return
+    blocks = raw.reshape(n, nb, f.nbytes)
+    names = set()
+    for field in f.fields:
+        stored = blocks[:, :, field.offset:field.offset + field.size].reshape(-1, field.size)
+        if field.unpack is None:
+            want = {field.name: stored.contiguous().view(field.dtype)}
+        else:
+            want = field.unpack(stored)
+        for name, v in want.items():
+            same_bits = torch.equal(parts[name].view(torch.uint8), v.reshape(n, -1).view(torch.uint8))  # NaNs too
+            assert parts[name].dtype == v.dtype and same_bits, (qtype.name, name)
+            names.add(name)
+    assert set(parts) == names and {a for a in f.gemv if a} <= names
+    if f.int_dot is not None:
+        assert set(f.int_dot.chunks) == names and {a for a in f.int_dot.args if a} <= names
+        units = nb * f.block // f.int_dot.unit
+        # quants: c elements per unit; scales (c = 1): one per scale, moved as they are
+        assert all(parts[k].shape[1] == units * c for k, c in f.int_dot.chunks.items() if c > 1), qtype.name
+
+
+def test_kernel_tables_are_read_from_formats(monkeypatch):
+    """kernels/ keeps no per-type table of its own: qweight's type sets and block-major chunks, the
+    Triton kernels' field orders and units, and the C++ type sets all come from FORMATS."""
+    from localllm.kernels import cpu, qweight
+    from localllm.quantize import blocks, decode
+
+    assert qweight.KERNEL_TYPES == {t for t, f in FORMATS.items() if f.gemv is not None}
+    assert qweight.INT_DOT_TYPES == set(qweight.BLOCK_MAJOR) == {t for t, f in FORMATS.items() if f.int_dot}
+    assert qweight.BLOCK_MAJOR == {t: dict(FORMATS[t].int_dot.chunks) for t in qweight.INT_DOT_TYPES}
+    assert qweight.QUANTIZED_TYPES == set(QUANTIZED)
+    assert cpu.CPU_TYPES | cpu.DENSE_TYPES == set(FORMATS) and cpu.DENSE_TYPES == set(FLOATS)
+    assert all(decode.DECODERS[t] is f.decode for t, f in FORMATS.items())
+    assert all((blocks.FLOAT_ENCODERS | blocks.BLOCK_ENCODERS)[t] is f.encode for t, f in FORMATS.items())
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the Triton tests set it: their modules read it at import
+    from localllm.kernels import triton_gemv, triton_q8
+
+    assert {t: triton_gemv.FIELDS[fmt] for t, fmt in triton_gemv.FMT_OF.items()} == {
+        t: FORMATS[t].gemv for t in qweight.KERNEL_TYPES}
+    assert triton_q8.FIELDS == {t: FORMATS[t].int_dot.args for t in qweight.INT_DOT_TYPES}
+    assert triton_q8.UNIT == {t: FORMATS[t].int_dot.unit for t in qweight.INT_DOT_TYPES}
