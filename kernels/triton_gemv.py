@@ -17,7 +17,7 @@ Outputs are rounded as the torch modules round them (F.linear, F.silu in the act
 the epilogue and split K are kernels/triton_epilogue.py's. A program takes up to
 triton_epilogue.MAX_ROWS x rows, decoding each weight tile once for all of them, and computes each
 row exactly as a one-row program does (speculative decoding's verify pass). Dense weights with few x rows take kernels/triton_dense.py.
-Speed (bench/cuda_check.py sweeps the configs): quants become floats by the 2^23 bit trick (_f32)
+Speed: quants become floats by the 2^23 bit trick (_f32)
 rather than int->float conversions, and every load of a tile shares one register layout.
 """
 
@@ -40,8 +40,8 @@ WIDTH = {DENSE: 16, Q8_0: 16, Q4_0: 16, Q4_1: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16}
 assert set(FMT_OF) == KERNEL_TYPES
 # Field order passed as pointers P0..P5 (unused ones repeat P0): each type's Format.gemv (quantize/formats).
 FIELDS = {DENSE: ("w",), **{fmt: FORMATS[t].gemv for t, fmt in FMT_OF.items()}}
-# (rows per program BN, groups per iteration G, warps) per format for the product: the best of
-# bench/cuda_check.py's sweep at Llama 3.1 8B shapes on an H200 (2026-11-26).
+# (rows per program BN, groups per iteration G, warps) per format for the product: the best of a
+# sweep at 8B shapes on Hopper (docs/PERFORMANCE.md).
 CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),
            Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4)}
 if INTERPRET:  # the interpreter pays per program, not per element: few large programs

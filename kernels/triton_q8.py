@@ -8,15 +8,15 @@ which is what keeps 4-bit products at memory speed. llama.cpp's CUDA matvec (mmv
 
 Reference each product must match, within fp32 summation order:
   dequantize_torch(W) @ dequantize_act(q_x, d_x)    (quantize/act.py),
-so the only error against W @ x is Q8_0's on the activations (measured by bench/cuda_check.py).
+so the only error against W @ x is Q8_0's on the activations (tests/gpu/test_gpu_kernels.py).
 
 Units: a program takes BN rows and walks K in units (Q8_0/Q4_0: a 32-value block; Q4_K: a 64-value
 chunk of a super-block, whose low nibbles are sub-block 2u and high nibbles 2u + 1; Q6_K: a 128-value
 half of a super-block). The weights are block-major (QWeight.to_blocks): the threads of a warp take
 consecutive rows of the same units, so their 16-byte word loads form one contiguous run and the x
 words they need are the same (a broadcast). Against a row-major layout, where every thread fetched
-its own x words, this took Llama 3.1 8B's gate/up Q4_0 product from 48% to 83% of copy bandwidth
-(H200, bench/kmajor_try.py).
+its own x words, this took an 8B gate/up Q4_0 product from about half of copy bandwidth to over
+four fifths (docs/PERFORMANCE.md).
 Under TRITON_INTERPRET (CPU tests) dp4a, an inline PTX instruction, is emulated by shifts: the integer
 sums are the same either way.
 """
@@ -42,16 +42,16 @@ FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
 UNIT = {t: FORMATS[t].int_dot.unit for t in INT_DOT_TYPES}
 TYPES = INT_DOT_TYPES
 assert set(FMT) == TYPES
-# (rows per program BN, units per iteration BK, warps): bench/q8_tune.py's sweep (H200); Q8_0 and Q4_0
-# take 2 units a step instead of 4 in the whole decode step (bench/decode_variants.py, H100: 8B Q4_0
-# 477.0 -> 494.5 tokens/s, Q8_0 310.4 -> 316.5; BK 1, or BN 16 / 64 with BK 2, were slower).
-# Every product is also split over K (triton_epilogue.auto_split) so that enough warps stream: 2026-11-26.
+# (rows per program BN, units per iteration BK, warps): the fastest of a sweep on Hopper; Q8_0 and
+# Q4_0 take 2 units a step instead of 4, which was faster in the whole decode step (BK 1, or BN 16 / 64
+# with BK 2, were slower; docs/PERFORMANCE.md). Every product is also split over K
+# (triton_epilogue.auto_split) so that enough warps stream.
 CONFIGS = {Q.Q8_0: (32, 2, 1), Q.Q4_0: (32, 2, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
 if INTERPRET:  # the interpreter pays per program: few large ones
     CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
 # Products load their first PRELOAD steps' weights (BK units each) before their PDL wait, overlapping
 # the kernel before them (a quantizer or the attention's combine: while it runs, the next product's
-# first programs are resident and idle): 0, 1 or 2 per type (bench/decode_variants.py, H100).
+# first programs are resident and idle): 0, 1 or 2 per type, the fastest of each in the decode step.
 PRELOAD = {Q.Q8_0: 1, Q.Q4_0: 2, Q.Q4_K: 2, Q.Q6_K: 2}
 M4, M30 = tl.constexpr(0x0F0F0F0F), tl.constexpr(0x30303030)  # nibble and Q6_K high-bit masks
 
@@ -74,12 +74,12 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
                       PDL: tl.constexpr):
     """Row m, 32-value blocks [BLOCKS * j, BLOCKS * (j + 1)) of x (grid: (M, blocks / BLOCKS)) -> q, d, s
     as quantize.act.quantize_act of x; NORM: of x * rstd(x) * norm weight, in fp32 (WHOLE: the program
-    holds the whole row and takes rstd from the values it loaded, one pass over x instead of two:
-    8B 4.4 -> 3.1 us a call, H200); GLU: x is (M, 2K)
+    holds the whole row and takes rstd from the values it loaded, one pass over x instead of two,
+    about a third faster); GLU: x is (M, 2K)
     fp32 sums of interleaved (gate, up) rows, the values are silu(gate) * up rounded like model.py's
     modules in the activation dtype, and the sums are cleared (zeros) for the next accumulation.
     The next kernel (a product, loading weights before its wait) is let be scheduled at the start:
-    doing so only once x's loads were issued lost 1-2% (8B Q4_0, Q4_K_M, H100 2026-11-26)."""
+    doing so only once x's loads were issued was slower (docs/PERFORMANCE.md)."""
     m = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     bm = b < K // 32
@@ -285,9 +285,9 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     word tile's layout). The epilogue (bias, GLU, residual, split K) is triton_epilogue's.
     EVEN: N % BN == 0 and every BK-unit step exists.
     PRELOAD: the first PRELOAD steps' weights are loaded into registers before the PDL wait (weights
-    are never written), so the first programs stream while the small kernel before them runs (8B
-    Q8_0 290 -> 306, Q4_K_M 399 -> 437 tokens/s, H100). Prefetching them into L2 there instead was
-    slower (2026-11-26).
+    are never written), so the first programs stream while the small kernel before them runs (a
+    several-percent faster quantized decode step; prefetching them into L2 there instead was slower:
+    docs/PERFORMANCE.md).
     CHAIN: products of one x into disjoint outputs, run back to back (Q4_K_M's q, k and v), overlap:
     the first (1) lets the next be scheduled once it has waited for its input; the others (2) start
     at once (their input is complete: the first waited for it) and wait at their end instead, so
@@ -410,7 +410,7 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     even = n % bn == 0 and units % bk == 0
     # unmasked (even) tiles must exist: at most the shortest part's steps. Several x rows (a verify
     # pass, a batch): none; ROWS x PRELOAD unrolled copies of a step gave Q6_K a kernel that Triton
-    # 3.6's coalesce pass failed on (H100, 2026-11-26) and that took minutes to compile
+    # 3.6's coalesce pass failed on and that took minutes to compile
     preload = min(PRELOAD[w.qtype], (units - (L.split - 1) * L.per_split) // bk) if even else PRELOAD[w.qtype]
     preload = preload if L.rows == 1 else 0
     _q8_gemv_kernel[L.grid](

@@ -6,7 +6,7 @@ and the dense tensors beside them are fp32 (the kernels compute in fp32). One-to
 batch-1 fp32 cache go through the C++ decoder when the extension is built and every linear weight is
 a BlockQWeight the C++ products read (or a dense fp32 matrix); everything else (prompts, batches,
 dense models) runs the portable torch forward. Both give the same results up to the int8 activation
-rounding of the products (tests/test_cpu_kernels.py, tests/gpu/test_cpu_error.py).
+rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
 """
 
 from __future__ import annotations
