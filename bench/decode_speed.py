@@ -11,30 +11,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from localllm.backends.measure import copy_bandwidth
 from localllm.footprint import weight_bytes_per_token
 from localllm.generate import Stats, generate
 from localllm.runner import open_model
 from localllm.sampling import Sampler
 from localllm.settings import SamplingSettings
-
-
-def copy_bandwidth(device: str, mib: int = 256) -> float:
-    """Bytes read + written per second by a large device-local copy (the decode roofline)."""
-    a = torch.ones(mib * 2**20 // 4, device=device)
-    b = torch.empty_like(a)
-    for _ in range(2):
-        b.copy_(a)
-    n = 5
-    t0 = time.perf_counter()
-    for _ in range(n):
-        b.copy_(a)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return 2 * a.numel() * 4 * n / (time.perf_counter() - t0)
 
 
 def run_once(lm, prompt_len: int, n_gen: int) -> Stats:
