@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,41 @@ class ModelConfig:
     qk_norm: bool = False
     tied_output: bool = False
     rope_scaling: RopeScaling | None = None
+    # --- families beyond Llama (issue 19): every default is Llama's, so a Llama config sets none ---
+    embed_scale: float = 1.0  # token embeddings times this (Gemma: sqrt(dim))
+    activation: str = "silu"  # the GLU's gate function: "silu", "gelu_tanh" (Gemma), "swiglu_oai" (gpt-oss)
+    swiglu_limit: float | None = None  # gpt-oss clamps gate and up to this before its GLU
+    post_norms: bool = False  # RMSNorm on the attention and MLP outputs before the residual add (Gemma 2/3/4)
+    attn_scale: float | None = None  # scores times this; None: 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar**-0.5)
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) (Gemma 2)
+    final_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2/3/4)
+    attn_out_bias: bool = False  # attn_output has a bias (gpt-oss)
+    attn_sinks: bool = False  # one learned logit per head joins each softmax, then is dropped (gpt-oss)
+    sliding_window: int | None = None  # a sliding layer's query sees this many keys, itself included
+    # per layer, True where attention slides (a window); () = no sliding layers
+    sliding_layers: tuple[bool, ...] = ()
+    rope_theta_local: float | None = None  # rope base of sliding layers (Gemma 3); None: rope_theta
+    # per layer, False where the layer has no rope (SmolLM3's NoPE layers); () = rope everywhere
+    rope_layers: tuple[bool, ...] = ()
+    rotary_dim: int | None = None  # dims of a head that rope rotates (Phi-4-mini: 3/4); None: head_dim
+    # mixture of experts (Mixtral, Qwen3-MoE, gpt-oss); n_experts 0 = a dense MLP in every layer
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    moe_norm_topk: bool = True  # the chosen experts' softmax weights renormalised to sum to 1
+    moe_bias: bool = False  # router and expert products have biases (gpt-oss)
+
+    def sliding(self, layer: int) -> bool:
+        return bool(self.sliding_layers) and self.sliding_layers[layer]
+
+    def has_rope(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
+
+    @property
+    def llama_layer(self) -> bool:
+        """True when every layer is the Llama layer the fast decoders (C++, CUDA graphs) implement:
+        none of the fields above set. Backends run other configs on the portable torch forward."""
+        return self == replace(self, **{f.name: f.default for f in fields(ModelConfig) if f.name in FAMILY_FIELDS})
 
     @property
     def q_dim(self) -> int:
@@ -61,6 +96,14 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+
+# The fields of issue 19's families (ModelConfig.llama_layer: all at their defaults).
+FAMILY_FIELDS = frozenset({
+    "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
+    "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
+    "rotary_dim", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+})
 
 
 def _arch_fields(arch: Any, key: str) -> dict[str, bool]:

@@ -78,7 +78,7 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, d
     materialisation only), and let the backend prepare them -> the model's Runtime.
     layout: see place_quantized (None: layout_for(backend, keep_quantized)); backend: None for the
     device's (backends.runtime_class; tests pass Runtime to run the portable backend on the CPU)."""
-    backend = backend or runtime_class(device)
+    backend = backend or runtime_class(device, cfg)
     layout = layout_for(backend, keep_quantized) if layout is None else layout
     if layout == "blocks" and backend.blocks_dtype is not None:
         dtype = backend.blocks_dtype
@@ -142,17 +142,19 @@ def load_model(
     backend: type[Runtime] | None = None,
 ) -> LoadedModel:
     """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model. The backend
-    is picked here, once, from the device (backends.runtime_class); quantized GGUF tensors are kept
+    is picked here, once, from the device and the config (backends.runtime_class); quantized GGUF tensors are kept
     as it wants them (Runtime.quantized; keep_quantized overrides: layout_for), F32/F16/BF16 tensors
     are dense in dtype (on the CPU, beside kept blocks, fp32: its kernels compute in fp32). backend:
     see build_model."""
     path = resolve_model(spec)
-    backend = backend or runtime_class(device)
-    layout = layout_for(backend, keep_quantized)
     if path.is_dir():
         cfg, state, types, tok = read_hf_folder(path)
+        backend = backend or runtime_class(device, cfg)
+        layout = layout_for(backend, keep_quantized)
     else:
         f = open_gguf(path)
+        backend = backend or runtime_class(device, check_gguf(f))
+        layout = layout_for(backend, keep_quantized)
         if not any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values()) and layout == "blocks":
             layout = "dense"  # nothing to keep: a float file is dense on every backend
         cfg, state, types = read_gguf_model(f, layout)

@@ -3,23 +3,30 @@
     cpu   backends/cpu.py   C++ kernels on the file's blocks, one C++ call per decoded token
     cuda  backends/cuda.py  Triton kernels, CUDA graphs for decode, verify and repeated prompts
     mps   runtime.Runtime   the portable torch backend (also the reference the others are tested against)
+
+A config whose layers are not the Llama layer (ModelConfig.llama_layer False: Gemma, Phi-3, MoE, ...)
+runs the model's torch forward on every device: the CPU keeps the file's blocks (their C++ products),
+CUDA its QWeights (the Triton products), without the fast decoders, which implement the Llama layer only.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..config import ModelConfig
 from ..runtime import Runtime
 
 
-def runtime_class(device: str | torch.device) -> type[Runtime]:
+def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) -> type[Runtime]:
+    """The backend for a model of cfg on device (cfg None: a Llama-layer model)."""
     kind = torch.device(device).type
+    llama = cfg is None or cfg.llama_layer
     if kind == "cuda":
-        from .cuda import CudaRuntime  # Triton is imported only where it runs
+        from .cuda import CudaEagerRuntime, CudaRuntime  # Triton is imported only where it runs
 
-        return CudaRuntime
+        return CudaRuntime if llama else CudaEagerRuntime
     if kind == "cpu":
-        from .cpu import CpuRuntime
+        from .cpu import CpuEagerRuntime, CpuRuntime
 
-        return CpuRuntime
+        return CpuRuntime if llama else CpuEagerRuntime
     return Runtime

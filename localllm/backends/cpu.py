@@ -122,3 +122,11 @@ class CpuRuntime(Runtime):
         logits = decoder.step(int(tokens.view(-1)[0]), start, cache)
         cache.length = start + 1
         return logits.view(1, -1)
+
+
+class CpuEagerRuntime(Runtime):
+    """Configs beyond the Llama layer: the torch forward on the file's blocks, repacked for the C++
+    products (CpuRuntime's weights without its one-call decoder)."""
+
+    blocks_dtype = torch.float32
+    block_weight = staticmethod(CpuRuntime.block_weight)

@@ -209,3 +209,10 @@ class CudaRuntime(Runtime):
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
+
+
+class CudaEagerRuntime(Runtime):
+    """Configs beyond the Llama layer: the torch forward with QWeights for the Triton products, no
+    fusion and no graphs (CudaRuntime's ops and decoders implement the Llama layer only)."""
+
+    quantized = "qweight"
