@@ -5,8 +5,8 @@
     mps   runtime.Runtime   the portable torch backend (also the reference the others are tested against)
 
 A config whose layers are not the Llama layer (ModelConfig.llama_layer False: Gemma, Phi-3, MoE, ...)
-runs the model's torch forward on every device: the CPU keeps the file's blocks (their C++ products),
-CUDA its QWeights (the Triton products), without the fast decoders, which implement the Llama layer only.
+runs where its backend's fast path covers it (CUDA: backends/cuda.py's covers), else the model's torch
+forward: the CPU keeps the file's blocks (their C++ products), CUDA its QWeights (the Triton products).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) ->
     kind = torch.device(device).type
     llama = cfg is None or cfg.llama_layer
     if kind == "cuda":
-        from .cuda import CudaEagerRuntime, CudaRuntime  # Triton is imported only where it runs
+        from .cuda import CudaEagerRuntime, CudaRuntime, covers  # Triton is imported only where it runs
 
-        return CudaRuntime if llama else CudaEagerRuntime
+        return CudaRuntime if cfg is None or covers(cfg) else CudaEagerRuntime
     if kind == "cpu":
         from .cpu import CpuEagerRuntime, CpuRuntime
 
