@@ -9,7 +9,7 @@ import torch
 
 from .. import mxfp4
 from .bits import nibbles
-from .layout import Field, Format
+from .layout import Field, Format, IntDot
 
 Q = gguf.GGMLQuantizationType
 
@@ -27,11 +27,11 @@ def decode_mxfp4(b: torch.Tensor) -> torch.Tensor:
     return mxfp4.e8m0_half(b[:, :1]) * table[q]
 
 
-# gemv: kernels/triton_gemv.py's float decode (no integer-dot kernel: its codes are not an affine
-# function of the nibble, see kernels/triton_q8.py).
+# gemv: kernels/triton_gemv.py's float decode; int_dot: kernels/triton_q8.py's, the codes' int8 values
+# computed within each byte of a word (_e2m1_bytes), a 32-value block a unit as Q4_0's.
 MXFP4 = Format(
     Q.MXFP4, 32, 17, (Field("e", 0, 1), Field("qs", 1, 16)), mxfp4.encode_mxfp4, decode_mxfp4,
-    gemv=("qs", "e"),
+    gemv=("qs", "e"), int_dot=IntDot(32, {"qs": 16, "e": 1}, ("qs", "e", None, None, None)),
 )
 
 FORMATS = (MXFP4,)
