@@ -72,3 +72,22 @@ def encode_mxfp4(x: torch.Tensor, w: torch.Tensor | None) -> list[torch.Tensor]:
     if w is not None:
         out += [encode_with_exponent(x, e + 1), encode_with_exponent(x, e - 1)]
     return out
+
+
+def from_hf_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face MXFP4 checkpoint's tensor (gpt-oss: `*_blocks`, `*_scales`) -> GGUF MXFP4 rows,
+    the bytes llama.cpp's converter writes (its GptOssModel.repack_mxfp4).
+
+    blocks (..., G, 16) uint8: byte i of a 32-value block holds value 2i (low nibble) and 2i + 1 (high);
+    scales (..., G) uint8 E8M0: value = FP4(code) * 2^(s - 127) (transformers' convert_moe_packed_tensors),
+    which is KVALUES[code] * 2^(s - 128): the GGUF exponent byte is s itself, and the codes move to
+    GGUF's order (byte j: values j and j + 16). -> (..., G * 17) uint8, rows as the checkpoint's
+    (output features), blocks along the row; gpt-oss's interleaved gate/up rows stay interleaved.
+    Code 8 decodes to +0 here, -0 in transformers."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[-1] != 16 or \
+            blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks (..., G, 16) and scales (..., G) uint8, got {tuple(blocks.shape)} "
+                         f"{blocks.dtype} and {tuple(scales.shape)} {scales.dtype}")
+    values = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).reshape(*blocks.shape[:-1], 32)
+    qs = pack_nibbles(values[..., :16], values[..., 16:])
+    return torch.cat((scales.unsqueeze(-1), qs), dim=-1).reshape(*blocks.shape[:-2], -1)

@@ -134,6 +134,27 @@ def test_mxfp4_reference_rule_is_gguf_quantize_byte_for_byte():
         np.testing.assert_array_equal(ours, theirs, err_msg=name)
 
 
+def test_mxfp4_from_hugging_face_blocks_decodes_as_transformers():
+    """gpt-oss's checkpoint layout (*_blocks, *_scales) repacked as GGUF MXFP4 rows: gguf's decoding
+    equals transformers' dequantization (convert_moe_packed_tensors), -0.0 for code 8 aside."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from localllm.quantize.mxfp4 import from_hf_blocks
+
+    g = torch.Generator().manual_seed(4)
+    experts, rows, groups = 3, 8, 4
+    blocks = torch.randint(0, 256, (experts, rows, groups, 16), dtype=torch.uint8, generator=g)
+    scales = torch.randint(100, 140, (experts, rows, groups), dtype=torch.uint8, generator=g)
+    scales[0, 0, 0], scales[0, 0, 1] = 0, 1  # the subnormal scales
+    raw = from_hf_blocks(blocks, scales)
+    assert raw.shape == (experts, rows, groups * 17)
+    ours = gguf.quants.dequantize(raw.reshape(experts * rows, -1).numpy(), Q.MXFP4).reshape(experts, rows, -1)
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2)  # (E, rows, K)
+    np.testing.assert_array_equal(ours, theirs.numpy())  # (-0.0 == 0.0)
+    with pytest.raises(ValueError):
+        from_hf_blocks(blocks[..., :8], scales)
+
+
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
 def test_weighted_bytes_decode_same_through_gguf_and_torch(qtype):
     raw = encoded("student_t", qtype, weighted=True)
