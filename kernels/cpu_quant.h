@@ -2,8 +2,8 @@
 //     w[e] = s[h] * (u[e] - o) + m[h],   h = e / 16 (the group's two halves), u[e] an unsigned byte,
 // so one integer dot product (u8 weights widened to int16 x int16 activations: VNNI vpdpwssd, or AVX2 vpmaddwd)
 // serves Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and MXFP4 (its E2M1 codes looked up
-// as integers). The blocks stay as the file
-// stores them (memory-mapped); only the 6-bit K-quant scales are unpacked, per group, in registers.
+// as integers). The blocks stay as the file stores them (memory-mapped); only the 6-bit K-quant scales
+// are unpacked, per group, in registers.
 //
 // Exactness: s and m are computed in fp32 in the order of the torch decoders (d * sc first, then the
 // min term), so s * (u - o) + m equals dequantize_torch's value bit for bit (tests/test_cpu_kernels.py).

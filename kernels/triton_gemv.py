@@ -127,7 +127,7 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, row
     elif FMT == 7:  # MXFP4: x = d * value(q), d = 2^(e - 128); nibbles as Q4_0's
         qs = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
         e = tl.load(P1 + r * S1 + gg, mask=mask, other=0).to(tl.int32)
-        d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
         lo = d * _e2m1(qs & 15)
         hi = d * _e2m1(qs >> 4)
         clo = 32 * g[:, None] + w[None, :]

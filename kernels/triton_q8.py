@@ -235,7 +235,7 @@ def _unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN
         s = _dp4a(_e2m1_bytes(w & M4), _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
         s = tl.sum(_dp4a(_e2m1_bytes((w >> 4) & M4), _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
         e = W[1].to(tl.int32)
-        d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
         return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
     else:  # Q6_K half u: w = d sc (q - 32)
         d = W[6].to(tl.float32)

@@ -25,7 +25,7 @@ def e8m0_half(e: torch.Tensor) -> torch.Tensor:
     """E8M0 exponent bytes -> float32 2^(e - 128), built from the bits as ggml_e8m0_to_fp32_half (gguf's
     MXFP4.e8m0_to_fp32_half): e < 2 gives the subnormals 2^-128, 2^-127."""
     e = e.to(torch.int32)
-    bits = torch.where(e < 2, torch.full_like(e, 0x00200000) << e, (e - 1) << 23)
+    bits = torch.where(e < 2, torch.full_like(e, 0x00200000) << e.clamp(max=1), (e - 1) << 23)
     return bits.view(torch.float32)
 
 
