@@ -33,6 +33,8 @@ TEMPLATES = DATA / "templates"
 SPECIALS: dict[str, dict[str, str]] = {
     "gemma-2-2b-it.jinja": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"},
     "gemma-3-it.jinja": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"},
+    "gemma-3-it-first-release.jinja": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                                       "unk_token": "<unk>"},
     "gemma-4-31b-it.jinja": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"},
     "phi-3-mini-instruct.jinja": {"bos_token": "<s>", "eos_token": "<|endoftext|>", "unk_token": "<unk>"},
     "phi-3-medium-instruct.jinja": {"bos_token": "<s>", "eos_token": "<|endoftext|>", "unk_token": "<unk>"},
@@ -145,6 +147,10 @@ def test_template_specific_features():
     gemma3 = render(template("gemma-3-it.jinja"), CONVERSATIONS["system"], True, "<bos>")
     assert gemma3 == ("<bos><start_of_turn>user\nYou are a terse assistant.\n\nWhat is the capital of France?"
                       "<end_of_turn>\n<start_of_turn>model\n")
+    # Gemma 3's first template reads a system message only as content parts: a plain string is refused,
+    # by transformers as by us (the later revision above takes both)
+    with pytest.raises(LocalLLMError, match="'str object' has no attribute 'text'"):
+        render(template("gemma-3-it-first-release.jinja"), CONVERSATIONS["system"], True, "<bos>")
     with pytest.raises(LocalLLMError, match="System role not supported"):
         render(template("gemma-2-2b-it.jinja"), CONVERSATIONS["system"], True, "<bos>")
 
