@@ -166,6 +166,27 @@ def test_gemma4_vocab():
     assert tok.encode("hi", add_bos=True)[0] == 2
 
 
+def test_gemma4_matches_transformers():
+    """transformers' own reading of the same file (GemmaTokenizer from the GGUF) gives the same ids and
+    text for llama.cpp's cases and for seeded mixes of their pieces, special tokens parsed."""
+    import random
+
+    from transformers import GemmaTokenizer
+
+    path = vocab_path("gemma-4")
+    ref = GemmaTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = gguf_tokenizer(path)
+    cases = [text for text, _ in read_cases("gemma-4")]
+    rng = random.Random(4)
+    pieces = [c[i:j] for c in cases if len(c) > 1 for i, j in [sorted(rng.sample(range(len(c) + 1), 2))]]
+    mixes = ["".join(rng.sample(pieces, rng.randint(2, 6))) for _ in range(200)]
+    specials = ["<|turn>user\n  hi\n\n<turn|>\n<|turn>model\n", "<bos>x<eos>", "a <|think|>b\n\n\n<|channel>c"]
+    for text in cases + mixes + specials + SMOLLM_TEXTS:
+        expected = ref.encode(text, add_special_tokens=False)
+        assert tok.encode(text, parse_special=True) == expected, text
+        assert tok.decode(expected) == ref.decode(expected, skip_special_tokens=True), text
+
+
 def test_gemma4_rules_on_a_tiny_vocab():
     """The rules the real vocabulary's cases cannot tell apart, on a vocabulary made to show each one:
     a newline run that is a token is taken whole even without merges for it (llama.cpp PR 21343), no
