@@ -166,9 +166,10 @@ def test_gemma4_vocab():
     assert tok.encode("hi", add_bos=True)[0] == 2
 
 
-def test_gemma4_matches_transformers():
+def test_gemma4_matches_transformers(tmp_path):
     """transformers' own reading of the same file (GemmaTokenizer from the GGUF) gives the same ids and
-    text for llama.cpp's cases and for seeded mixes of their pieces, special tokens parsed."""
+    text for llama.cpp's cases and for seeded mixes of their pieces, special tokens parsed; saved as a
+    HF folder (tokenizer.json) it loads into a tokenizer that agrees with the GGUF one."""
     import random
 
     from transformers import GemmaTokenizer
@@ -185,6 +186,15 @@ def test_gemma4_matches_transformers():
         expected = ref.encode(text, add_special_tokens=False)
         assert tok.encode(text, parse_special=True) == expected, text
         assert tok.decode(expected) == ref.decode(expected, skip_special_tokens=True), text
+    ref.save_pretrained(str(tmp_path))
+    folder = load_hf_tokenizer(tmp_path)
+    assert (folder.bos_id, folder.eos_id, folder.stop_ids) == (tok.bos_id, tok.eos_id, tok.stop_ids)
+    assert folder.chat_template == tok.chat_template
+    for text in cases + mixes[:50] + specials:
+        for parse_special in (False, True):
+            assert folder.encode(text, parse_special=parse_special) == tok.encode(text, parse_special=parse_special)
+        ids = tok.encode(text, parse_special=True)
+        assert folder.decode(ids) == tok.decode(ids), text
 
 
 def test_gemma4_rules_on_a_tiny_vocab():
