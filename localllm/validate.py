@@ -45,6 +45,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
     if cfg.qk_norm:
         layer |= {"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}
+    if cfg.post_norms:  # Gemma: RMSNorm on the attention and MLP outputs (model.Block)
+        layer |= {"post_attention_norm.weight": (c,), "post_ffw_norm.weight": (c,)}
     for i in range(cfg.n_layers):
         out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
     return out
@@ -121,7 +123,7 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
     read -> (config, GGUF name -> (file, checkpoint key))."""
     cfg = read_hf_config(folder)
     keys, tensors = {}, {}
-    for path, key, name, shape, dtype in hf_tensor_headers(folder):
+    for path, key, name, shape, dtype in hf_tensor_headers(folder, cfg):
         if name in keys:
             raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
         keys[name], tensors[name] = (path, key), (shape, dtype)
