@@ -66,7 +66,7 @@ MULTIMODAL_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_t
 PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
-_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
 
 
 def to_module_name(gguf_name: str) -> str:
