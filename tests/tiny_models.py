@@ -265,7 +265,7 @@ TINY_VISION = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermed
 
 def write_gemma3_multimodal(spec: TinySpec, folder: Path) -> Path:
     """The spec's text weights inside a Gemma3ForConditionalGeneration, saved by save_pretrained
-    (transformers 5 names: model.language_model.*, model.vision_tower.*, model.multi_modal_projector.*)."""
+    (as checkpoint names: language_model.model.*, vision_tower.*, multi_modal_projector.*)."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     text = replace(spec, multimodal=False)
