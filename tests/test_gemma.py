@@ -218,3 +218,32 @@ def test_hf_bad_gemma_config(tiny, change, needle):
     hp = json.loads((tiny.hf("gemma2") / "config.json").read_text())
     with pytest.raises(LocalLLMError, match=needle):
         config_from_hf({**hp, **change})
+
+
+# ---- the model the configs imply
+
+@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+def test_expected_shapes_match_the_model(tiny, case):
+    """validate.expected_shapes (post norms, q/k norm, tied output) is what model.Transformer holds."""
+    from localllm.gguf_file import open_gguf
+    from localllm.model import Transformer
+    from localllm.validate import check_gguf, expected_shapes
+    from localllm.weights import gguf_name
+
+    cfg = check_gguf(open_gguf(tiny.gguf(case)))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    assert {gguf_name(n): tuple(t.shape) for n, t in model.state_dict().items()} == expected_shapes(cfg)
+
+
+@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+@torch.inference_mode()
+def test_cached_decode_equals_one_pass(tiny, tokens, case):
+    """A prompt of 7 then one token at a time through the cache (the window sliding past the first
+    keys) gives the logits of one pass over all 16 tokens."""
+    lm = load_model(str(tiny.gguf(case)), "cpu", torch.float32)
+    full = lm.model(tokens, make_cache(lm.config, T, batch=BATCH), 0)
+    cache = make_cache(lm.config, T, batch=BATCH)
+    steps = [lm.model(tokens[:, :7], cache, 0)]
+    steps += [lm.model(tokens[:, i:i + 1], cache, i) for i in range(7, T)]
+    assert_close(torch.cat(steps, dim=1), full, tol=1e-5)
