@@ -301,7 +301,7 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
     if arch in gemma.GEMMA_ARCHS:
-        out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context))
+        out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context, hf_rope_scaling_dict))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out

@@ -16,7 +16,7 @@ real Gemma 3 configs leave most fields to them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from .errors import LocalLLMError
 
@@ -99,12 +99,12 @@ def _optional_float(f, key: str) -> float | None:
     return None if f.values.get(key) is None else f.float(key)
 
 
-def hf_fields(f, arch: str, n_layers: int, dim: int, max_context: int) -> dict[str, Any]:
+def hf_fields(f, arch: str, n_layers: int, dim: int, max_context: int,
+              rope_scaling: Callable[[Any, str], Any]) -> dict[str, Any]:
     """f: config.Fields over hf_text_config's dict -> the Gemma fields of ModelConfig, rope included
     (Gemma 3 keeps two rope settings: rope_parameters {"full_attention", "sliding_attention"}, or
-    the older rope_theta / rope_local_base_freq / rope_scaling keys)."""
-    from .config import hf_rope_scaling_dict
-
+    the older rope_theta / rope_local_base_freq / rope_scaling keys). rope_scaling: config's reader
+    of one HF rope object (config.hf_rope_scaling_dict)."""
     act = f.raw("hidden_activation", f.raw("hidden_act", "gelu_pytorch_tanh"))
     if act not in GELU_TANH:
         raise f.bad("hidden_activation", act, f"one of {', '.join(sorted(GELU_TANH))} (GELU, tanh approximation)")
@@ -133,7 +133,7 @@ def hf_fields(f, arch: str, n_layers: int, dim: int, max_context: int) -> dict[s
             raise LocalLLMError(f"config.json rope_parameters.sliding_attention.rope_type is {local['rope_type']!r},"
                                 " expected 'default'")
         check = type(f)({"rope_theta": theta, "rope_local_base_freq": local_theta}, "config.json")
-        out |= dict(rope_theta=check.float("rope_theta"), rope_scaling=hf_rope_scaling_dict(full, label))
+        out |= dict(rope_theta=check.float("rope_theta"), rope_scaling=rope_scaling(full, label))
         if any(sliding):
             out["rope_theta_local"] = check.float("rope_local_base_freq")
     return out
