@@ -31,7 +31,7 @@ TOL = 1e-3
 BATCH, T = 2, 16  # T > the tiny models' window of 5
 GGUF_FORMATS = ["gguf-F32", "gguf-Q8_0"]
 CASE_FORMATS = [("gemma2", f) for f in [*GGUF_FORMATS, "safetensors"]] + [("gemma2_qscale", "safetensors")] + \
-    [("gemma3", f) for f in [*GGUF_FORMATS, "safetensors"]] + [("gemma3_mm", "safetensors")]
+    [("gemma3", f) for f in [*GGUF_FORMATS, "safetensors"]] + [("gemma3_bf16", "safetensors"), ("gemma3_mm", "safetensors")]
 
 
 @pytest.fixture(scope="module")

@@ -537,6 +537,9 @@ FAMILY_CASES["gemma2_qscale"] = replace(FAMILY_CASES["gemma2"], query_pre_attn_s
 FAMILY_CASES["gemma3"] = TinySpec("gemma3_text", n_layers=6, head_dim=32, tied=True, norm_eps=1e-6,
                                   sliding_window=5, rope_theta=1e6, seed=8,
                                   rope_scaling={"rope_type": "linear", "factor": 4.0})
+# The same weights rounded to bf16 and stored as bf16 (the norm offset is added in fp32, as
+# transformers' 1 + w.float()).
+FAMILY_CASES["gemma3_bf16"] = replace(FAMILY_CASES["gemma3"], storage_dtype="bfloat16")
 # The same weights in a Gemma3ForConditionalGeneration checkpoint (safetensors only: the converter
 # writes the text model's GGUF, the same file as gemma3's).
 FAMILY_CASES["gemma3_mm"] = replace(FAMILY_CASES["gemma3"], multimodal=True)
