@@ -54,10 +54,11 @@ TENSOR_MAP_ARCHS = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.
 NORM_PLUS_ONE_ARCHS = frozenset({"gemma2", "gemma3"})
 SKIP = ""  # hf_namer's answer for a checkpoint tensor the text model does not use
 
-# Gemma3ForConditionalGeneration checkpoints: the text model under language_model (transformers 5
-# saves model.language_model.*; earlier ones language_model.model.* and language_model.lm_head.*),
-# renamed as transformers' "llava" conversion and llama.cpp's Gemma3Model do; the vision tower and
-# the projector, which a text model does not use, are skipped by their prefixes.
+# Gemma3ForConditionalGeneration checkpoints: the text model under language_model, named either as
+# save_pretrained writes it (language_model.model.*, language_model.lm_head.*) or as the module holds
+# it (model.language_model.*, lm_head.*); renamed as transformers' "llava" conversion and llama.cpp's
+# Gemma3Model do. The vision tower and the projector, which a text model does not use, are skipped
+# by their prefixes (both forms).
 MULTIMODAL_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                             ("language_model.lm_head.", "lm_head."))
 MULTIMODAL_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
@@ -156,7 +157,7 @@ def hf_namer(cfg: ModelConfig | None) -> Callable[[str], str | None]:
     name_map = gguf.get_tensor_name_map(TENSOR_MAP_ARCHS[cfg.arch], cfg.n_layers)
     multimodal = cfg.arch == "gemma3"
 
-    def name(key: str) -> str | None:
+    def mapped(key: str) -> str | None:
         if multimodal and key.startswith(MULTIMODAL_SKIPPED):
             return SKIP
         for prefix, replacement in MULTIMODAL_TEXT_PREFIXES if multimodal else ():
@@ -165,9 +166,10 @@ def hf_namer(cfg: ModelConfig | None) -> Callable[[str], str | None]:
                 break
         if key == "lm_head.weight":  # Gemma 2's GGUF tensor list has no OUTPUT (tied); a stored head is used
             return "output.weight"
-        return name_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        out = name_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        return None if out == key else out  # TensorNameMap also maps GGUF names to themselves
 
-    return name
+    return mapped
 
 
 def add_norm_offset(state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:

@@ -110,16 +110,19 @@ def test_multimodal_in_model_names(tiny, tokens, tmp_path):
     assert_close(our_logits(folder, tokens), hf_logits({"pretrained_model_name_or_path": str(folder)}, tokens))
 
 
-def test_multimodal_unknown_tensor_is_refused(tiny, tmp_path):
-    """Only the vision tower's and projector's prefixes are skipped: anything else unknown is an error."""
+@pytest.mark.parametrize("case,key", [("gemma3_mm", "model.audio_tower.weight"), ("gemma3_mm", "audio_tower.weight"),
+                                      ("gemma2", "blk.0.attn_q.weight"), ("gemma2", "model.layers.4.mlp.up_proj.weight")])
+def test_unknown_tensor_is_refused(tiny, tmp_path, case, key):
+    """Only the vision tower's and projector's prefixes are skipped; a GGUF name (TensorNameMap maps
+    those to themselves) or a layer past the config's is unknown."""
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "odd"
-    shutil.copytree(tiny.hf("gemma3_mm"), folder)
+    shutil.copytree(tiny.hf(case), folder)
     state = load_file(str(folder / "model.safetensors"))
-    state["model.audio_tower.weight"] = torch.zeros(2)
+    state[key] = torch.zeros(2)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(LocalLLMError, match="unknown tensor 'model.audio_tower.weight'"):
+    with pytest.raises(LocalLLMError, match=f"unknown tensor '{key}'"):
         load_model(str(folder), "cpu", torch.float32)
 
 
