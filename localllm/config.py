@@ -273,7 +273,7 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     """A Hugging Face config.json value -> ModelConfig, every field type- and range-checked."""
     if not isinstance(cfg, dict):
         raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
-    if cfg.get("model_type") in gemma.HF_MODEL_TYPES:
+    if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in gemma.HF_MODEL_TYPES:
         cfg = gemma.hf_text_config(cfg)
     arch = cfg.get("model_type")
     fields = _arch_fields(arch, "config.json 'model_type'")

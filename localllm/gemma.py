@@ -106,7 +106,7 @@ def hf_fields(f, arch: str, n_layers: int, dim: int, max_context: int,
     the older rope_theta / rope_local_base_freq / rope_scaling keys). rope_scaling: config's reader
     of one HF rope object (config.hf_rope_scaling_dict)."""
     act = f.raw("hidden_activation", f.raw("hidden_act", "gelu_pytorch_tanh"))
-    if act not in GELU_TANH:
+    if not isinstance(act, str) or act not in GELU_TANH:
         raise f.bad("hidden_activation", act, f"one of {', '.join(sorted(GELU_TANH))} (GELU, tanh approximation)")
     for key in ("attention_bias", "use_bidirectional_attention"):
         if f.values.get(key):
@@ -127,6 +127,10 @@ def hf_fields(f, arch: str, n_layers: int, dim: int, max_context: int,
             label = "rope_parameters.full_attention."
         else:
             full, local, label = f.values.get("rope_scaling") or {}, {}, "rope_scaling."
+        for part, value in (("full_attention", full), ("sliding_attention", local)):
+            if not isinstance(value, dict):
+                raise f.bad(f"rope_parameters.{part}" if label != "rope_scaling." else "rope_scaling", value,
+                            "an object")
         theta = full.get("rope_theta", f.values.get("rope_theta", 1_000_000.0))
         local_theta = local.get("rope_theta", f.values.get("rope_local_base_freq", 10_000.0))
         if local.get("rope_type", "default") != "default":
@@ -146,6 +150,7 @@ def _hf_sliding_layers(f, arch: str, n_layers: int) -> tuple[bool, ...]:
         pattern = SWA_PATTERN["gemma2"] if arch == "gemma2" else f.int("sliding_window_pattern", 1, 1 << 20)
         return pattern_layers(n_layers, pattern)
     kinds = {"sliding_attention": True, "full_attention": False}
-    if not isinstance(types, list) or len(types) != n_layers or any(t not in kinds for t in types):
+    if not isinstance(types, list) or len(types) != n_layers or any(not isinstance(t, str) or t not in kinds
+                                                                    for t in types):
         raise f.bad("layer_types", types, f"a list of {n_layers} 'sliding_attention' / 'full_attention'")
     return tuple(kinds[t] for t in types)
