@@ -336,8 +336,7 @@ def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
 
 
 def add_gemma_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
-    """Gemma2Model / Gemma3Model.set_gguf_parameters (conversion/gemma.py) beyond the common keys;
-    Gemma 3's linear rope scaling as TextModel.set_gguf_parameters writes it (its full_attention rope)."""
+    """Gemma2Model / Gemma3Model.set_gguf_parameters (conversion/gemma.py) beyond the common keys."""
     if spec.arch == "gemma2":
         w.add_attn_logit_softcapping(spec.attn_softcap)
         w.add_final_logit_softcapping(spec.final_softcap)
@@ -346,10 +345,6 @@ def add_gemma_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
     if spec.final_softcap:
         w.add_final_logit_softcapping(spec.final_softcap)
     w.add_sliding_window(spec.sliding_window)
-    rs = spec.rope_scaling or {}
-    if rs.get("rope_type") == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rs["factor"])
 
 
 def encode_tensor(data: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
@@ -406,6 +401,10 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
     if spec.head_dim is not None:  # TextModel.set_gguf_parameters writes these only for explicit head_dim
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
+    rs = spec.rope_scaling or {}
+    if rs.get("rope_type") == "linear" and arch != "gemma2":  # TextModel.set_gguf_parameters (Gemma 3:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)  # its full_attention rope)
+        w.add_rope_scaling_factor(rs["factor"])
     if spec.gemma:
         add_gemma_metadata(w, spec)
     w.add_file_type(GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
@@ -518,6 +517,8 @@ CASES: dict[str, TinySpec] = {
     "llama3": TinySpec("llama", tied=True, rope_theta=10000.0, seed=5, rope_scaling={
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}),
+    # Llama 2 style linear rope scaling ("rope_type": "linear", GGUF rope.scaling.type / factor).
+    "llama_linear": TinySpec("llama", seed=9, rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
 # The same qwen2 weights rounded to bf16 and stored as bf16.
 CASES["qwen2_bf16"] = replace(CASES["qwen2"], storage_dtype="bfloat16")
