@@ -67,8 +67,8 @@ def gguf_fields(f, arch: str, n_layers: int, dim: int, n_heads: int, head_dim: i
     )
     if arch == "gemma2":
         out["attn_softcap"] = f.float("attn_logit_softcapping", 50.0)
-    elif window:
-        out["rope_theta_local"] = f.float("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)
+    elif window:  # llama.cpp sets it after reading keys: a rope.freq_base_swa key does not change it
+        out["rope_theta_local"] = GEMMA3_LOCAL_ROPE_BASE
     return out
 
 
