@@ -161,7 +161,7 @@ def _rope(part: str, **values):
 ], ids=["gemma2-window", "gemma2-attn-softcap", "gemma2-final-softcap", "gemma2-query-scalar", "gemma3-window",
         "gemma3-local-rope-base", "gemma3-linear-rope-scaling"])
 def test_feature_matters(tiny, tokens, case, edit):
-    assert _changed(tiny, tokens, case, edit) > 0.02
+    assert _changed(tiny, tokens, case, edit) > 0.1  # measured: 0.26 to 4.6
 
 
 # ---- config: llama.cpp's reading of GGUF metadata, transformers' of config.json
