@@ -12,6 +12,7 @@ from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
 from localllm.quantize.decode import dequantize_torch
 
 from .config import ModelConfig
+from .config_phi3 import hf_rope_tensors
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .backends import runtime_class
@@ -21,7 +22,7 @@ from .registry import resolve_model
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
+from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict, to_module_name
 
 
 @dataclass
@@ -126,7 +127,8 @@ def read_gguf_model(f: GGUFFile, layout: str) -> tuple[ModelConfig, dict[str, to
 def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
     cfg, keys = check_hf_folder(folder)
     tok = load_hf_tokenizer(folder)
-    state = hf_state_dict(folder, keys)
+    state = hf_state_dict(folder, keys, cfg)
+    state |= {to_module_name(n): t for n, t in hf_rope_tensors(folder, cfg).items()}  # LongRoPE's divisors
     types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
     return cfg, state, types, tok
 
