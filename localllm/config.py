@@ -72,7 +72,7 @@ class ModelConfig:
     # per layer, False where the layer has no rope (SmolLM3's NoPE layers); () = rope everywhere
     rope_layers: tuple[bool, ...] = ()
     rotary_dim: int | None = None  # dims of a head that rope rotates (Phi-4-mini: 3/4); None: head_dim
-    rope_attn_factor: float = 1.0  # cos/sin times this (LongRoPE's attention factor, Phi-3 128k)
+    rope_attn_factor: float = 1.0  # cos and sin of the global rope set times this (YaRN, LongRoPE)
     # LongRoPE (config_phi3.py): the model holds rope_factors_short / rope_factors_long divisors and uses
     # the long ones when the context in use (the KV cache's capacity) exceeds this; None: no LongRoPE
     rope_original_context: int | None = None
@@ -108,7 +108,8 @@ class ModelConfig:
 FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
-    "rotary_dim", "rope_attn_factor", "rope_original_context", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "rope_original_context",
 })
 
 

@@ -57,7 +57,7 @@ PERMUTED_QK_ARCHS = frozenset({"llama", "mistral", "smollm3"})
 ROPE_BUFFERS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
-_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
 
 
 def to_module_name(gguf_name: str) -> str:
