@@ -22,7 +22,7 @@ from .registry import resolve_model
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict, to_module_name
+from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict, to_module_name, ROPE_BUFFERS
 
 
 @dataclass
@@ -109,7 +109,7 @@ def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype
     for name, ref in expected.items():
         if tuple(state[name].shape) != tuple(ref.shape):
             raise LocalLLMError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(ref.shape)}")
-        keep_fp32 = name == "rope_freqs"
+        keep_fp32 = name in ROPE_BUFFERS
         state[name] = state[name].to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
     model.load_state_dict(state, assign=True, strict=True)
 
