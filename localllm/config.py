@@ -225,7 +225,7 @@ def config_from_gguf(
         tied_output="output.weight" not in tensor_names,
         **fields,
     )
-    from .config_phi3 import gguf_fields  # here: config_phi3 reads with this module's Fields
+    from .config_phi3 import gguf_fields  # here: config_phi3 is called with this module's Fields
 
     cfg = replace(cfg, **gguf_fields(arch, f, tensor_names, cfg.n_layers, head_dim, cfg.context_length))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
@@ -286,9 +286,9 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         rope_scaling=None if arch == "phi3" else _hf_rope_scaling(cfg),  # phi3's is LongRoPE (config_phi3)
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
-    from .config_phi3 import hf_fields  # here: config_phi3 reads with this module's Fields
+    from .config_phi3 import hf_fields  # here: config_phi3 is called with this module's Fields
 
-    out = replace(out, **hf_fields(arch, cfg, out.n_layers, out.head_dim, out.context_length))
+    out = replace(out, **hf_fields(arch, f, out.n_layers, out.head_dim, out.context_length))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out

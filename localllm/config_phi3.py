@@ -20,13 +20,14 @@ gives the interval (`no_rope_layer_interval`, default 4).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import Fields, ModelConfig, read_json
 from .errors import LocalLLMError
+
+# No import of .config (it calls in here): readers are config.Fields instances passed in, `type(f)` makes
+# one for a nested object; cfg parameters are config.ModelConfig values.
 
 # llama.cpp's hard-coded SmolLM3 NoPE step (src/models/smollm3.cpp, hparams.n_no_rope_layer_step)
 SMOLLM3_NOPE_STEP = 4
@@ -49,7 +50,7 @@ def longrope_attn_factor(context: int, original: int) -> float:
 # ---- GGUF
 
 
-def gguf_fields(arch: str, f: Fields, tensor_names: set[str], n_layers: int, head_dim: int,
+def gguf_fields(arch: str, f, tensor_names: set[str], n_layers: int, head_dim: int,
                 context: int) -> dict[str, Any]:
     """The phi3 / smollm3 ModelConfig fields from GGUF metadata (f: the `{arch}.` keys)."""
     if arch == "smollm3":
@@ -78,7 +79,7 @@ def gguf_fields(arch: str, f: Fields, tensor_names: set[str], n_layers: int, hea
 # ---- config.json
 
 
-def _factor_list(rs: Fields, key: str, n: int) -> list[float]:
+def _factor_list(rs, key: str, n: int) -> list[float]:
     value = rs.raw(key)
     ok = isinstance(value, list) and len(value) == n and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in value)
@@ -87,7 +88,7 @@ def _factor_list(rs: Fields, key: str, n: int) -> list[float]:
     return [float(x) for x in value]
 
 
-def hf_rotary_dim(f: Fields, cfg: dict, head_dim: int) -> int:
+def hf_rotary_dim(f, cfg: dict, head_dim: int) -> int:
     """Phi-4-mini's partial_rotary_factor (top level or in rope_parameters) -> rotated dims of a head."""
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     key = "partial_rotary_factor"
@@ -100,15 +101,16 @@ def hf_rotary_dim(f: Fields, cfg: dict, head_dim: int) -> int:
     return rot
 
 
-def hf_longrope(cfg: dict, rot: int, context: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """config.json's LongRoPE -> (ModelConfig fields, GGUF name -> (rot/2,) divisor tensors); ({}, {})
-    without one. The tensors are what llama.cpp's converter writes as rope_factors_short/long."""
+def hf_longrope(top, rot: int, context: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """config.json's LongRoPE (top: a config.Fields of config.json) -> (ModelConfig fields, GGUF name ->
+    (rot/2,) divisor tensors); ({}, {}) without one. The tensors are what llama.cpp's converter writes as
+    rope_factors_short/long."""
+    cfg = top.values
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not isinstance(rs, dict) or rs.get("rope_type", rs.get("type")) not in LONGROPE_TYPES:
         return {}, {}
-    f = Fields(rs, "config.json", label="rope_scaling.")
+    f = type(top)(rs, "config.json", label="rope_scaling.")
     short, long = _factor_list(f, "short_factor", rot // 2), _factor_list(f, "long_factor", rot // 2)
-    top = Fields(cfg, "config.json")
     # Phi-3 keeps the pre-training length at the top level (transformers prefers it there)
     original = top.int("original_max_position_embeddings", 1, context,
                        f.int("original_max_position_embeddings", 1, context, context))
@@ -123,17 +125,18 @@ def hf_longrope(cfg: dict, rot: int, context: int) -> tuple[dict[str, Any], dict
     return fields, tensors
 
 
-def hf_rope_tensors(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A HF folder's LongRoPE divisors (GGUF name -> (rotary_dim/2,) fp32), {} without LongRoPE; the
-    config.json they come from was validated when cfg was read (hf_fields)."""
+def hf_rope_tensors(f, cfg) -> dict[str, torch.Tensor]:
+    """LongRoPE divisors of the model cfg (a config.ModelConfig) read from its config.json (f: a
+    config.Fields of it): GGUF name -> (rotary_dim/2,) fp32; {} without LongRoPE. config.json was
+    validated when cfg was read (hf_fields)."""
     if cfg.rope_original_context is None:
         return {}
-    return hf_longrope(read_json(folder / "config.json"), cfg.rotary_dim or cfg.head_dim, cfg.context_length)[1]
+    return hf_longrope(f, cfg.rotary_dim or cfg.head_dim, cfg.context_length)[1]
 
 
-def hf_fields(arch: str, cfg: dict, n_layers: int, head_dim: int, context: int) -> dict[str, Any]:
-    """The phi3 / smollm3 ModelConfig fields from a config.json value."""
-    f = Fields(cfg, "config.json")
+def hf_fields(arch: str, f, n_layers: int, head_dim: int, context: int) -> dict[str, Any]:
+    """The phi3 / smollm3 ModelConfig fields from config.json (f: a config.Fields of it)."""
+    cfg = f.values
     if arch == "smollm3":
         return _smollm3_fields(f, cfg, n_layers)
     if arch != "phi3":
@@ -145,11 +148,11 @@ def hf_fields(arch: str, cfg: dict, n_layers: int, head_dim: int, context: int) 
     window = f.int("sliding_window", 1, 2**31 - 1, 0) if cfg.get("sliding_window") is not None else 0
     if window:  # transformers' Phi3Model: a sliding-window mask in every layer when set
         out |= {"sliding_window": window, "sliding_layers": (True,) * n_layers}
-    fields, _ = hf_longrope(cfg, rot, context)
+    fields, _ = hf_longrope(f, rot, context)
     return out | fields
 
 
-def _smollm3_fields(f: Fields, cfg: dict, n_layers: int) -> dict[str, Any]:
+def _smollm3_fields(f, cfg: dict, n_layers: int) -> dict[str, Any]:
     """no_rope_layers (1 = rope) or every no_rope_layer_interval-th layer NoPE; sliding layers (NoPE
     ones, when use_sliding_window) as transformers' SmolLM3Config builds its layer_types."""
     listed = cfg.get("no_rope_layers")

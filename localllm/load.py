@@ -11,7 +11,7 @@ import torch
 from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
 from localllm.quantize.decode import dequantize_torch
 
-from .config import ModelConfig
+from .config import Fields, ModelConfig, read_json
 from .config_phi3 import hf_rope_tensors
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
@@ -128,7 +128,8 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     cfg, keys = check_hf_folder(folder)
     tok = load_hf_tokenizer(folder)
     state = hf_state_dict(folder, keys, cfg)
-    state |= {to_module_name(n): t for n, t in hf_rope_tensors(folder, cfg).items()}  # LongRoPE's divisors
+    longrope = hf_rope_tensors(Fields(read_json(folder / "config.json"), "config.json"), cfg)  # LongRoPE divisors
+    state |= {to_module_name(n): t for n, t in longrope.items()}
     types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
     return cfg, state, types, tok
 
