@@ -310,3 +310,33 @@ def test_gguf_fused_tensor_of_the_wrong_size_is_one_line(files, tmp_path):
     with pytest.raises(LocalLLMError, match="attn_qkv") as e:
         load_model(str(path), "cpu", torch.float32)
     assert "(128, 64)" in str(e.value)
+
+
+# ---- localllm quantize from a HF folder writes what llama.cpp's converter writes
+
+
+def _gguf_fields(path) -> dict:
+    r = gguf.GGUFReader(str(path))
+    return {k: (f.types, f.contents()) for k, f in r.fields.items()
+            if not k.startswith("GGUF.") and k not in ("general.name", "general.type")}
+
+
+@pytest.mark.parametrize("case", GGUF_CASES)
+def test_quantize_from_safetensors_matches_converter(files, tokens, tmp_path, case):
+    """F32 from the HF folder = the converter's F32 file (tiny_models.write_gguf): the same tensors
+    (fused names, LongRoPE tensors, smollm3 q/k permuted) and metadata; then a Q8_0 one runs close."""
+    import numpy as np
+
+    from localllm.commands.quantize_cmd import quantize_model
+
+    ref, out = files.gguf(case), tmp_path / f"{case}.gguf"
+    quantize_model(str(files.hf(case)), out, "F32", tokenizer_from=ref, progress=False)
+    want = {t.name: t for t in gguf.GGUFReader(str(ref)).tensors}
+    got = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    assert sorted(got) == sorted(want)
+    for name, t in got.items():
+        assert np.array_equal(np.array(t.data), np.array(want[name].data)), name
+    assert _gguf_fields(out) == _gguf_fields(ref)
+    q8 = tmp_path / f"{case}-q8.gguf"
+    quantize_model(str(files.hf(case)), q8, "Q8_0", tokenizer_from=ref, progress=False)
+    assert_close(our_logits(q8, tokens), hf_logits(files.q8_folder(case), tokens))
