@@ -64,7 +64,7 @@ def gguf_fields(arch: str, f, tensor_names: set[str], n_layers: int, head_dim: i
     if rot != head_dim:
         out["rotary_dim"] = rot
     window = f.int("attention.sliding_window", 0, 2**31 - 1, 0)  # the converter writes 0 for "none"
-    if window:
+    if 0 < window < context:  # one of at least the context (Phi-3.5, Phi-4-mini: 262144) never binds
         out |= {"sliding_window": window, "sliding_layers": (True,) * n_layers}
     present = [n for n in ROPE_FACTOR_TENSORS if n in tensor_names]
     if len(present) == 1:
@@ -146,7 +146,10 @@ def hf_fields(arch: str, f, n_layers: int, head_dim: int, context: int) -> dict[
     if rot != head_dim:
         out["rotary_dim"] = rot
     window = f.int("sliding_window", 1, 2**31 - 1, 0) if cfg.get("sliding_window") is not None else 0
-    if window:  # transformers' Phi3Model: a sliding-window mask in every layer when set
+    # transformers' Phi3Model: a sliding-window mask in every layer when set; one of at least the
+    # context (Phi-3.5, Phi-4-mini: 262144) never binds. llama.cpp ignores Phi-3's window for now
+    # (llama_model_phi3: "Phi SWA is currently disabled"); we follow transformers.
+    if 0 < window < context:
         out |= {"sliding_window": window, "sliding_layers": (True,) * n_layers}
     fields, _ = hf_longrope(f, rot, context)
     return out | fields

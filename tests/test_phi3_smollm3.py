@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import gguf
 import pytest
 import torch
@@ -303,8 +305,6 @@ def test_gguf_with_one_longrope_set_is_one_line(files, tmp_path):
 
 def test_gguf_fused_tensor_of_the_wrong_size_is_one_line(files, tmp_path):
     """The fused tensors are checked in the file's layout (q|k|v rows) before anything is split."""
-    import numpy as np
-
     path = _rewrite_gguf(files.gguf("phi3"), tmp_path / "qkv.gguf",
                          reshape={"blk.1.attn_qkv.weight": np.zeros((96, 64), dtype=np.float32)})
     with pytest.raises(LocalLLMError, match="attn_qkv") as e:
@@ -325,8 +325,6 @@ def _gguf_fields(path) -> dict:
 def test_quantize_from_safetensors_matches_converter(files, tokens, tmp_path, case):
     """F32 from the HF folder = the converter's F32 file (tiny_models.write_gguf): the same tensors
     (fused names, LongRoPE tensors, smollm3 q/k permuted) and metadata; then a Q8_0 one runs close."""
-    import numpy as np
-
     from localllm.commands.quantize_cmd import quantize_model
 
     ref, out = files.gguf(case), tmp_path / f"{case}.gguf"
@@ -340,3 +338,28 @@ def test_quantize_from_safetensors_matches_converter(files, tokens, tmp_path, ca
     q8 = tmp_path / f"{case}-q8.gguf"
     quantize_model(str(files.hf(case)), q8, "Q8_0", tokenizer_from=ref, progress=False)
     assert_close(our_logits(q8, tokens), hf_logits(files.q8_folder(case), tokens))
+
+
+def test_real_phi_configs():
+    """The config.json values of Phi-3-mini-4k (window 2047), Phi-3.5-mini (LongRoPE, a window longer
+    than the context: none) and Phi-4-mini (partial rotary 0.75, tied) -> our fields."""
+    from localllm.config import config_from_hf
+
+    base = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+            "sliding_window": 2047, "rope_scaling": None, "tie_word_embeddings": False}
+    mini = config_from_hf(base)
+    assert (mini.sliding_window, mini.sliding_layers, mini.rotary_dim) == (2047, (True,) * 32, None)
+    assert (mini.rope_original_context, mini.rope_attn_factor) == (None, 1.0)
+    long = {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
+    phi35 = config_from_hf(base | {"max_position_embeddings": 131072, "sliding_window": 262144,
+                                   "rope_scaling": long | {"short_factor": [1.0] * 48, "long_factor": [2.0] * 48}})
+    assert phi35.sliding_window is None and phi35.rope_original_context == 4096
+    assert phi35.rope_attn_factor == pytest.approx((1 + np.log(32) / np.log(4096)) ** 0.5)
+    phi4 = config_from_hf(base | {"hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
+                                  "max_position_embeddings": 131072, "partial_rotary_factor": 0.75,
+                                  "sliding_window": 262144, "tie_word_embeddings": True, "rope_scaling": long})
+    assert (phi4.head_dim, phi4.rotary_dim, phi4.tied_output, phi4.sliding_window) == (128, 96, True, None)
+    assert config_from_hf(base | {"max_position_embeddings": 131072,
+                                  "rope_scaling": long | {"type": "su"}}).rope_original_context == 4096
