@@ -47,3 +47,31 @@ def split_rows(cfg: ModelConfig, name: str, rows) -> list[tuple[str, object]]:
     q, kv = cfg.q_dim, cfg.kv_dim
     return [(f"blk.{i}.attn_q.{suffix}", rows[:q]), (f"blk.{i}.attn_k.{suffix}", rows[q:q + kv]),
             (f"blk.{i}.attn_v.{suffix}", rows[q + kv:])]
+
+
+def fused_parts(cfg: ModelConfig, name: str) -> list[str]:
+    """A checkpoint tensor's GGUF name -> the names of our tensors its rows hold, in row order (itself
+    when not fused): what a per-tensor statistic of the file's tensor joins (mixed.plan_mixed)."""
+    return [n for n, _ in split_rows(cfg, name, _Names())]
+
+
+class _Names:
+    """Stands in for rows in split_rows when only the names are wanted."""
+
+    def __getitem__(self, _):
+        return None
+
+
+def file_imatrix(cfg: ModelConfig, imatrix: dict) -> dict:
+    """An imatrix keyed by our tensors' names -> keyed by the checkpoint's: a fused tensor takes its
+    first part's (q, k, v read the same input, so do gate and up)."""
+    if cfg.arch not in FUSED_ARCHS:
+        return imatrix
+    out = {}
+    for name, value in imatrix.items():
+        parts = name.split(".")
+        if parts[0] == "blk" and parts[2] in ("attn_q", "ffn_gate"):
+            out[f"blk.{parts[1]}.{'attn_qkv' if parts[2] == 'attn_q' else 'ffn_up'}.{'.'.join(parts[3:])}"] = value
+        elif not (parts[0] == "blk" and parts[2] in ("attn_k", "attn_v", "ffn_up")):
+            out[name] = value
+    return out

@@ -363,3 +363,30 @@ def test_real_phi_configs():
     assert (phi4.head_dim, phi4.rotary_dim, phi4.tied_output, phi4.sliding_window) == (128, 96, True, None)
     assert config_from_hf(base | {"max_position_embeddings": 131072,
                                   "rope_scaling": long | {"type": "su"}}).rope_original_context == 4096
+
+
+def test_imatrix_and_mixed_plan_use_the_files_fused_names(files, tmp_path):
+    """Calibration statistics of a phi3 model are keyed as its file holds the tensors (attn_qkv, the
+    2*ffn ffn_up): the imatrix a quantize run measures is read back by the next against the file."""
+    from localllm.calibrate import collect_imatrix, model_tensors
+    from localllm.commands.quantize_cmd import quantize_model
+    from localllm.fused import fused_parts
+
+    path = files.gguf("phi3")
+    lm = load_model(str(path), "cpu", torch.float32)
+    in_file = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in gguf.GGUFReader(str(path)).tensors}
+    assert model_tensors(lm.model) == {n: s for n, s in in_file.items() if not n.startswith("rope_")}
+    imat = collect_imatrix(lm.model, [tokens_list(12, seed) for seed in range(2)])
+    assert set(imat) == {n for n, s in in_file.items() if len(s) == 2 and n != "token_embd.weight"}  # untied
+    assert imat["blk.0.attn_qkv.weight"].shape == imat["blk.0.ffn_up.weight"].shape == (64,)
+    assert fused_parts(lm.config, "blk.1.attn_qkv.weight") == [f"blk.1.attn_{x}.weight" for x in "qkv"]
+    assert fused_parts(lm.config, "blk.1.ffn_up.weight") == ["blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"]
+    im, out1, out2 = tmp_path / "phi3.imatrix", tmp_path / "a.gguf", tmp_path / "b.gguf"
+    quantize_model(str(path), out1, "Q4_K_M", imatrix_file=str(im), progress=False)  # measures, saves
+    quantize_model(str(path), out2, "Q4_K_M", imatrix_file=str(im), progress=False)  # reads it back
+    assert out1.read_bytes() == out2.read_bytes()
+
+
+def tokens_list(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, tm.vocab_size(), (n,), generator=g).tolist()
