@@ -390,3 +390,15 @@ def test_imatrix_and_mixed_plan_use_the_files_fused_names(files, tmp_path):
 def tokens_list(n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, tm.vocab_size(), (n,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("case", ["phi3", "smollm3"])
+def test_hf_names_are_ggufs(case):
+    """Every checkpoint name maps to the GGUF name gguf's own TensorNameMap gives for the architecture."""
+    from localllm.weights import hf_name
+
+    spec = tm.PHI_CASES[case]
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[tm.GGUF_ARCH[case].upper()], spec.n_layers)
+    for key in tm.make_weights(spec):
+        base, suffix = key.rsplit(".", 1)
+        assert hf_name(key) == f"{name_map.get_name(base)}.{suffix}", key
