@@ -33,6 +33,7 @@ from .errors import LocalLLMError
 SMOLLM3_NOPE_STEP = 4
 LONGROPE_TYPES = ("longrope", "su")  # "su" is the older name transformers maps to longrope
 ROPE_FACTOR_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+MAX_ORIGINAL = 2**31 - 1  # the largest original context read (any positive one is meaningful)
 
 
 def nope_every(n_layers: int, step: int) -> tuple[bool, ...]:
@@ -71,7 +72,8 @@ def gguf_fields(arch: str, f, tensor_names: set[str], n_layers: int, head_dim: i
         missing = next(n for n in ROPE_FACTOR_TENSORS if n not in tensor_names)
         raise LocalLLMError(f"GGUF file has {present[0]!r} but not {missing!r}: LongRoPE needs both")
     if present:
-        out["rope_original_context"] = f.int("rope.scaling.original_context_length", 1, context, context)
+        # above the model's context: the long set is never used (a cache never exceeds the context)
+        out["rope_original_context"] = f.int("rope.scaling.original_context_length", 1, MAX_ORIGINAL, context)
         out["rope_attn_factor"] = f.float("rope.scaling.attn_factor", 1.0)
     return out
 
@@ -92,7 +94,7 @@ def hf_rotary_dim(f, cfg: dict, head_dim: int) -> int:
     """Phi-4-mini's partial_rotary_factor (top level or in rope_parameters) -> rotated dims of a head."""
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     key = "partial_rotary_factor"
-    value = cfg.get(key, params.get(key, 1.0))
+    value = next((v for v in (cfg.get(key), params.get(key)) if v is not None), 1.0)  # null: the default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise f.bad(key, value, "a number in (0, 1]")
     rot = int(head_dim * value)  # transformers' int(head_dim * partial_rotary_factor)
@@ -112,8 +114,8 @@ def hf_longrope(top, rot: int, context: int) -> tuple[dict[str, Any], dict[str, 
     f = type(top)(rs, "config.json", label="rope_scaling.")
     short, long = _factor_list(f, "short_factor", rot // 2), _factor_list(f, "long_factor", rot // 2)
     # Phi-3 keeps the pre-training length at the top level (transformers prefers it there)
-    original = top.int("original_max_position_embeddings", 1, context,
-                       f.int("original_max_position_embeddings", 1, context, context))
+    original = top.int("original_max_position_embeddings", 1, MAX_ORIGINAL,
+                       f.int("original_max_position_embeddings", 1, MAX_ORIGINAL, context))
     if rs.get("attention_factor") is not None:
         attn = f.float("attention_factor")
     else:  # transformers: an explicit factor, else max_position_embeddings / original

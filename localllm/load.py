@@ -22,7 +22,7 @@ from .registry import resolve_model
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict, to_module_name, ROPE_BUFFERS
+from .weights import ROPE_BUFFERS, QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict, to_module_name
 
 
 @dataclass

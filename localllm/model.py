@@ -271,7 +271,8 @@ class Transformer(nn.Module):
         T = tokens.shape[1]
         # The residual stream stays fp32 whatever the weights' dtype (fp16 would overflow on some models).
         x = self.embed(tokens)
-        for i, (blk, (cos, sin, mask)) in enumerate(zip(self.blk, self.layer_inputs(start, T, tokens.device, cache.capacity))):
+        inputs = self.layer_inputs(start, T, tokens.device, cache.capacity)
+        for i, (blk, (cos, sin, mask)) in enumerate(zip(self.blk, inputs)):
             x = blk(x, i, cache, start, cos, sin, mask)
         if last_only:
             x = x[:, -1:]
