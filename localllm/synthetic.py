@@ -90,6 +90,8 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
             qtype = FALLBACK[qtype]
         if name == "rope_freqs":
             state[name] = rope_factors(cfg)
+        elif name in ("rope_factors_short", "rope_factors_long"):  # LongRoPE divisors: plain rope
+            state[name] = torch.ones(shape, device=device)
         elif qtype is not None:
             state[name] = QuantizedTensor(qtype, source.get(shape[0], shape[1], qtype))
         elif name.endswith("norm.weight"):
