@@ -22,7 +22,6 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import torch
 
-from localllm.kernels.linear import linear
 from localllm.quantize.partial import make_partial, remove_stale_partials
 
 from .cache import KVCache, make_cache
@@ -223,13 +222,13 @@ def _blocks(model: Transformer, x: torch.Tensor, first: int, cache: KVCache, rop
     for i in range(first, len(model.blk)):
         if keep is not None:
             keep.append(x)
-        x = model.blk[i](x, i, cache, 0, *rope, None)
+        x = model.blk[i](x, i, cache, 0, *rope[i])
     return x
 
 
 def _head(model: Transformer, x: torch.Tensor) -> torch.Tensor:
     """The last residual (1, T, C) -> logits (T, V) fp32, as Transformer.forward ends."""
-    return linear(model.output_norm(x), model.output_weight()).float()[0]
+    return model.head(x)[0]
 
 
 @torch.inference_mode()
@@ -240,8 +239,8 @@ def reference_outputs(model: Transformer, chunks: Sequence[Sequence[int]]) -> Re
     ref = Reference([], [], [], [], [])
     for chunk in chunks:
         tokens, keep = torch.tensor([list(chunk)], device=dev), []
-        rope = model.rope_tables(torch.arange(len(chunk), device=dev))
-        x = _blocks(model, model.token_embd(tokens).float(), 0, cache, rope, keep)
+        rope = model.layer_inputs(0, len(chunk), dev)
+        x = _blocks(model, model.embed(tokens), 0, cache, rope, keep)
         z = _head(model, x)
         ref.tokens.append(tokens)
         ref.resid.append(torch.stack(keep + [x]))
@@ -263,8 +262,8 @@ def _perturbed_kl(model: Transformer, ref: Reference, first: int | None, cache: 
     total, count = 0.0, 0
     for i, tokens in enumerate(ref.tokens):
         T = tokens.shape[1]
-        rope = model.rope_tables(torch.arange(T, device=tokens.device))
-        x = model.token_embd(tokens).float() if first is None else ref.resid[i][first]
+        rope = model.layer_inputs(0, T, tokens.device)
+        x = model.embed(tokens) if first is None else ref.resid[i][first]
         zq = _head(model, _blocks(model, x, first or 0, cache, rope))
         total += _kl(ref, i, zq).sum().item()
         count += T

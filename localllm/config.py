@@ -70,6 +70,7 @@ class ModelConfig:
     # per layer, False where the layer has no rope (SmolLM3's NoPE layers); () = rope everywhere
     rope_layers: tuple[bool, ...] = ()
     rotary_dim: int | None = None  # dims of a head that rope rotates (Phi-4-mini: 3/4); None: head_dim
+    rope_attn_factor: float = 1.0  # cos and sin of the global rope set times this (YaRN, LongRoPE)
     # mixture of experts (Mixtral, Qwen3-MoE, gpt-oss); n_experts 0 = a dense MLP in every layer
     n_experts: int = 0
     n_experts_used: int = 0
@@ -102,7 +103,7 @@ class ModelConfig:
 FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
-    "rotary_dim", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
 })
 
 

@@ -14,7 +14,6 @@ of `Ops` with its own kernels computing the same math; TORCH_OPS are the portabl
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,8 +25,13 @@ from localllm.kernels.cpu import BlockQWeight, embed
 from localllm.kernels.linear import linear
 from localllm.kernels.qweight import QWeight
 
+from .attention import attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
+from .rope import layer_ropes, llama3_rope_factors, rope_rotate, rope_table, rotary_dims
+
+__all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
+           "rmsnorm", "project_qkv", "glu_input", "glu", "rope_rotate", "llama3_rope_factors"]
 
 
 class Linear(nn.Module):
@@ -80,20 +84,35 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def project_qkv(attn: "Attention", x: torch.Tensor, layer: int, cache: KVCache, start: int, cos, sin):
     """x (B, T, C) -> q (B, H, T, D) rotated, and the cache's keys, values (B, Hkv, start + T, D) with
-    this step's rows written."""
+    this step's rows written. cos/sin (T, R/2) of the layer's rope set; None: a NoPE layer."""
     cfg, (B, T, _) = attn.cfg, x.shape
     q = attn.attn_q(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
     k = attn.attn_k(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
     v = attn.attn_v(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
     if cfg.qk_norm:
         q, k = attn.attn_q_norm(q), attn.attn_k_norm(k)
-    q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
+    if cos is not None:
+        q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
     return (q, *cache.update(layer, start, k, v))
 
 
+def glu(cfg: ModelConfig, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The gated unit of cfg.activation: silu(gate) * up (Llama), gelu_tanh(gate) * up (Gemma's
+    gelu_pytorch_tanh), or gpt-oss's clamped form (transformers GptOssExperts: alpha 1.702, gate
+    clamped above and up both sides at swiglu_limit, (up + 1) * gate * sigmoid(alpha * gate))."""
+    if cfg.activation == "silu":
+        return F.silu(gate) * up
+    if cfg.activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    limit = cfg.swiglu_limit
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
 def glu_input(blk: "Block", h: torch.Tensor) -> torch.Tensor:
-    """h (B, T, C) -> silu(gate(h)) * up(h) (B, T, F): the down projection's input."""
-    return F.silu(blk.ffn_gate(h)) * blk.ffn_up(h)
+    """h (B, T, C) -> glu(gate(h), up(h)) (B, T, F): the down projection's input."""
+    return glu(blk.cfg, blk.ffn_gate(h), blk.ffn_up(h))
 
 
 @dataclass(frozen=True)
@@ -120,29 +139,12 @@ class RMSNorm(nn.Module):
         return self.ops.rmsnorm(x, self.weight, self.eps)
 
 
-def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, H, T, D); cos/sin: (T, D/2). Rotate the pairs (i, i + D/2).
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+class Vector(nn.Module):
+    """A learned per-head vector held as `weight` (the GGUF name ends in .weight): gpt-oss's sinks."""
 
-
-def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
-    """Per-frequency divisors for Llama 3.x rope scaling; must match transformers' _compute_llama3_parameters."""
-    rs = cfg.rope_scaling
-    d = cfg.head_dim
-    # On the CPU even when built under torch.device("meta"): meta arange imports torch._dynamo (~2 s).
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
-    if rs is None:
-        return torch.ones(d // 2, device="cpu")
-    wavelen = 2 * math.pi / inv_freq
-    low_wavelen = rs.original_context / rs.low_freq_factor
-    high_wavelen = rs.original_context / rs.high_freq_factor
-    smooth = (rs.original_context / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-    medium = 1.0 / ((1 - smooth) / rs.factor + smooth)
-    factors = torch.where(wavelen > low_wavelen, torch.full_like(wavelen, rs.factor), medium)
-    factors = torch.where(wavelen < high_wavelen, torch.ones_like(wavelen), factors)
-    return factors.float()
+    def __init__(self, n: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n))
 
 
 class Attention(nn.Module):
@@ -152,10 +154,11 @@ class Attention(nn.Module):
         self.attn_q = Linear(cfg.dim, cfg.q_dim, bias=cfg.qkv_bias)
         self.attn_k = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
         self.attn_v = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
-        self.attn_output = Linear(cfg.q_dim, cfg.dim, bias=False)
+        self.attn_output = Linear(cfg.q_dim, cfg.dim, bias=cfg.attn_out_bias)
         if cfg.qk_norm:
             self.attn_q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, ops)
             self.attn_k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, ops)
+        self.attn_sinks = Vector(cfg.n_heads) if cfg.attn_sinks else None
         # (q|k|v weight, bias) as one product whose rows attn_q/k/v view, for backends that fuse them
         # at load (backends/cuda.py's fuse); None: three products
         self.fused_qkv: tuple | None = None
@@ -164,29 +167,41 @@ class Attention(nn.Module):
         # x: (B, T, C) -> (B, T, C); writes this step's k/v into cache rows [start, start + T).
         cfg, (B, T, _) = self.cfg, x.shape
         q, keys, values = self.ops.qkv(self, x, layer, cache, start, cos, sin)
-        # keys/values: (B, Hkv, start + T, D); mask None means plain causal from position 0.
-        y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
-        )
+        # keys/values: (B, Hkv, start + T, D); mask: attention.attention_mask's
+        sinks = self.attn_sinks.weight if self.attn_sinks is not None else None
+        y = attend(cfg, q, keys, values, mask, sinks)
         return self.attn_output(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
         super().__init__()
-        self.ops = ops
+        self.cfg, self.ops = cfg, ops
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.attn = Attention(cfg, ops)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
+        # Gemma: norms of the attention and MLP outputs, before each residual add
+        self.post_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
+        self.post_ffw_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
         self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
         # gate/up rows interleaved in one weight, for backends that fuse them at load; None: two products
         self.fused_gate_up = None
 
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) normed -> (B, T, C): the MLP."""
+        return self.ffn_down(self.ops.mlp_in(self, h))
+
     def forward(self, x, layer, cache, start, cos, sin, mask):
-        x = x + self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
-        return x + self.ffn_down(self.ops.mlp_in(self, self.ffn_norm(x)))
+        h = self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
+        if self.post_attention_norm is not None:
+            h = self.post_attention_norm(h)
+        x = x + h
+        h = self.ffn(self.ffn_norm(x))
+        if self.post_ffw_norm is not None:
+            h = self.post_ffw_norm(h)
+        return x + h
 
 
 class Transformer(nn.Module):
@@ -199,36 +214,53 @@ class Transformer(nn.Module):
         self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         if not cfg.tied_output:
             self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
-        # (D/2,) divisors of the rope frequencies: ones, llama3 factors, or a GGUF rope_freqs tensor.
+        # (R/2,) divisors of the global rope set's frequencies: ones, llama3 / linear / LongRoPE / YaRN
+        # factors, or a GGUF rope_freqs tensor (rope.py).
         self.register_buffer("rope_freqs", llama3_rope_factors(cfg), persistent=True)
 
     def output_weight(self) -> torch.Tensor | QWeight:
         return self.token_embd.weight if self.cfg.tied_output else self.output.w
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: (T,) -> cos, sin: (T, D/2) in fp32, computed like transformers (fp32 outer product).
-        d = self.cfg.head_dim
-        exponent = torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d
-        inv_freq = 1.0 / (self.cfg.rope_theta**exponent) / self.rope_freqs.float()
-        angles = positions.float()[:, None] * inv_freq[None, :]
-        return angles.cos(), angles.sin()
+        """positions (T,) -> cos, sin (T, R/2) fp32 of the global rope set (the Llama layer's only one)."""
+        cfg = self.cfg
+        return rope_table(positions, cfg.rope_theta, rotary_dims(cfg), self.rope_freqs, cfg.rope_attn_factor)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) -> the fp32 residual stream (B, T, C). Gemma scales by sqrt(C) in the
+        embedding's dtype first, as transformers does (its normalizer is a tensor of that dtype)."""
+        x = self.token_embd(tokens)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        return x.float()
+
+    def layer_inputs(self, start: int, T: int, device) -> list[tuple]:
+        """Per layer (cos, sin, mask) for T tokens at positions [start, start + T): its rope set
+        (cos/sin None for a NoPE layer) and its attention mask (attention.attention_mask)."""
+        cfg = self.cfg
+        positions = torch.arange(start, start + T, device=device)
+        if cfg.llama_layer:
+            cos, sin = self.rope_tables(positions)
+            return [(cos, sin, attention_mask(positions, start + T, None))] * cfg.n_layers
+        ropes = layer_ropes(cfg, positions, self.rope_freqs)
+        full = attention_mask(positions, start + T, None)
+        window = attention_mask(positions, start + T, cfg.sliding_window) if cfg.sliding_layers else None
+        return [(*(rope or (None, None)), window if cfg.sliding(i) else full) for i, rope in enumerate(ropes)]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last residual (B, T, C) -> logits (B, T, V) fp32 (Gemma: soft-capped)."""
+        logits = linear(self.output_norm(x), self.output_weight()).float()
+        c = self.cfg.final_softcap
+        return logits if c is None else torch.tanh(logits / c) * c
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
         """tokens: (B, T) at positions [start, start + T) -> logits (B, T, V) in fp32 ((B, 1, V) with last_only)."""
         T = tokens.shape[1]
-        positions = torch.arange(start, start + T, device=tokens.device)
-        cos, sin = self.rope_tables(positions)
-        mask = None
-        if start > 0 and T > 1:
-            # Query i (position start + i) sees keys 0 .. start + i.
-            keys = torch.arange(start + T, device=tokens.device)
-            mask = keys[None, :] <= positions[:, None]
         # The residual stream stays fp32 whatever the weights' dtype (fp16 would overflow on some models).
-        x = self.token_embd(tokens).float()
-        for i, blk in enumerate(self.blk):
+        x = self.embed(tokens)
+        for i, (blk, (cos, sin, mask)) in enumerate(zip(self.blk, self.layer_inputs(start, T, tokens.device))):
             x = blk(x, i, cache, start, cos, sin, mask)
         if last_only:
             x = x[:, -1:]
-        x = self.output_norm(x)
         cache.length = start + T
-        return linear(x, self.output_weight()).float()
+        return self.head(x)

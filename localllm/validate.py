@@ -33,7 +33,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> torch shape (out, in) of every tensor cfg's Transformer holds; rope_freqs
     (optional in a file) included. Must match model.Transformer (tests/test_bad_loader.py checks)."""
     c, q, kv, f, d = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim, cfg.head_dim
-    out = {"token_embd.weight": (cfg.vocab_size, c), "output_norm.weight": (c,), "rope_freqs.weight": (d // 2,)}
+    rot = cfg.rotary_dim or d
+    out = {"token_embd.weight": (cfg.vocab_size, c), "output_norm.weight": (c,), "rope_freqs.weight": (rot // 2,)}
     if not cfg.tied_output:
         out["output.weight"] = (cfg.vocab_size, c)
     layer = {
@@ -45,6 +46,12 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
     if cfg.qk_norm:
         layer |= {"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}
+    if cfg.attn_out_bias:
+        layer |= {"attn_output.bias": (c,)}
+    if cfg.attn_sinks:
+        layer |= {"attn_sinks.weight": (cfg.n_heads,)}
+    if cfg.post_norms:
+        layer |= {"post_attention_norm.weight": (c,), "post_ffw_norm.weight": (c,)}
     for i in range(cfg.n_layers):
         out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
     return out

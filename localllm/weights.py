@@ -49,7 +49,7 @@ _HF_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(\d+)") + "$"
 PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
-_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
 
 
 def to_module_name(gguf_name: str) -> str:

@@ -1,0 +1,58 @@
+"""Attention over the cache, with the variants of the families we run.
+
+Shapes: q (B, H, T, D); keys, values (B, Hkv, S, D) (S = start + T cache rows); mask bool (T, S),
+True = visible, or None = plain causal from position 0 (T > 1) / everything (T = 1).
+
+Plain attention goes through torch's SDPA. Soft-capped scores (Gemma 2) and sink logits (gpt-oss) take
+the explicit path, which must match transformers' eager attention of those models: scores in fp32,
+times the scale, c * tanh(s / c), masked, a per-head sink logit joins the softmax and is dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+def attention_mask(positions: torch.Tensor, n_keys: int, window: int | None) -> torch.Tensor | None:
+    """positions (T,) of the queries -> (T, n_keys) bool: key j visible to query i iff j <= i and, with a
+    window, i - window < j (transformers' sliding_window_causal, llama.cpp's SWA rule); None where
+    plain causal from 0 (or a single query seeing every key) says the same."""
+    T, start = positions.shape[0], n_keys - positions.shape[0]
+    if window is None or n_keys <= window:
+        if start == 0 or T == 1:
+            return None
+        keys = torch.arange(n_keys, device=positions.device)
+        return keys[None, :] <= positions[:, None]
+    keys = torch.arange(n_keys, device=positions.device)
+    return (keys[None, :] <= positions[:, None]) & (keys[None, :] > positions[:, None] - window)
+
+
+def attend(cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+           mask: torch.Tensor | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """-> (B, H, T, D) in q's dtype."""
+    T = q.shape[2]
+    if cfg.attn_softcap is None and sinks is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and T > 1,
+                                              scale=cfg.attn_scale, enable_gqa=True)
+    group = q.shape[1] // keys.shape[1]
+    k = keys.float().repeat_interleave(group, dim=1)
+    v = values.float().repeat_interleave(group, dim=1)
+    scale = cfg.attn_scale if cfg.attn_scale is not None else q.shape[-1] ** -0.5
+    scores = (q.float() @ k.transpose(-1, -2)) * scale
+    if cfg.attn_softcap is not None:
+        scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
+    if mask is None and T > 1:
+        mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
+    B, H = scores.shape[:2]
+    sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
+    logits = torch.cat([scores, sink], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(logits, dim=-1)[..., :-1]
+    return (probs @ v).to(q.dtype)

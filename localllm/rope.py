@@ -1,0 +1,70 @@
+"""Rotary position embedding: the tables each layer rotates q and k by, and the rotation.
+
+A rope set is (base, rotated dims R, per-frequency divisors, attention factor). Every scaling a
+checkpoint names reduces to divisors and a factor: llama3 (computed here, or GGUF's rope_freqs tensor),
+linear (all divisors = factor), LongRoPE (the checkpoint's short/long factors), YaRN (interpolation
+blend); the factor multiplies cos and sin (YaRN's and LongRoPE's attention scaling). A layer uses the
+global set, the local one (sliding layers of Gemma 3: their own base, no scaling), or none (NoPE).
+Must match transformers' rotary embeddings (fp32 outer product of positions and inverse frequencies).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig
+
+
+def rotary_dims(cfg: ModelConfig) -> int:
+    """R: the leading dims of each head that rope rotates (partial rotary: Phi-4-mini)."""
+    return cfg.rotary_dim or cfg.head_dim
+
+
+def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
+    """(R/2,) divisors of the global set's frequencies from cfg.rope_scaling (ones for none); llama3's
+    must match transformers' _compute_llama3_parameters."""
+    rs, d = cfg.rope_scaling, rotary_dims(cfg)
+    # On the CPU even when built under torch.device("meta"): meta arange imports torch._dynamo (~2 s).
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
+    if rs is None:
+        return torch.ones(d // 2, device="cpu")
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = rs.original_context / rs.low_freq_factor
+    high_wavelen = rs.original_context / rs.high_freq_factor
+    smooth = (rs.original_context / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    medium = 1.0 / ((1 - smooth) / rs.factor + smooth)
+    factors = torch.where(wavelen > low_wavelen, torch.full_like(wavelen, rs.factor), medium)
+    factors = torch.where(wavelen < high_wavelen, torch.ones_like(wavelen), factors)
+    return factors.float()
+
+
+def rope_table(positions: torch.Tensor, base: float, dims: int, divisors: torch.Tensor | None = None,
+               factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (T,) -> cos, sin (T, dims/2) fp32: angles pos * inv_freq / divisors, times factor."""
+    exponent = torch.arange(0, dims, 2, dtype=torch.int64, device=positions.device).float() / dims
+    inv_freq = 1.0 / (base**exponent)
+    if divisors is not None:
+        inv_freq = inv_freq / divisors.float()
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    if factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * factor, angles.sin() * factor
+
+
+def layer_ropes(cfg: ModelConfig, positions: torch.Tensor, divisors: torch.Tensor) -> list:
+    """Per layer: (cos, sin) of its rope set, or None for a NoPE layer; sets shared between layers."""
+    dims = rotary_dims(cfg)
+    glob = rope_table(positions, cfg.rope_theta, dims, divisors, cfg.rope_attn_factor)
+    local = glob if cfg.rope_theta_local is None else rope_table(positions, cfg.rope_theta_local, dims)
+    return [None if not cfg.has_rope(i) else local if cfg.sliding(i) else glob for i in range(cfg.n_layers)]
+
+
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D); cos/sin (T, R/2): rotate the pairs (i, i + R/2) of the first R dims (R = D
+    unless partial rotary), in fp32, rounded back to x's dtype; dims past R pass through."""
+    r = 2 * cos.shape[-1]
+    x1, x2 = x[..., :r].float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
