@@ -113,7 +113,7 @@ def layer_ints(model: Transformer, rope_index: list[int]) -> list[int]:
     """Per layer: rope set, window (0: every key), activation, as cpu_bind.cpp's Decoder takes them."""
     cfg, out = model.cfg, []
     for i in range(cfg.n_layers):
-        out += [rope_index[i], cfg.sliding_window if cfg.sliding(i) else 0, ACTIVATIONS[cfg.activation]]
+        out += [rope_index[i], (cfg.sliding_window or 0) if cfg.sliding(i) else 0, ACTIVATIONS[cfg.activation]]
     return out
 
 
