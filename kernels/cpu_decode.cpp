@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "cpu_quant.h"
+#include "cpu_vmath.h"
 
 namespace lq {
 namespace {
@@ -90,15 +91,24 @@ void add_bias(float* y, const float* b, int64_t n) {
 }
 
 // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): torch's F.gelu(approximate="tanh").
+constexpr float GELU_BETA = 0.7978845608028654f, GELU_KAPPA = 0.044715f;
+
 inline float gelu_tanh(float g) {
-  constexpr float beta = 0.7978845608028654f, kappa = 0.044715f;
-  return 0.5f * g * (1.f + std::tanh(beta * (g + kappa * g * g * g)));
+  return 0.5f * g * (1.f + std::tanh(GELU_BETA * (g + GELU_KAPPA * g * g * g)));
 }
 
 // The GLU's product input: act(gate) * up, written over gate.
 void glu(int act, float* gate, const float* up, int64_t F) {
   if (act == GELU_TANH) {
-    for (int64_t i = 0; i < F; i++) gate[i] = gelu_tanh(gate[i]) * up[i];
+    const __m256 beta = _mm256_set1_ps(GELU_BETA), kappa = _mm256_set1_ps(GELU_KAPPA), half = _mm256_set1_ps(0.5f);
+    int64_t i = 0;
+    for (; i + 8 <= F; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 inner = _mm256_mul_ps(beta, _mm256_fmadd_ps(_mm256_mul_ps(kappa, g), _mm256_mul_ps(g, g), g));
+      const __m256 t = _mm256_add_ps(_mm256_set1_ps(1.f), tanh8(inner));
+      _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, g), t), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < F; i++) gate[i] = gelu_tanh(gate[i]) * up[i];
   } else {
     for (int64_t i = 0; i < F; i++) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
   }
@@ -106,7 +116,10 @@ void glu(int act, float* gate, const float* up, int64_t F) {
 
 // c tanh(x / c) over n values (attention scores, final logits).
 void softcap(float* x, int64_t n, float c) {
-  for (int64_t i = 0; i < n; i++) x[i] = c * std::tanh(x[i] / c);
+  const __m256 vc = _mm256_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(vc, tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), vc))));
+  for (; i < n; i++) x[i] = c * std::tanh(x[i] / c);
 }
 
 // One query head over cache rows [t0, pos]: softmax(cap(scale q k^T), sink) v (attention.attend; the
