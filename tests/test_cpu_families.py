@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from localllm.backends import runtime_class
-from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
+from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime, build_decoder, cpp_covers
 from localllm.cache import make_cache
 from localllm.config import ModelConfig
 from localllm.generate import generate
@@ -140,3 +140,11 @@ def test_runtime_class_picks_the_cpp_decoder_where_it_covers_the_config():
     for cfg in (moe, oai):
         assert not cpp_covers(cfg) and runtime_class("cpu", cfg) is CpuEagerRuntime
 
+
+
+def test_a_parameter_the_decoder_would_not_read_keeps_the_torch_forward():
+    """A tensor the C++ decoder does not know (a later family's) never goes silently unused."""
+    rt = models(BASE, "Q8_0")[0]
+    assert build_decoder(rt.model) is not None
+    rt.model.blk[1].register_parameter("extra_norm", torch.nn.Parameter(torch.ones(BASE.dim)))
+    assert build_decoder(rt.model) is None

@@ -5,8 +5,13 @@ A GGUF file's quantized tensors stay as its blocks, repacked for the C++ product
 and the dense tensors beside them are fp32 (the kernels compute in fp32). One-token steps of a
 batch-1 fp32 cache go through the C++ decoder when the extension is built and every linear weight is
 a BlockQWeight the C++ products read (or a dense fp32 matrix); everything else (prompts, batches,
-dense models) runs the portable torch forward. Both give the same results up to the int8 activation
+dense models) runs the portable torch forward. Both give the same results up to the int16 activation
 rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
+
+The decoder runs the Llama layer and the dense families' fields (cpp_covers: Gemma 2/3, Phi-3,
+SmolLM3; tests/test_cpu_families.py): per layer its rope set (rope.layer_ropes, the tables the forward
+uses), window and activation, and the model's scales and soft caps. Other configs (MoE, gpt-oss's
+clamped GLU) run the torch forward on the same blocks (CpuEagerRuntime).
 """
 
 from __future__ import annotations
