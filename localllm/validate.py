@@ -57,7 +57,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (model.llama3_rope_factors)
+OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (rope.rope_factors)
 
 
 def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str,
@@ -128,7 +128,7 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
     read -> (config, GGUF name -> (file, checkpoint key))."""
     cfg = read_hf_config(folder)
     keys, tensors = {}, {}
-    for path, key, name, shape, dtype in hf_tensor_headers(folder):
+    for path, key, name, shape, dtype in hf_tensor_headers(folder, cfg):
         if name in keys:
             raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
         keys[name], tensors[name] = (path, key), (shape, dtype)
