@@ -7,6 +7,8 @@ built from configs directly (synthetic.synthetic_state: Q8_0 / Q4_0 blocks, embe
   cache rows match;
 - one tiny model per family shape (Gemma 2, Gemma 3, Phi-3 partial rotary, SmolLM3 NoPE): greedy ids
   over 64 tokens equal the reference's;
+- the tiny Gemma 2 / Gemma 3 GGUF files of tiny_models.py (Q8_0), loaded as a user loads them: the C++
+  steps against the dense load's forward;
 - backends.runtime_class: CpuRuntime (the C++ decoder) for these configs, CpuEagerRuntime for MoE.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import gguf
 import pytest
 import torch
 
@@ -22,7 +25,7 @@ from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime, build_decoder, cp
 from localllm.cache import make_cache
 from localllm.config import ModelConfig
 from localllm.generate import generate
-from localllm.load import build_model
+from localllm.load import build_model, load_model
 from localllm.runtime import Runtime
 from localllm.sampling import Sampler
 from localllm.settings import SamplingSettings
@@ -148,3 +151,23 @@ def test_a_parameter_the_decoder_would_not_read_keeps_the_torch_forward():
     assert build_decoder(rt.model) is not None
     rt.model.blk[1].register_parameter("extra_norm", torch.nn.Parameter(torch.ones(BASE.dim)))
     assert build_decoder(rt.model) is None
+
+
+@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+def test_family_gguf_decode_steps_match_reference(tiny, case):
+    """A family's GGUF file through the loader (config from its metadata, Gemma norms as stored):
+    one C++ call per token gives the dense load's logits, past the sliding window of 5."""
+    path = str(tiny.gguf(case, gguf.GGMLQuantizationType.Q8_0))
+    rt = load_model(path, "cpu").runtime
+    ref = load_model(path, "cpu", torch.float32, keep_quantized=False).model
+    assert rt.cfg.sliding_layers and not rt.cfg.llama_layer
+    hooked_reference(ref, rt.model)
+    tokens = torch.randint(0, rt.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    cache, ref_cache = rt.new_cache(12), make_cache(rt.cfg, 12)
+    assert isinstance(rt, CpuRuntime) and rt.cpp_decoder(cache) is not None
+    with torch.inference_mode():
+        rt.prefill(cache, tokens[:, :3].tolist(), 0)
+        ref(tokens[:, :3], ref_cache, 0)
+        for i in range(3, 12):
+            got, want = rt.decode(cache, tokens[:, i])[:, None], ref(tokens[:, i:i + 1], ref_cache, i)
+            assert rel(got, want) < TOL, f"step {i}"
