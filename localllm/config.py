@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from . import gemma
 from .errors import LocalLLMError
 from .settings import DEFAULT_LIMITS, LoaderLimits
 
@@ -23,17 +24,24 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "mistral": dict(qkv_bias=False, qk_norm=False),
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
+    "gemma2": dict(qkv_bias=False, qk_norm=False),
+    "gemma3": dict(qkv_bias=False, qk_norm=True),
+    "phi3": dict(qkv_bias=False, qk_norm=False),  # Phi-3, 3.5, 4 (config_phi3.py)
+    "smollm3": dict(qkv_bias=False, qk_norm=False),
 }
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama 3.x "llama3" frequency scaling (the only kind we apply); factor 1 means none."""
+    """Rope frequency scaling; factor 1 means none. kind "llama3": Llama 3.x's banded divisors (the
+    fields below); kind "linear": every frequency divided by factor (HF "linear", GGUF
+    rope.scaling.type "linear": positions / factor). localllm/rope.py turns it into divisors."""
 
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_context: int = 8192
+    kind: str = "llama3"
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,9 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] = ()
     rotary_dim: int | None = None  # dims of a head that rope rotates (Phi-4-mini: 3/4); None: head_dim
     rope_attn_factor: float = 1.0  # cos and sin of the global rope set times this (YaRN, LongRoPE)
+    # LongRoPE (config_phi3.py): the model holds rope_factors_short / rope_factors_long divisors and uses
+    # the long ones when the context in use (the KV cache's capacity) exceeds this; None: no LongRoPE
+    rope_original_context: int | None = None
     # mixture of experts (Mixtral, Qwen3-MoE, gpt-oss); n_experts 0 = a dense MLP in every layer
     n_experts: int = 0
     n_experts_used: int = 0
@@ -104,7 +115,12 @@ FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "rope_original_context",
 })
+
+
+# model_types whose transformers config ties the output to the embedding unless config.json says not
+TIED_BY_DEFAULT = frozenset({"smollm3"})
 
 
 def _arch_fields(arch: Any, key: str) -> dict[str, bool]:
@@ -199,7 +215,7 @@ def config_from_gguf(
     tokens = meta.get("tokenizer.ggml.tokens", [])
     vocab = f.int("vocab_size", 1, limits.max_vocab, len(tokens) if isinstance(tokens, list) and tokens else MISSING)
     # llama3 rope scaling travels in GGUF as the `rope_freqs.weight` tensor (per-frequency divisors),
-    # which the loader reads; nothing to take from the metadata here.
+    # which the loader reads; linear scaling as rope.scaling.type / rope.scaling.factor.
     cfg = ModelConfig(
         arch=arch,
         n_layers=f.int("block_count", 1, limits.max_layers),
@@ -213,26 +229,48 @@ def config_from_gguf(
         norm_eps=f.float("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=f.float("rope.freq_base", 10000.0),
         tied_output="output.weight" not in tensor_names,
+        rope_scaling=_gguf_rope_scaling(f),
         **fields,
     )
+    if arch in gemma.GEMMA_ARCHS:
+        cfg = replace(cfg, **gemma.gguf_fields(f, arch, cfg.n_layers, dim, n_heads, head_dim, limits.max_context))
+    from .config_phi3 import gguf_fields  # here: config_phi3 is called with this module's Fields
+
+    cfg = replace(cfg, **gguf_fields(arch, f, tensor_names, cfg.n_layers, head_dim, cfg.context_length))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
     check_shape_fields(cfg, names, "GGUF metadata", limits)
     return cfg
 
 
+def _gguf_rope_scaling(f: Fields) -> RopeScaling | None:
+    """rope.scaling.type "linear" with rope.scaling.factor (TextModel.set_gguf_parameters writes them
+    for HF rope_type "linear"); other types are read where their families are."""
+    if f.raw("rope.scaling.type", None) != "linear":
+        return None
+    factor = f.float("rope.scaling.factor", 1.0)
+    return None if factor == 1.0 else RopeScaling(factor=factor, kind="linear")
+
+
 def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not rs:
         return None
+    return hf_rope_scaling_dict(rs, "rope_scaling.")
+
+
+def hf_rope_scaling_dict(rs: Any, label: str) -> RopeScaling | None:
+    """One HF rope-parameters object ({"rope_type": ..., "factor": ...}) -> RopeScaling or None."""
     if not isinstance(rs, dict):
-        raise LocalLLMError(f"config.json 'rope_scaling' is {rs!r}, expected an object")
+        raise LocalLLMError(f"config.json {label.rstrip('.')!r} is {rs!r}, expected an object")
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default"):
         return None
+    f = Fields(rs, "config.json", label=label)
+    if kind == "linear":  # transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor
+        return RopeScaling(factor=f.float("factor"), kind="linear")
     if kind != "llama3":
-        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3)")
-    f = Fields(rs, "config.json", label="rope_scaling.")
+        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3, linear)")
     scaling = RopeScaling(
         factor=f.float("factor"),
         low_freq_factor=f.float("low_freq_factor", 1.0),
@@ -248,6 +286,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     """A Hugging Face config.json value -> ModelConfig, every field type- and range-checked."""
     if not isinstance(cfg, dict):
         raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
+    if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in gemma.HF_MODEL_TYPES:
+        cfg = gemma.hf_text_config(cfg)
     arch = cfg.get("model_type")
     fields = _arch_fields(arch, "config.json 'model_type'")
     f = Fields(cfg, "config.json")
@@ -269,10 +309,15 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         context_length=f.int("max_position_embeddings", 1, limits.max_context, 2048),
         norm_eps=f.float("rms_norm_eps", 1e-6),
         rope_theta=theta,
-        tied_output=f.bool("tie_word_embeddings", False),
-        rope_scaling=_hf_rope_scaling(cfg),
+        tied_output=f.bool("tie_word_embeddings", arch in TIED_BY_DEFAULT),
+        rope_scaling=None if arch == "phi3" else _hf_rope_scaling(cfg),  # phi3's is LongRoPE (config_phi3)
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
+    if arch in gemma.GEMMA_ARCHS:
+        out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context, hf_rope_scaling_dict))
+    from .config_phi3 import hf_fields  # here: config_phi3 is called with this module's Fields
+
+    out = replace(out, **hf_fields(arch, f, out.n_layers, out.head_dim, out.context_length))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -21,6 +21,7 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError
+from .fused import split_rows
 from .gguf_file import GGUFFile
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
@@ -42,11 +43,36 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+    # Phi-3's fused q|k|v and gate|up, as gguf's TensorNameMap names them (split at load: fused.py)
+    "model.layers.{i}.self_attn.qkv_proj.weight": "blk.{i}.attn_qkv.weight",
+    "model.layers.{i}.mlp.gate_up_proj.weight": "blk.{i}.ffn_up.weight",
 }
 _HF_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(\d+)") + "$"), v) for k, v in HF_NAMES.items()]
 
-# GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope.
-PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
+# Architectures whose HF names come from gguf's TensorNameMap for their GGUF architecture (HF_NAMES
+# is Llama's table: there post_attention_layernorm is the MLP's input norm, ffn_norm; in Gemma it
+# is the attention output's norm, post_attention_norm, and pre_feedforward_layernorm is ffn_norm).
+TENSOR_MAP_ARCHS = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+# HF RMSNorm computes x * (1 + w) here; GGUF holds w + 1 (the converter adds 1 to every
+# `*norm.weight`): the HF loader adds it (add_norm_offset).
+NORM_PLUS_ONE_ARCHS = frozenset({"gemma2", "gemma3"})
+SKIP = ""  # hf_namer's answer for a checkpoint tensor the text model does not use
+
+# Gemma3ForConditionalGeneration checkpoints: the text model under language_model, named either as
+# save_pretrained writes it (language_model.model.*, language_model.lm_head.*) or as the module holds
+# it (model.language_model.*, lm_head.*); renamed as transformers' "llava" conversion and llama.cpp's
+# Gemma3Model do. The vision tower and the projector, which a text model does not use, are skipped
+# by their prefixes (both forms).
+MULTIMODAL_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                            ("language_model.lm_head.", "lm_head."))
+MULTIMODAL_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+# GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope (its SmolLM3Model
+# is a LlamaModel, whose modify_tensors permutes them).
+PERMUTED_QK_ARCHS = frozenset({"llama", "mistral", "smollm3"})
+
+# Whole-model 1-D rope tensors: held as buffers named without ".weight" (model.Transformer).
+ROPE_BUFFERS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
@@ -54,8 +80,8 @@ _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_nor
 
 def to_module_name(gguf_name: str) -> str:
     """blk.3.attn_q.weight -> blk.3.attn.attn_q.weight; rope_freqs.weight -> rope_freqs."""
-    if gguf_name == "rope_freqs.weight":
-        return "rope_freqs"
+    if gguf_name.removesuffix(".weight") in ROPE_BUFFERS:
+        return gguf_name.removesuffix(".weight")
     parts = gguf_name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[2] in _ATTN:
         parts.insert(2, "attn")
@@ -64,8 +90,8 @@ def to_module_name(gguf_name: str) -> str:
 
 def gguf_name(module_name: str) -> str:
     """Inverse of to_module_name: blk.3.attn.attn_q.weight -> blk.3.attn_q.weight (module names too)."""
-    if module_name == "rope_freqs":
-        return "rope_freqs.weight"
+    if module_name in ROPE_BUFFERS:
+        return module_name + ".weight"
     parts = module_name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
         del parts[2]
@@ -119,8 +145,15 @@ def gguf_state_dict(
                 w = QuantizedTensor(w.qtype, unpermute_qk(w.data, heads))
             else:
                 w = unpermute_qk(w, heads)
-        out[to_module_name(name)] = w
+        out |= {to_module_name(n): part for n, part in split_fused(cfg, name, w)}
     return out
+
+
+def split_fused(cfg: ModelConfig, name: str, w):
+    """fused.split_rows for a dense tensor or a QuantizedTensor (its raw rows split alike)."""
+    if isinstance(w, QuantizedTensor):
+        return [(n, QuantizedTensor(w.qtype, rows)) for n, rows in split_rows(cfg, name, w.data)]
+    return split_rows(cfg, name, w)
 
 
 def hf_name(name: str) -> str | None:
@@ -129,6 +162,39 @@ def hf_name(name: str) -> str | None:
         if m:
             return target.replace("{i}", m.group(1)) if m.groups() else target
     return None
+
+
+def hf_namer(cfg: ModelConfig | None) -> Callable[[str], str | None]:
+    """checkpoint key -> GGUF name, SKIP (not a text-model weight) or None (unknown), for cfg's
+    architecture (None: HF_NAMES, the Llama family's table)."""
+    if cfg is None or cfg.arch not in TENSOR_MAP_ARCHS:
+        return hf_name
+    name_map = gguf.get_tensor_name_map(TENSOR_MAP_ARCHS[cfg.arch], cfg.n_layers)
+    multimodal = cfg.arch == "gemma3"
+
+    def mapped(key: str) -> str | None:
+        if multimodal and key.startswith(MULTIMODAL_SKIPPED):
+            return SKIP
+        for prefix, replacement in MULTIMODAL_TEXT_PREFIXES if multimodal else ():
+            if key.startswith(prefix):
+                key = replacement + key[len(prefix):]
+                break
+        if key == "lm_head.weight":  # Gemma 2's GGUF tensor list has no OUTPUT (tied); a stored head is used
+            return "output.weight"
+        out = name_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        return None if out == key else out  # TensorNameMap also maps GGUF names to themselves
+
+    return mapped
+
+
+def add_norm_offset(state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """HF Gemma norm weights w -> w + 1 in fp32, the multiplier GGUF holds (the converter's
+    modify_tensors adds 1 to every `*norm.weight`; transformers' Gemma RMSNorm computes 1 + w.float())."""
+    if cfg.arch not in NORM_PLUS_ONE_ARCHS:
+        return
+    for name, t in state.items():
+        if name.endswith("norm.weight"):
+            state[name] = t.float() + 1
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -157,15 +223,19 @@ def index_shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def hf_tensor_names(folder: Path) -> Iterator[tuple[Path, str, str]]:
-    """(file, checkpoint key, GGUF name) of every tensor of a safetensors folder, by HF_NAMES."""
-    for path, key, name, _, _ in hf_tensor_headers(folder):
+def hf_tensor_names(folder: Path, cfg: ModelConfig | None = None) -> Iterator[tuple[Path, str, str]]:
+    """(file, checkpoint key, GGUF name) of every tensor of a safetensors folder, by hf_namer(cfg)."""
+    for path, key, name, _, _ in hf_tensor_headers(folder, cfg):
         yield path, key, name
 
 
-def hf_tensor_headers(folder: Path) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
-    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor, from the files' headers only."""
+def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None
+                      ) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
+    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor the text model uses, from the
+    files' headers only; names by hf_namer(cfg)."""
     from safetensors import SafetensorError, safe_open
+
+    namer = hf_namer(cfg)
 
     for path in safetensors_files(folder):
         try:
@@ -175,15 +245,16 @@ def hf_tensor_headers(folder: Path) -> Iterator[tuple[Path, str, str, tuple[int,
         except (SafetensorError, OSError, ValueError) as e:
             raise LocalLLMError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         for key, shape, dtype in entries:
-            name = hf_name(key)
+            name = namer(key)
             if name is None and not key.endswith("rotary_emb.inv_freq"):  # a cached buffer, not a weight
                 raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
-            if name is not None:
+            if name:  # None: the buffer above; SKIP: not the text model's
                 yield path, key, name, shape, dtype
 
 
-def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]]) -> dict[str, torch.Tensor]:
-    """keys: GGUF name -> (file, checkpoint key), as validated (validate.check_hf_tensors)."""
+def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """keys: GGUF name -> (file, checkpoint key), as validated (validate.check_hf_tensors); fused
+    checkpoint tensors split into ours (fused.py)."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
@@ -192,7 +263,8 @@ def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]]) -> dict[str, 
             with safe_open(str(path), framework="pt") as f:
                 # A copy that owns its memory: tensors viewing safetensors' mapping were never freed
                 # after generation ran on them (13 mappings and ~5 MB kept per load of the tiny model).
-                out[to_module_name(name)] = f.get_tensor(key).clone()
+                w = f.get_tensor(key).clone()
         except (SafetensorError, OSError) as e:
             raise LocalLLMError(f"cannot read tensor {key!r} from {path}: {e}") from None
+        out |= {to_module_name(n): part for n, part in split_rows(cfg, name, w)}
     return out

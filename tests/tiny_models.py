@@ -31,8 +31,13 @@ Q = gguf.GGMLQuantizationType
 # HF config "architectures" entry and GGUF architecture per HF model_type. Llama.cpp's converter
 # registers MistralForCausalLM under LlamaModel, so a Mistral GGUF says `llama`.
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+             "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3"}
+GEMMA = ("gemma2", "gemma3_text")
+# GGUF architectures whose q/k rows the converter permutes (its LlamaModel and subclasses: SmolLM3Model)
+PERMUTED_GGUF_ARCHS = ("llama", "smollm3")
 GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                   Q.F16: gguf.LlamaFileType.MOSTLY_F16}
 
@@ -58,6 +63,21 @@ class TinySpec:
     shards: int = 1
     seed: int = 0
     name: str = field(default="", compare=False)
+    # Gemma 2 / 3 (config.json keys of the same names; None: the key is written as null)
+    sliding_window: int | None = None
+    query_pre_attn_scalar: int | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    rope_local_theta: float = 10000.0  # Gemma 3's sliding layers (llama.cpp's fixed value: GGUF can't say another)
+    # Gemma 3 only: the Gemma3ForConditionalGeneration folder (text model under model.language_model,
+    # plus a tiny SigLIP vision tower and projector), saved by transformers' save_pretrained
+    multimodal: bool = False
+    # phi3 (Phi-3 / 3.5 / 4): fused qkv_proj and gate_up_proj always; these set its options
+    partial_rotary: float | None = None  # Phi-4-mini's partial_rotary_factor
+    # sliding_window: Gemma's field above (config.json sliding_window; Phi-3-mini: 2047)
+    longrope_original: int | None = None  # LongRoPE: original_max_position_embeddings, random factors
+    # smollm3: every n-th layer NoPE (config.json no_rope_layer_interval; llama.cpp's GGUF: always 4)
+    nope_interval: int | None = None
 
     @property
     def hd(self) -> int:
@@ -69,7 +89,25 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return self.arch in ("qwen3", "gemma3_text")
+
+    @property
+    def gemma(self) -> bool:
+        return self.arch in GEMMA
+
+    @property
+    def rotary_dims(self) -> int:
+        """Rotated dims of a head: transformers' int(head_dim * partial_rotary_factor)."""
+        return int(self.hd * (self.partial_rotary or 1.0))
+
+    def longrope_factors(self) -> tuple[list[float], list[float]]:
+        """(short, long) LongRoPE divisors, one per rotated pair: different sets of realistic ranges
+        (Phi-3's short ones ~1-2, long ones growing to ~tens), drawn from the seed."""
+        g = torch.Generator().manual_seed(self.seed + 100)
+        n = self.rotary_dims // 2
+        short = 1 + torch.rand(n, generator=g)
+        long = torch.cumsum(1 + 3 * torch.rand(n, generator=g), 0)
+        return [round(float(x), 4) for x in short], [round(float(x), 4) for x in long]
 
 
 # ---- tokenizer: a small byte-level BPE trained here, saved as tokenizer.json and as GGUF metadata
@@ -127,10 +165,12 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
 
     C, F, D, V = spec.dim, spec.ffn_dim, spec.hd, vocab_size()
     qd, kvd = spec.n_heads * D, spec.n_kv_heads * D
+    # Gemma's RMSNorm multiplies by 1 + w: its stored norm weights sit around 0, not 1
+    one = 0.0 if spec.gemma else 1.0
     w = {"model.embed_tokens.weight": randn(V, C, std=0.1)}
     for i in range(spec.n_layers):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + randn(C, std=0.1)
+        w[p + "input_layernorm.weight"] = one + randn(C, std=0.1)
         w[p + "self_attn.q_proj.weight"] = randn(qd, C, std=0.1)
         w[p + "self_attn.k_proj.weight"] = randn(kvd, C, std=0.1)
         w[p + "self_attn.v_proj.weight"] = randn(kvd, C, std=0.1)
@@ -140,16 +180,32 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
             w[p + "self_attn.k_proj.bias"] = randn(kvd, std=0.1)
             w[p + "self_attn.v_proj.bias"] = randn(kvd, std=0.05)
         if spec.qk_norm:
-            w[p + "self_attn.q_norm.weight"] = 1 + randn(D, std=0.1)
-            w[p + "self_attn.k_norm.weight"] = 1 + randn(D, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = 1 + randn(C, std=0.1)
+            w[p + "self_attn.q_norm.weight"] = one + randn(D, std=0.1)
+            w[p + "self_attn.k_norm.weight"] = one + randn(D, std=0.1)
+        # Llama: the MLP's input norm; Gemma: the attention output's norm (then pre_feedforward_layernorm)
+        w[p + "post_attention_layernorm.weight"] = one + randn(C, std=0.1)
+        if spec.gemma:
+            w[p + "pre_feedforward_layernorm.weight"] = randn(C, std=0.1)
+            w[p + "post_feedforward_layernorm.weight"] = randn(C, std=0.1)
         w[p + "mlp.gate_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.up_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.down_proj.weight"] = randn(C, F, std=0.08)
-    w["model.norm.weight"] = 1 + randn(C, std=0.1)
+    w["model.norm.weight"] = one + randn(C, std=0.1)
     if not spec.tied:
         w["lm_head.weight"] = randn(V, C, std=0.1)
+    if spec.arch == "phi3":
+        w = fuse_phi3(w, spec.n_layers)
     return {k: _storage_round(v, spec.storage_dtype) for k, v in w.items()}
+
+
+def fuse_phi3(w: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """Phi-3's checkpoint layout: q|k|v rows in self_attn.qkv_proj, gate|up rows (gate first, as
+    Phi3MLP chunks them) in mlp.gate_up_proj."""
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.qkv_proj.weight"] = torch.cat([w.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        w[p + "mlp.gate_up_proj.weight"] = torch.cat([w.pop(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")])
+    return w
 
 
 # ---- Hugging Face folder
@@ -183,14 +239,48 @@ def hf_config(spec: TinySpec) -> dict:
         cfg["sliding_window"] = None
     if spec.arch in ("qwen2", "qwen3"):
         cfg["use_sliding_window"] = False
+    if spec.arch == "phi3":
+        cfg |= phi3_config(spec)
+    if spec.arch == "smollm3":
+        cfg |= {"no_rope_layer_interval": spec.nope_interval or 4, "use_sliding_window": False, "pad_token_id": None,
+                "attention_bias": False, "mlp_bias": False}
+    if spec.gemma:
+        cfg |= gemma_hf_config(spec)
     return cfg
 
 
-def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
+def gemma_hf_config(spec: TinySpec) -> dict:
+    """The Gemma2Config / Gemma3TextConfig keys beyond Llama's, as the released models spell them."""
+    cfg = {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "head_dim": spec.hd, "attention_bias": False,
+           "query_pre_attn_scalar": spec.query_pre_attn_scalar or spec.hd, "sliding_window": spec.sliding_window,
+           "attn_logit_softcapping": spec.attn_softcap, "final_logit_softcapping": spec.final_softcap,
+           "pad_token_id": 0}
+    if spec.arch == "gemma3_text":  # the 1B model's config.json spelling (pre rope_parameters)
+        cfg |= {"rope_local_base_freq": spec.rope_local_theta, "sliding_window_pattern": 6}
+    return cfg
+
+
+def phi3_config(spec: TinySpec) -> dict:
+    """The keys a Phi-3 / 3.5 / 4-mini config.json adds: original length at the top level, LongRoPE in
+    rope_scaling {"type": "longrope", short_factor, long_factor}, partial_rotary_factor, sliding_window."""
+    cfg = {"pad_token_id": None, "sliding_window": spec.sliding_window,
+           "original_max_position_embeddings": spec.longrope_original or spec.context_length}
+    if spec.partial_rotary is not None:
+        cfg["partial_rotary_factor"] = spec.partial_rotary
+    if spec.longrope_original is not None:
+        short, long = spec.longrope_factors()
+        cfg["rope_scaling"] = {"type": "longrope", "short_factor": short, "long_factor": long}
+    return cfg
+
+
+def write_hf_folder(spec: TinySpec, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """weights: HF name -> fp32 tensor written instead of make_weights(spec) (same names and shapes)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    weights = make_weights(spec)
+    if spec.multimodal:
+        return write_gemma3_multimodal(spec, folder)
+    weights = make_weights(spec) if weights is None else weights
     dtype = getattr(torch, spec.storage_dtype)
     tensors = {k: v.to(dtype).contiguous() for k, v in weights.items()}
     names = list(tensors)
@@ -209,10 +299,40 @@ def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (folder / "config.json").write_text(json.dumps(hf_config(spec), indent=2))
+    write_tokenizer_files(spec, folder)
+    return folder
+
+
+def write_tokenizer_files(spec: TinySpec, folder: Path) -> None:
     (folder / "tokenizer.json").write_text(tokenizer_json())
     tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": SPECIAL_TOKENS[BOS_ID],
                "eos_token": SPECIAL_TOKENS[EOS_ID], "add_bos_token": False, "model_max_length": spec.context_length}
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+
+
+# A tiny SigLIP tower (2 x 2 patches of 14 pixels) and projector (4 image tokens): present in the
+# checkpoint as in a real Gemma 3 4B+ one, unused by text-only input.
+TINY_VISION = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+               "vision_use_head": False}
+
+
+def write_gemma3_multimodal(spec: TinySpec, folder: Path) -> Path:
+    """The spec's text weights inside a Gemma3ForConditionalGeneration, saved by save_pretrained
+    (as checkpoint names: language_model.model.*, vision_tower.*, multi_modal_projector.*)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = replace(spec, multimodal=False)
+    cfg = Gemma3Config(text_config=hf_config(text), vision_config=dict(TINY_VISION), mm_tokens_per_image=4,
+                       tie_word_embeddings=spec.tied, bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    torch.manual_seed(spec.seed)
+    model = Gemma3ForConditionalGeneration(cfg)
+    state = {k.replace("model.", "model.language_model.", 1): v for k, v in make_weights(text).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
+    assert all(k.startswith(("model.vision_tower.", "model.multi_modal_projector.", "lm_head.")) for k in missing)
+    model.save_pretrained(str(folder))
+    write_tokenizer_files(text, folder)
     return folder
 
 
@@ -256,15 +376,33 @@ def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
         base, suffix = hf.rsplit(".", 1)
         name = name_map.get_name(base)
         assert name is not None, hf
+        if spec.gemma and hf.endswith("norm.weight"):  # Gemma2Model / Gemma3Model.modify_tensors
+            t = t + 1
         data = t.numpy()
-        if arch == "llama" and base.endswith("q_proj"):
+        if arch in PERMUTED_GGUF_ARCHS and base.endswith("q_proj"):
             data = permute_qk(data, spec.n_heads)
-        elif arch == "llama" and base.endswith("k_proj"):
+        elif arch in PERMUTED_GGUF_ARCHS and base.endswith("k_proj"):
             data = permute_qk(data, spec.n_kv_heads)
         out[f"{name}.{suffix}"] = data
     if spec.rope_scaling and spec.rope_scaling.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_freqs(spec)
+    if arch == "phi3" and spec.longrope_original is not None:  # Phi3MiniModel.generate_extra_tensors
+        short, long = spec.longrope_factors()
+        out["rope_factors_long.weight"] = np.array(long, dtype=np.float32)
+        out["rope_factors_short.weight"] = np.array(short, dtype=np.float32)
     return out
+
+
+def add_gemma_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
+    """Gemma2Model / Gemma3Model.set_gguf_parameters (conversion/gemma.py) beyond the common keys."""
+    if spec.arch == "gemma2":
+        w.add_attn_logit_softcapping(spec.attn_softcap)
+        w.add_final_logit_softcapping(spec.final_softcap)
+        w.add_sliding_window(spec.sliding_window)
+        return
+    if spec.final_softcap:
+        w.add_final_logit_softcapping(spec.final_softcap)
+    w.add_sliding_window(spec.sliding_window)
 
 
 def encode_tensor(data: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
@@ -300,6 +438,18 @@ def add_tokenizer(w: gguf.GGUFWriter) -> None:
     w.add_add_bos_token(False)
 
 
+def add_phi3_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
+    """What Phi3MiniModel.set_gguf_parameters / generate_extra_tensors add: the original context, the
+    rotated dims int(partial * dim) // heads, the sliding window (0 for none), LongRoPE's attention factor."""
+    original = spec.longrope_original or spec.context_length
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_dimension_count(int((spec.partial_rotary or 1.0) * spec.dim) // spec.n_heads)
+    w.add_sliding_window(spec.sliding_window or 0)
+    if spec.longrope_original is not None:
+        scale = spec.context_length / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+
+
 def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
                raw: dict[str, tuple[np.ndarray, Q]] | None = None) -> Path:
     """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model)."""
@@ -315,15 +465,24 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
     w.add_feed_forward_length(spec.ffn_dim)
     w.add_head_count(spec.n_heads)
     w.add_head_count_kv(spec.n_kv_heads)
-    w.add_rope_freq_base(spec.rope_theta)
+    if arch != "gemma2":  # Gemma2Model.set_gguf_parameters writes no rope base (llama.cpp: 10000)
+        w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
     if spec.head_dim is not None:  # TextModel.set_gguf_parameters writes these only for explicit head_dim
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
+    rs = spec.rope_scaling or {}
+    if rs.get("rope_type") == "linear" and arch != "gemma2":  # TextModel.set_gguf_parameters (Gemma 3:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)  # its full_attention rope)
+        w.add_rope_scaling_factor(rs["factor"])
+    if spec.gemma:
+        add_gemma_metadata(w, spec)
     w.add_file_type(GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
-    if arch == "llama":
+    if arch in ("llama", "smollm3"):  # LlamaModel.set_gguf_parameters (SmolLM3Model inherits it)
         w.add_vocab_size(vocab_size())
         w.add_rope_dimension_count(spec.hd)
+    if arch == "phi3":
+        add_phi3_metadata(w, spec)
     add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, data in gguf_tensors(spec).items():
@@ -430,6 +589,51 @@ CASES: dict[str, TinySpec] = {
     "llama3": TinySpec("llama", tied=True, rope_theta=10000.0, seed=5, rope_scaling={
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}),
+    # Llama 2 style linear rope scaling ("rope_type": "linear", GGUF rope.scaling.type / factor).
+    "llama_linear": TinySpec("llama", seed=9, rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
 # The same qwen2 weights rounded to bf16 and stored as bf16.
 CASES["qwen2_bf16"] = replace(CASES["qwen2"], storage_dtype="bfloat16")
+
+# Families beyond the Llama layer (issue 19), looked up with CASES by case_spec.
+FAMILY_CASES: dict[str, TinySpec] = {}
+# Gemma 2: post norms, gelu-tanh, head_dim 32 != dim / heads (as in the real 2304 / 8 vs 256),
+# every other layer sliding with a window of 5 (the prompts are 16 long), soft-caps low enough
+# (attention scores 2.0, logits 3.0) that they change the logits, tied output.
+FAMILY_CASES["gemma2"] = TinySpec("gemma2", n_layers=4, head_dim=32, tied=True, norm_eps=1e-6,
+                                  sliding_window=5, attn_softcap=2.0, final_softcap=3.0, seed=7)
+# The same with query_pre_attn_scalar != head_dim (the 27B models'): GGUF can't say it (llama.cpp
+# derives the scale from the block count), so safetensors only.
+FAMILY_CASES["gemma2_qscale"] = replace(FAMILY_CASES["gemma2"], query_pre_attn_scalar=24)
+# Gemma 3 (4B style): q/k norm, 6 layers (5 sliding with window 5, the 6th global), rope bases 1e6
+# (global) and 1e4 (sliding), linear rope scaling 4 on the global layer, no soft-caps, tied output.
+FAMILY_CASES["gemma3"] = TinySpec("gemma3_text", n_layers=6, head_dim=32, tied=True, norm_eps=1e-6,
+                                  sliding_window=5, rope_theta=1e6, seed=8,
+                                  rope_scaling={"rope_type": "linear", "factor": 4.0})
+# The same weights rounded to bf16 and stored as bf16 (the norm offset is added in fp32, as
+# transformers' 1 + w.float()).
+FAMILY_CASES["gemma3_bf16"] = replace(FAMILY_CASES["gemma3"], storage_dtype="bfloat16")
+# The same weights in a Gemma3ForConditionalGeneration checkpoint (safetensors only: the converter
+# writes the text model's GGUF, the same file as gemma3's).
+FAMILY_CASES["gemma3_mm"] = replace(FAMILY_CASES["gemma3"], multimodal=True)
+
+
+def case_spec(case: str) -> TinySpec:
+    for table in (CASES, FAMILY_CASES, PHI_CASES):
+        if case in table:
+            return table[case]
+    raise KeyError(case)
+
+
+# Phi-3 / Phi-4 (`phi3`) and SmolLM3 cases (tests/test_phi3_smollm3.py).
+PHI_CASES: dict[str, TinySpec] = {
+    # Phi-3-mini 128k style: fused tensors, LongRoPE (short != long factors) with an original context of 8
+    # (the tests' 16-token prompts run the long set, 8-token ones the short set), a sliding window of 5.
+    "phi3": TinySpec("phi3", seed=7, longrope_original=8, sliding_window=5),
+    # Phi-4-mini shaped: partial rotary 0.75 (rotated dims 12 of head_dim 16), LongRoPE, tied, no window.
+    "phi4mini": TinySpec("phi3", seed=8, partial_rotary=0.75, longrope_original=8, tied=True),
+    # SmolLM3: tied, 4 layers with the 4th NoPE (llama.cpp's fixed step, so the GGUF says the same).
+    "smollm3": TinySpec("smollm3", n_layers=4, tied=True, rope_theta=5e5, seed=9, nope_interval=4),
+    # SmolLM3 with every 2nd layer NoPE: config.json only (llama.cpp's GGUF cannot say it), untied.
+    "smollm3_nope2": TinySpec("smollm3", n_layers=4, seed=10, nope_interval=2),
+}

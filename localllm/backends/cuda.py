@@ -157,7 +157,7 @@ class PrefillGraph:
 GRAPH_FIELDS = {"embed_scale": 1.0, "post_norms": False, "attn_scale": None, "attn_softcap": None,
                 "final_softcap": None, "attn_out_bias": False, "attn_sinks": False, "sliding_window": None,
                 "sliding_layers": (), "rope_theta_local": None, "rope_layers": (), "rotary_dim": None,
-                "rope_attn_factor": 1.0, "activation": "silu"}
+                "rope_attn_factor": 1.0, "rope_original_context": None, "activation": "silu"}
 
 
 def covers(cfg: ModelConfig) -> bool:

@@ -61,12 +61,13 @@ class LayerWeights:
         self.sinks = a.attn_sinks.weight.float().contiguous() if a.attn_sinks is not None else None
 
 
-def inv_freqs(model: Transformer, device) -> list[torch.Tensor | None]:
+def inv_freqs(model: Transformer, device, capacity: int) -> list[torch.Tensor | None]:
     """Per layer the inverse frequencies (R/2,) fp32 of its rope set (rope.layer_ropes' sets: global
-    with the rope_freqs divisors, local base for sliding layers where set), None for NoPE layers."""
+    with the divisors of a cache of this capacity (Transformer.rope_divisors: LongRoPE's set), local
+    base for sliding layers where set), None for NoPE layers."""
     cfg, r = model.cfg, rotary_dims(model.cfg)
     exponent = torch.arange(0, r, 2, dtype=torch.int64, device=device).float() / r
-    glob = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
+    glob = (1.0 / (cfg.rope_theta**exponent) / model.rope_divisors(capacity).float()).contiguous()
     local = glob if cfg.rope_theta_local is None else (1.0 / (cfg.rope_theta_local**exponent)).contiguous()
     return [None if not cfg.has_rope(i) else local if cfg.sliding(i) else glob for i in range(cfg.n_layers)]
 
@@ -91,7 +92,7 @@ class GraphDecoder:
         # the Llama layer's kernels, or the families' variants (post norms, gelu, windows, soft-caps,
         # sinks, rope per layer: backends/cuda.py's covers)
         self.family = not cfg.llama_layer
-        freqs = inv_freqs(model, dev)
+        freqs = inv_freqs(model, dev, cache.capacity)
         self.layers = [LayerWeights(b, freqs[i], cfg.sliding_window if cfg.sliding(i) else None)
                        for i, b in enumerate(model.blk)]
         self.inv_freq = freqs[0]
