@@ -319,6 +319,8 @@ def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
         put(gguf.Keys.Rope.DIMENSION_COUNT, cfg.head_dim, V.UINT32)
     if arch == "phi3":
         kv |= {k.format(arch=arch): v for k, v in phi3_metadata(hp, cfg).items()}
+    if arch in ("gemma2", "gemma3") and cfg.sliding_window is not None:  # Gemma2Model / Gemma3Model
+        put(gguf.Keys.Attention.SLIDING_WINDOW, cfg.sliding_window, V.UINT32)
     return kv
 
 

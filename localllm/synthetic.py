@@ -21,6 +21,7 @@ import torch
 from localllm.quantize import quantize_tensor
 
 from .config import ModelConfig
+from .fused import FUSED_ARCHS
 from .load import build_model
 from .model import Transformer
 from .rope import rope_factors
@@ -45,6 +46,8 @@ def tensor_type(name: str, wtype: str, cfg: ModelConfig) -> Q | None:
         return Q[wtype.upper()]
     if name == "output.weight":
         return Q.Q6_K
+    if cfg.arch in FUSED_ARCHS and name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight")):
+        return Q.Q5_K  # one fused attn_qkv in the file: llama-quantize's Q4_K_M rule for it
     if name.endswith(("attn_v.weight", "ffn_down.weight")):
         return Q.Q6_K if use_more_bits(int(name.split(".")[1]), cfg.n_layers) else Q.Q4_K
     return Q.Q4_K
@@ -112,6 +115,28 @@ def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtyp
     return build_model(cfg, state, device, dtype, keep_quantized), types
 
 
+def fuse_rows(cfg: ModelConfig, state: dict) -> dict:
+    """Phi-3's file layout (fused.py): per layer attn_q|k|v rows as attn_qkv, ffn_gate|up as ffn_up (the
+    loader splits them back into the same tensors). Parts of one fused tensor share a type."""
+    out = {}
+    for name, v in state.items():
+        parts = name.replace(".attn.", ".").split(".")
+        if parts[0] != "blk" or parts[2] not in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+            out[name] = v
+        elif parts[2] in ("attn_q", "ffn_gate"):
+            p = f"blk.{parts[1]}"
+            group = ([f"{p}.attn.attn_{x}.weight" for x in "qkv"] if parts[2] == "attn_q"
+                     else [f"{p}.ffn_gate.weight", f"{p}.ffn_up.weight"])
+            ws = [state[g] for g in group]
+            key = f"{p}.attn_qkv.weight" if parts[2] == "attn_q" else f"{p}.ffn_up.weight"
+            if isinstance(ws[0], QuantizedTensor):
+                assert len({w.qtype for w in ws}) == 1, f"{key}: its parts have different types"
+                out[key] = QuantizedTensor(ws[0].qtype, torch.cat([w.data for w in ws]))
+            else:
+                out[key] = torch.cat(ws)
+    return out
+
+
 def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dict, device: str = "cpu",
                          seed: int = 0, progress: bool = False) -> Path:
     """synthetic_state's weights as a GGUF file: wtype a file type (F16, BF16, Q8_0, Q4_0, Q4_K_M...).
@@ -136,7 +161,8 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
         raise ValueError(f"the tokenizer has {n_tokens} tokens, the model's vocabulary {cfg.vocab_size}")
     arch = gguf_arch(cfg.arch)
     hp = {"max_position_embeddings": cfg.context_length, "rope_theta": cfg.rope_theta,
-          "rms_norm_eps": cfg.norm_eps, "head_dim": cfg.head_dim}
+          "rms_norm_eps": cfg.norm_eps, "head_dim": cfg.head_dim,
+          "original_max_position_embeddings": cfg.rope_original_context, "sliding_window": cfg.sliding_window}
     meta = hf_metadata(hp, cfg, Path(out).parent, arch) | tokenizer
     meta[gguf.Keys.General.NAME] = MetaValue(f"synthetic {Path(out).stem}", gguf.GGUFValueType.STRING)
     meta[gguf.Keys.General.FILE_TYPE] = MetaValue(int(preset.file_type), gguf.GGUFValueType.UINT32)
@@ -144,6 +170,8 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     state, _ = synthetic_state(cfg, wtype, device, seed)
     if cfg.rope_scaling is None:
         del state["rope_freqs"]  # ones: llama.cpp wants no tensor then
+    if cfg.arch in FUSED_ARCHS:
+        state = fuse_rows(cfg, state)
     dense = preset.default if preset.default in (Q.F32, Q.F16, Q.BF16) else Q.F16
     names, slots = list(state), []
     for name in names:

@@ -79,3 +79,40 @@ def test_written_file_loads_and_runs(tmp_path, tokenizer):
     with torch.inference_mode():
         logits = lm.model(torch.tensor([ids]), make_cache(lm.config, 16, dtype=torch.float32), 0)
     assert logits.shape == (1, len(ids), TINY.vocab_size) and torch.isfinite(logits).all()
+
+
+def small_family(preset: str) -> ModelConfig:
+    """A family preset's fields (windows, soft-caps, post norms, rope sets, LongRoPE) on small widths."""
+    from localllm.registry import shape_preset
+
+    cfg = shape_preset(preset)
+    small = dict(n_layers=6, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=32000)
+    if cfg.sliding_layers:
+        small["sliding_layers"] = cfg.sliding_layers[:6]
+    if cfg.rotary_dim:
+        small["rotary_dim"] = 48
+    if cfg.embed_scale != 1.0:  # Gemma: sqrt(dim), and the scale of its key length (what a GGUF implies)
+        small |= {"embed_scale": 256**0.5, "attn_scale": 64**-0.5}
+    return replace(cfg, **small)
+
+
+@pytest.mark.parametrize("preset", ["gemma-3-4b", "phi-4-mini"])
+def test_family_file_reads_back_as_its_config_and_weights(tmp_path, monkeypatch, tokenizer, preset):
+    """The family's keys (Gemma's sliding window and linear rope scaling; Phi-3's rotated dims, LongRoPE
+    tensors and attention factor, q|k|v and gate|up fused as its checkpoints hold them) read back as the
+    config, and the loader's split tensors are synthetic_state's."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)
+    cfg = small_family(preset)
+    path = write_synthetic_gguf(cfg, "Q4_K_M", tmp_path / "f.gguf", tokenizer)
+    if cfg.arch == "phi3":
+        names = {t.name for t in gguf.GGUFReader(path).tensors}
+        assert "blk.0.attn_qkv.weight" in names and "blk.0.attn_q.weight" not in names
+    _, got, _ = read_gguf_model(open_gguf(path), "blocks")
+    read = load_model(str(path), "cpu").config
+    for field in ("norm_eps", "rope_attn_factor"):  # float32 keys
+        assert getattr(read, field) == pytest.approx(getattr(cfg, field), rel=1e-6)
+    assert replace(read, norm_eps=cfg.norm_eps, rope_attn_factor=cfg.rope_attn_factor) == cfg
+    want, _ = synthetic_state(cfg, "Q4_K_M", "cpu")
+    for name, w in want.items():
+        if isinstance(w, QuantizedTensor):
+            assert got[name].qtype == w.qtype and torch.equal(got[name].data, w.data), name
