@@ -23,6 +23,10 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "mistral": dict(qkv_bias=False, qk_norm=False),
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
+    # mixture of experts (moe_gguf_fields / moe_hf_fields below); Mixtral's GGUF says `llama`
+    "mixtral": dict(qkv_bias=False, qk_norm=False),
+    "qwen3moe": dict(qkv_bias=False, qk_norm=True),
+    "qwen3_moe": dict(qkv_bias=False, qk_norm=True),
 }
 
 
@@ -77,6 +81,9 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     moe_norm_topk: bool = True  # the chosen experts' softmax weights renormalised to sum to 1
     moe_bias: bool = False  # router and expert products have biases (gpt-oss)
+    # "softmax": top-k of softmax(router logits) (Mixtral, Qwen3-MoE); "topk_softmax": top-k of the
+    # logits, softmax over those k (gpt-oss) (localllm/moe.py route)
+    moe_gating: str = "softmax"
 
     def sliding(self, layer: int) -> bool:
         return bool(self.sliding_layers) and self.sliding_layers[layer]
@@ -104,6 +111,7 @@ FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "moe_gating",
 })
 
 
@@ -215,6 +223,7 @@ def config_from_gguf(
         tied_output="output.weight" not in tensor_names,
         **fields,
     )
+    cfg = replace(cfg, **moe_gguf_fields(f, cfg, limits))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
     check_shape_fields(cfg, names, "GGUF metadata", limits)
@@ -273,9 +282,50 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         rope_scaling=_hf_rope_scaling(cfg),
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
+    out = replace(out, **moe_hf_fields(f, out, limits))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out
+
+
+# ---- mixture of experts (localllm/moe.py): Mixtral, Qwen3-MoE, gpt-oss
+
+# HF model_type -> (experts key, expert hidden width key)
+_HF_EXPERT_KEYS = {"mixtral": ("num_local_experts", "intermediate_size"),
+                   "qwen3_moe": ("num_experts", "moe_intermediate_size")}
+
+
+def _experts(f: Fields, count_key: str, used_key: str, ffn_key: str, ffn_default: Any,
+             limits: LoaderLimits) -> dict[str, Any]:
+    n = f.int(count_key, 1, limits.max_heads)
+    return dict(n_experts=n, n_experts_used=f.int(used_key, 1, n),
+                expert_ffn_dim=f.int(ffn_key, 1, limits.max_ffn_dim, ffn_default))
+
+
+def moe_gguf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
+    """`{arch}.expert_count` etc. (as llama.cpp's converter writes them) -> the MoE fields; none for a
+    dense model. llama.cpp renormalises the chosen experts' weights for Mixtral (`llama`) and
+    Qwen3-MoE unless `{arch}.expert_weights_norm` says otherwise."""
+    if f.raw("expert_count", 0) == 0:
+        return {}
+    out = _experts(f, "expert_count", "expert_used_count", "expert_feed_forward_length", cfg.ffn_dim, limits)
+    return out | dict(moe_norm_topk=f.bool("expert_weights_norm", True))
+
+
+def moe_hf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
+    """config.json's expert counts -> the MoE fields (Mixtral always renormalises; Qwen3-MoE when
+    norm_topk_prob, transformers' default False)."""
+    if cfg.arch not in _HF_EXPERT_KEYS:
+        return {}
+    count_key, ffn_key = _HF_EXPERT_KEYS[cfg.arch]
+    out = _experts(f, count_key, "num_experts_per_tok", ffn_key, MISSING, limits)
+    if cfg.arch == "mixtral":
+        return out | dict(moe_norm_topk=True)
+    # transformers' Qwen3MoeDecoderLayer: a dense MLP in mlp_only_layers and off the sparse step
+    if f.raw("mlp_only_layers", []) != [] or f.int("decoder_sparse_step", 1, cfg.n_layers, 1) != 1:
+        raise LocalLLMError("config.json: Qwen3-MoE with dense layers (mlp_only_layers / decoder_sparse_step)"
+                            " is not supported; every layer must be a mixture of experts")
+    return out | dict(moe_norm_topk=f.bool("norm_topk_prob", False))
 
 
 def read_hf_config(folder: Path, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:

@@ -183,14 +183,23 @@ class Block(nn.Module):
         # Gemma: norms of the attention and MLP outputs, before each residual add
         self.post_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
         self.post_ffw_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
-        self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        # the MLP: a mixture of experts (localllm/moe.py, which builds on this module) or one GLU
+        self.moe = None
+        if cfg.n_experts:
+            from .moe import MoE
+
+            self.moe = MoE(cfg)
+        else:
+            self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+            self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+            self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
         # gate/up rows interleaved in one weight, for backends that fuse them at load; None: two products
         self.fused_gate_up = None
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) normed -> (B, T, C): the MLP."""
+        if self.moe is not None:
+            return self.moe(h)
         return self.ffn_down(self.ops.mlp_in(self, h))
 
     def forward(self, x, layer, cache, start, cos, sin, mask):

@@ -23,7 +23,8 @@ from .config import ModelConfig, config_from_gguf, read_hf_config
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile
 from .settings import DEFAULT_LIMITS, LoaderLimits
-from .weights import hf_tensor_headers
+from .moe_weights import assemble
+from .weights import hf_moe_headers, hf_tensor_headers
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
 HF_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -52,8 +53,23 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer |= {"attn_sinks.weight": (cfg.n_heads,)}
     if cfg.post_norms:
         layer |= {"post_attention_norm.weight": (c,), "post_ffw_norm.weight": (c,)}
+    if cfg.n_experts:
+        layer = {k: v for k, v in layer.items() if not k.startswith(("ffn_gate.", "ffn_up.", "ffn_down."))}
+        layer |= moe_shapes(cfg)
     for i in range(cfg.n_layers):
         out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
+    return out
+
+
+def moe_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """One block's mixture-of-experts tensors (localllm/moe.py), torch order: router (E, C), experts
+    (E, F, C) and (E, C, F); gpt-oss's biases."""
+    e, c, f = cfg.n_experts, cfg.dim, cfg.expert_ffn_dim
+    out = {"ffn_gate_inp.weight": (e, c), "ffn_gate_exps.weight": (e, f, c), "ffn_up_exps.weight": (e, f, c),
+           "ffn_down_exps.weight": (e, c, f)}
+    if cfg.moe_bias:
+        out |= {"ffn_gate_inp.bias": (e,), "ffn_gate_exps.bias": (e, f), "ffn_up_exps.bias": (e, f),
+                "ffn_down_exps.bias": (e, c)}
     return out
 
 
@@ -132,5 +148,13 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
         if name in keys:
             raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
         keys[name], tensors[name] = (path, key), (shape, dtype)
-    cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
+    names = {name: key for name, (_, key) in keys.items()}
+    # mixture-of-experts tensors: assembled from their parts (per-expert keys, gpt-oss's split gate/up)
+    for name, (source, shape) in assemble(hf_moe_headers(folder), folder.name).items():
+        if name in keys:
+            raise LocalLLMError(f"tensor {source.parts[0].key!r} appears twice in {folder.name}")
+        dtypes = {p.dtype for p in source.parts}
+        keys[name], tensors[name] = source, (shape, sorted(dtypes)[0] if len(dtypes) == 1 else "mixed")
+        names[name] = source.parts[0].key
+    cfg = check_hf_tensors(cfg, tensors, folder.name, names)
     return cfg, keys

@@ -22,6 +22,7 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile
+from .moe_weights import MoESource, Part, hf_moe_parts, read_moe
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
 HF_NAMES: dict[str, str] = {
@@ -50,6 +51,8 @@ PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
+# ... and the mixture-of-experts MLP's under `.moe.` (localllm/moe.py).
+_MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def to_module_name(gguf_name: str) -> str:
@@ -59,6 +62,8 @@ def to_module_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[2] in _ATTN:
         parts.insert(2, "attn")
+    elif len(parts) > 2 and parts[0] == "blk" and parts[2] in _MOE:
+        parts.insert(2, "moe")
     return ".".join(parts)
 
 
@@ -67,7 +72,7 @@ def gguf_name(module_name: str) -> str:
     if module_name == "rope_freqs":
         return "rope_freqs.weight"
     parts = module_name.split(".")
-    if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] in ("attn", "moe"):
         del parts[2]
     return ".".join(parts)
 
@@ -108,8 +113,10 @@ def gguf_state_dict(
     out = {}
     for name, t in f.tensors.items():
         keep = keep_embedding or name != "token_embd.weight"
-        if t.tensor_type in keep_quantized and keep and len(t.shape) == 2:
-            raw = t.data.view(np.uint8).reshape(t.data.shape[0], -1)  # F16/BF16 data is typed: view as bytes
+        # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py)
+        if t.tensor_type in keep_quantized and keep and len(t.shape) in (2, 3):
+            rows = math.prod(int(d) for d in t.shape[1:])  # ggml order: t.shape[0] is the row length
+            raw = t.data.view(np.uint8).reshape(rows, -1)  # F16/BF16 data is typed: view as bytes
             w = QuantizedTensor(t.tensor_type, torch.from_numpy(raw))
         else:
             w = gguf_tensor(t)
@@ -164,7 +171,27 @@ def hf_tensor_names(folder: Path) -> Iterator[tuple[Path, str, str]]:
 
 
 def hf_tensor_headers(folder: Path) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
-    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor, from the files' headers only."""
+    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor, from the files' headers only;
+    mixture-of-experts tensors, which map to parts of ours, are hf_moe_headers'."""
+    for path, key, shape, dtype in hf_header_entries(folder):
+        name = hf_name(key)
+        if name is None and hf_moe_parts(path, key, shape) is None and not key.endswith("rotary_emb.inv_freq"):
+            raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")  # inv_freq: a cached buffer, not a weight
+        if name is not None:
+            yield path, key, name, shape, dtype
+
+
+def hf_moe_headers(folder: Path) -> list[Part]:
+    """The parts of every mixture-of-experts tensor of a safetensors folder (localllm/moe_weights.py)."""
+    out = []
+    for path, key, shape, dtype in hf_header_entries(folder):
+        if hf_name(key) is None:
+            out += hf_moe_parts(path, key, shape, dtype) or []
+    return out
+
+
+def hf_header_entries(folder: Path) -> Iterator[tuple[Path, str, tuple[int, ...], str]]:
+    """(file, checkpoint key, shape, dtype) of every tensor, from the files' headers only."""
     from safetensors import SafetensorError, safe_open
 
     for path in safetensors_files(folder):
@@ -175,19 +202,20 @@ def hf_tensor_headers(folder: Path) -> Iterator[tuple[Path, str, str, tuple[int,
         except (SafetensorError, OSError, ValueError) as e:
             raise LocalLLMError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         for key, shape, dtype in entries:
-            name = hf_name(key)
-            if name is None and not key.endswith("rotary_emb.inv_freq"):  # a cached buffer, not a weight
-                raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
-            if name is not None:
-                yield path, key, name, shape, dtype
+            yield path, key, shape, dtype
 
 
-def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]]) -> dict[str, torch.Tensor]:
-    """keys: GGUF name -> (file, checkpoint key), as validated (validate.check_hf_tensors)."""
+def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str] | MoESource]) -> dict[str, torch.Tensor]:
+    """keys: GGUF name -> (file, checkpoint key), or the parts of an expert tensor (MoESource), as
+    validated (validate.check_hf_folder)."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
-    for name, (path, key) in keys.items():
+    for name, source in keys.items():
+        if isinstance(source, MoESource):
+            out[to_module_name(name)] = read_moe(source)
+            continue
+        path, key = source
         try:
             with safe_open(str(path), framework="pt") as f:
                 # A copy that owns its memory: tensors viewing safetensors' mapping were never freed
