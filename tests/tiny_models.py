@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,9 @@ Q = gguf.GGMLQuantizationType
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM"}
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# mixture of experts (Mixtral converts to `llama` with expert tensors)
+HF_CLASS |= {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+GGUF_ARCH |= {"mixtral": "llama", "qwen3_moe": "qwen3moe"}
 GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                   Q.F16: gguf.LlamaFileType.MOSTLY_F16}
 
@@ -57,6 +61,11 @@ class TinySpec:
     storage_dtype: str = "float32"  # safetensors dtype: float32, float16 or bfloat16
     shards: int = 1
     seed: int = 0
+    # mixture of experts: n_experts > 0 replaces each MLP (expert_ffn_dim: an expert's hidden width)
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    norm_topk: bool = True  # Qwen3-MoE's norm_topk_prob (Mixtral always renormalises)
     name: str = field(default="", compare=False)
 
     @property
@@ -69,7 +78,7 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return self.arch in ("qwen3", "qwen3_moe")
 
 
 # ---- tokenizer: a small byte-level BPE trained here, saved as tokenizer.json and as GGUF metadata
@@ -143,6 +152,9 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
             w[p + "self_attn.q_norm.weight"] = 1 + randn(D, std=0.1)
             w[p + "self_attn.k_norm.weight"] = 1 + randn(D, std=0.1)
         w[p + "post_attention_layernorm.weight"] = 1 + randn(C, std=0.1)
+        if spec.n_experts:
+            w |= moe_weights(spec, p, randn)
+            continue
         w[p + "mlp.gate_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.up_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.down_proj.weight"] = randn(C, F, std=0.08)
@@ -177,6 +189,7 @@ def hf_config(spec: TinySpec) -> dict:
     }
     if spec.head_dim is not None:
         cfg["head_dim"] = spec.head_dim
+    cfg |= moe_hf_config(spec)
     if spec.arch in ("llama", "qwen3"):
         cfg["attention_bias"] = False
     if spec.arch == "mistral":
@@ -186,11 +199,12 @@ def hf_config(spec: TinySpec) -> dict:
     return cfg
 
 
-def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
+def write_hf_folder(spec: TinySpec, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """weights: HF-named values written instead of make_weights(spec)'s (e.g. a GGUF's decoded values)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    weights = make_weights(spec)
+    weights = make_weights(spec) if weights is None else weights
     dtype = getattr(torch, spec.storage_dtype)
     tensors = {k: v.to(dtype).contiguous() for k, v in weights.items()}
     names = list(tensors)
@@ -252,7 +266,7 @@ def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
     arch = GGUF_ARCH[spec.arch]
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], spec.n_layers)
     out = {}
-    for hf, t in make_weights(spec).items():
+    for hf, t in stack_experts(make_weights(spec)).items():
         base, suffix = hf.rsplit(".", 1)
         name = name_map.get_name(base)
         assert name is not None, hf
@@ -324,19 +338,76 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
     if arch == "llama":
         w.add_vocab_size(vocab_size())
         w.add_rope_dimension_count(spec.hd)
+    if spec.n_experts:  # LlamaModel / Qwen3MoeModel.set_gguf_parameters
+        w.add_expert_count(spec.n_experts)
+        w.add_expert_used_count(spec.n_experts_used)
+        if arch != "llama":
+            w.add_expert_feed_forward_length(spec.expert_ffn_dim)
     add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, data in gguf_tensors(spec).items():
         if raw and name in raw:
             data_t = raw[name]
-        else:  # the converter keeps rope_freqs in F32 whatever the output type
-            data_t = encode_tensor(data, qtype) if name != "rope_freqs.weight" else (data, Q.F32)
+        else:  # the converter keeps rope_freqs and MoE routers (ffn_gate_inp) in F32 whatever the output type
+            keep = name == "rope_freqs.weight" or ".ffn_gate_inp." in name
+            data_t = encode_tensor(data, qtype) if not keep else (data, Q.F32)
         _add_tensor(w, name, *data_t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# ---- mixture of experts (Mixtral, Qwen3-MoE)
+
+# HF model_type -> (router, per-expert gate / up / down) names under model.layers.N., as real
+# checkpoints and transformers 5's save_pretrained store them
+MOE_HF_NAMES = {
+    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3",
+                "block_sparse_moe.experts.{e}.w2"),
+    "qwen3_moe": ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
+}
+
+
+def moe_weights(spec: TinySpec, p: str, randn) -> dict[str, torch.Tensor]:
+    """One layer's router and experts (HF names with prefix p); a router of std 0.5 spreads the
+    tokens over the experts (tests/test_moe.py checks that every expert is chosen)."""
+    C, F, E = spec.dim, spec.expert_ffn_dim, spec.n_experts
+    router, gate, up, down = MOE_HF_NAMES[spec.arch]
+    w = {p + router + ".weight": randn(E, C, std=0.5)}
+    for e in range(E):
+        w[p + gate.format(e=e) + ".weight"] = randn(F, C, std=0.1)
+        w[p + up.format(e=e) + ".weight"] = randn(F, C, std=0.1)
+        w[p + down.format(e=e) + ".weight"] = randn(C, F, std=0.08)
+    return w
+
+
+def moe_hf_config(spec: TinySpec) -> dict:
+    if spec.arch == "mixtral":
+        return {"num_local_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
+                "intermediate_size": spec.expert_ffn_dim, "router_jitter_noise": 0.0, "sliding_window": None}
+    if spec.arch == "qwen3_moe":
+        return {"num_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
+                "moe_intermediate_size": spec.expert_ffn_dim, "norm_topk_prob": spec.norm_topk,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
+                "use_sliding_window": False}
+    return {}
+
+
+def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert HF tensors `...experts.{e}.NAME.weight` -> one (E, ...) tensor `...experts.NAME.weight`,
+    as the converter merges them (the name gguf's TensorNameMap maps to ffn_*_exps)."""
+    out, experts = {}, {}
+    for name, t in weights.items():
+        m = re.match(r"^(.*\.experts)\.(\d+)\.(.*)$", name)
+        if m is None:
+            out[name] = t
+        else:
+            experts.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = t
+    for name, parts in experts.items():
+        out[name] = torch.stack([parts[e] for e in range(len(parts))])
+    return out
 
 
 # ---- raw blocks for the types gguf.quants cannot quantize (the K-quants)
@@ -431,5 +502,16 @@ CASES: dict[str, TinySpec] = {
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}),
 }
+# Mixture of experts (tests/test_moe.py): Mixtral 8 experts top-2 (its GGUF says `llama`), Qwen3-MoE
+# 16 experts top-4 with norm_topk_prob, and without. Expert widths a multiple of 32 (Q8_0 rows of
+# ffn_down_exps) and of 8 (the CPU's 8-row tiles: each expert starts on a tile).
+MOE_CASES: dict[str, TinySpec] = {
+    "mixtral": TinySpec("mixtral", ffn_dim=64, n_experts=8, n_experts_used=2, expert_ffn_dim=64, seed=11),
+    "qwen3_moe": TinySpec("qwen3_moe", head_dim=32, norm_eps=1e-6, rope_theta=1e6, n_experts=16, n_experts_used=4,
+                          expert_ffn_dim=32, seed=12),
+    "qwen3_moe_nonorm": TinySpec("qwen3_moe", n_experts=16, n_experts_used=4, expert_ffn_dim=32, norm_topk=False,
+                                 tied=True, seed=13),
+}
+
 # The same qwen2 weights rounded to bf16 and stored as bf16.
 CASES["qwen2_bf16"] = replace(CASES["qwen2"], storage_dtype="bfloat16")

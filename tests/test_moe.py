@@ -1,0 +1,248 @@
+"""Mixture of experts (localllm/moe.py): Mixtral and Qwen3-MoE against transformers.
+
+Oracles: transformers 5.24 on the tiny safetensors folders (tiny_models.MOE_CASES) for logits and for
+routing (the experts its routers choose, token by token, layer by layer); our GGUF F32 load equals our
+safetensors load of the same weights (transformers' GGUF loader cannot read a Mixtral GGUF); a Q8_0
+GGUF against transformers on a folder holding the Q8_0-decoded values (gguf.quants); the row-range
+products of quantized weights against the dense product of the decoded rows.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import tiny_models as tm
+from localllm.cache import make_cache
+from localllm.config import config_from_hf
+from localllm.kernels.cpu import BlockQWeight, load_extension, pack_for_cpu, row_view
+from localllm.kernels.linear import linear_rows
+from localllm.load import load_model
+from localllm.moe import ExpertLinear
+from localllm.moe_weights import HF_MOE_NAMES
+from localllm.quantize.decode import dequantize_torch
+from localllm.settings import DEFAULT_CPU
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+Q = gguf.GGMLQuantizationType
+TOL = 1e-3
+BATCH, T = 2, 16
+
+
+@pytest.fixture(scope="module")
+def tokens() -> torch.Tensor:
+    return torch.randint(0, tm.vocab_size(), (BATCH, T), generator=torch.Generator().manual_seed(4321))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """case -> written checkpoints, on first use: .hf(case), .gguf(case, qtype)."""
+    root = tmp_path_factory.mktemp("moe")
+    made: dict = {}
+
+    class Files:
+        def hf(self, case):
+            if (case, "hf") not in made:
+                made[case, "hf"] = tm.write_hf_folder(tm.MOE_CASES[case], root / case / "hf")
+            return made[case, "hf"]
+
+        def gguf(self, case, qtype=Q.F32):
+            if (case, qtype) not in made:
+                made[case, qtype] = tm.write_gguf(tm.MOE_CASES[case], root / case / f"{case}-{qtype.name}.gguf", qtype)
+            return made[case, qtype]
+
+    return Files()
+
+
+@torch.inference_mode()
+def our_logits(path, tokens, record: list | None = None, **kw) -> torch.Tensor:
+    lm = load_model(str(path), "cpu", torch.float32, **kw)
+    if record is not None:
+        for blk in lm.model.blk:  # record each layer's routing (instance attribute shadows the method)
+            blk.moe.route = _recorder(blk.moe.route, record)
+    return lm.model(tokens, make_cache(lm.config, tokens.shape[1], batch=tokens.shape[0]), 0)
+
+
+def _recorder(route, record):
+    def wrapped(h):
+        weights, experts = route(h)
+        record.append((weights, experts))
+        return weights, experts
+    return wrapped
+
+
+@torch.inference_mode()
+def hf_logits(folder, tokens, record: list | None = None) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    if record is not None:  # MixtralTopKRouter / Qwen3MoeTopKRouter: (logits, scores, indices)
+        routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+        assert len(routers) == model.config.num_hidden_layers
+        for r in routers:
+            r.register_forward_hook(lambda mod, args, out: record.append((out[1], out[2])))
+    return model(tokens).logits.float()
+
+
+def assert_close(ours, ref, tol=TOL):
+    assert ref.std() > 0.1 and torch.isfinite(ref).all()
+    diff = (ours - ref).abs().max().item()
+    assert diff <= tol, f"max abs diff {diff:.3g} > {tol}"
+
+
+# ---- logits and routing against transformers
+
+@pytest.mark.parametrize("case", list(tm.MOE_CASES))
+def test_safetensors_matches_transformers(files, tokens, case):
+    assert_close(our_logits(files.hf(case), tokens), hf_logits(files.hf(case), tokens))
+
+
+@pytest.mark.parametrize("case", list(tm.MOE_CASES))
+def test_routing_matches_transformers(files, tokens, case):
+    """Every token of every layer goes to the experts transformers' router picks, in its order, with
+    its weights; and the tiny models spread tokens over at least half the experts of each layer (a test
+    of routing at all)."""
+    ours, theirs = [], []
+    our_logits(files.hf(case), tokens, ours)
+    hf_logits(files.hf(case), tokens, theirs)
+    spec = tm.MOE_CASES[case]
+    assert len(ours) == len(theirs) == spec.n_layers
+    for (w, e), (w_ref, e_ref) in zip(ours, theirs):
+        assert e.shape == e_ref.shape == (BATCH * T, spec.n_experts_used)
+        assert torch.equal(e, e_ref)
+        torch.testing.assert_close(w, w_ref.float(), rtol=1e-5, atol=1e-6)
+        assert len(set(e.flatten().tolist())) >= spec.n_experts // 2
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+def test_gguf_equals_safetensors(files, tokens, case):
+    """GGUF F32 (stacked ffn_*_exps, Mixtral as `llama` with q/k permuted) loads to the safetensors model."""
+    assert_close(our_logits(files.gguf(case), tokens), our_logits(files.hf(case), tokens), tol=1e-5)
+
+
+def test_qwen3_moe_gguf_renormalises_as_llama_cpp(files, tokens, tmp_path):
+    """A Qwen3-MoE GGUF carries no norm_topk_prob (the converter writes none; llama.cpp's qwen3moe graph
+    renormalises): it loads renormalised, unless `expert_weights_norm` says false."""
+    spec = tm.MOE_CASES["qwen3_moe_nonorm"]
+    normed = tm.write_hf_folder(tm.replace(spec, norm_topk=True), tmp_path / "normed")
+    assert_close(our_logits(files.gguf("qwen3_moe_nonorm"), tokens), our_logits(normed, tokens), tol=1e-5)
+    assert (our_logits(normed, tokens) - our_logits(files.hf("qwen3_moe_nonorm"), tokens)).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+def test_q8_0_gguf_matches_transformers(files, tokens, case, tmp_path):
+    """Q8_0 expert tensors kept as blocks (the CPU's C++ products on each expert's rows) against
+    transformers on a folder of the decoded values (router F32, as the converter keeps it)."""
+    spec = tm.MOE_CASES[case]
+    decoded = {k: _q8_roundtrip(v) if v.ndim >= 2 and ".gate.weight" not in k else v
+               for k, v in tm.make_weights(spec).items()}
+    folder = tm.write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
+    path = files.gguf(case, Q.Q8_0)
+    assert_close(our_logits(path, tokens), hf_logits(folder, tokens))
+
+
+def _q8_roundtrip(w: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks run along rows, so quantizing the stacked or q/k-permuted GGUF tensor decodes to the
+    same values as quantizing each HF matrix."""
+    raw = gguf.quants.quantize(w.numpy().reshape(-1, w.shape[-1]), Q.Q8_0)
+    return torch.from_numpy(gguf.quants.dequantize(raw, Q.Q8_0)).reshape(w.shape)
+
+
+def test_decode_runs_only_the_chosen_experts(files, tokens, monkeypatch):
+    """A one-token step runs k experts per layer (each product on its own rows), never all E."""
+    spec = tm.MOE_CASES["qwen3_moe"]
+    lm = load_model(str(files.gguf("qwen3_moe", Q.Q8_0)), "cpu", torch.float32)
+    assert isinstance(lm.model.blk[0].moe.ffn_down_exps.qweight, BlockQWeight)
+    calls: list[int] = []
+    forward = ExpertLinear.forward
+    monkeypatch.setattr(ExpertLinear, "forward", lambda self, x, e: calls.append(e) or forward(self, x, e))
+    with torch.inference_mode():
+        cache = make_cache(lm.config, 8)
+        lm.model(tokens[:1, :4], cache, 0)
+        calls.clear()
+        lm.runtime.decode(cache, tokens[0, 4:5])
+    assert len(calls) == 3 * spec.n_experts_used * spec.n_layers
+
+
+# ---- names and configs
+
+def test_hf_moe_names_are_gguf_s():
+    """Our HF -> GGUF table for expert tensors says what gguf's TensorNameMap says (per architecture)."""
+    archs = {"block_sparse_moe": gguf.MODEL_ARCH.LLAMA, "mlp.gate": gguf.MODEL_ARCH.QWEN3MOE,
+             "mlp.experts.{e}": gguf.MODEL_ARCH.QWEN3MOE, "mlp.router": gguf.MODEL_ARCH.GPT_OSS,
+             "mlp.experts.down_proj": gguf.MODEL_ARCH.GPT_OSS, "mlp.experts.gate_up": gguf.MODEL_ARCH.GPT_OSS}
+    for key, targets in HF_MOE_NAMES.items():
+        arch = next(a for part, a in archs.items() if part in key)
+        name_map = gguf.get_tensor_name_map(arch, 4)
+        base = key.replace("{i}", "3").replace(".{e}", "").removesuffix(".weight").removesuffix(".bias")
+        base = base.removesuffix("_bias")
+        for name, _ in targets:
+            if "gate_up_proj" in base:  # gpt-oss's interleaved pair: the converter names each half
+                base_half = base.replace("gate_up_proj", "gate_proj" if "gate_exps" in name else "up_proj")
+                assert name_map.get_name(base_half) == name.replace("{i}", "3").rsplit(".", 1)[0], key
+            else:
+                assert name_map.get_name(base) == name.replace("{i}", "3").rsplit(".", 1)[0], key
+
+
+def test_qwen3_moe_dense_layers_are_refused():
+    base = tm.hf_config(tm.MOE_CASES["qwen3_moe"])
+    assert config_from_hf(base).n_experts == 16
+    with pytest.raises(Exception, match="mlp_only_layers"):
+        config_from_hf(base | {"mlp_only_layers": [0]})
+
+
+def test_missing_expert_is_one_line(files, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from localllm.errors import LocalLLMError
+
+    folder = tmp_path / "m"
+    import shutil
+
+    shutil.copytree(files.hf("mixtral"), folder)
+    state = load_file(str(folder / "model.safetensors"))
+    del state["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(LocalLLMError, match="expert 5 is missing"):
+        load_model(str(folder), "cpu", torch.float32)
+
+
+# ---- products on a row range of a quantized weight (one expert's rows)
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [(16, 32), (8, 12), (5, 13)])
+@pytest.mark.parametrize("cpp", [True, False], ids=["cpp", "torch"])
+def test_block_weight_row_range(qtype, rows, cpp):
+    """BlockQWeight rows [n0, n1) (tiled or raw, C++ or the torch fallback) against the dense product
+    of the decoded rows; a tiled range off a tile boundary decodes only its rows."""
+    rng = np.random.default_rng(3)
+    raw = torch.from_numpy(np.ascontiguousarray(tm.random_tensor_data(qtype, 48, 256, rng)).view(np.uint8).reshape(48, -1))
+    w = BlockQWeight.from_blocks(raw, qtype, torch.float32)
+    if cpp:
+        w = pack_for_cpu(w, load_extension(DEFAULT_CPU.cache_dir))
+    n0, n1 = rows
+    dense = dequantize_torch(raw, qtype)[n0:n1]
+    for t in (1, 3, 70):  # decode, a few rows, a prompt past QMATVEC_MAX_ROWS
+        x = torch.randn(t, 256, generator=torch.Generator().manual_seed(t))
+        ref = x @ dense.T
+        got = linear_rows(x, w, n0, n1)
+        assert got.shape == ref.shape
+        assert ((got - ref).abs().max() / ref.abs().max()).item() < 2e-4
+    view = row_view(w, n0, n1)
+    assert view is None or view.data.data_ptr() >= w.data.data_ptr()  # a view: no copy
+    if view is not None and view.tiled:
+        assert view.data.untyped_storage().data_ptr() == w.data.untyped_storage().data_ptr()
+
+
+def test_dense_row_range():
+    w = torch.randn(6, 8, 16)
+    x = torch.randn(3, 16)
+    b = torch.randn(6, 8)
+    lin = ExpertLinear(6, 16, 8, bias=True)
+    lin.weight.data, lin.bias.data = w, b
+    for e in range(6):
+        torch.testing.assert_close(lin(x, e), x @ w[e].T + b[e])
+    flat = w.reshape(48, 16)
+    torch.testing.assert_close(linear_rows(x, flat, 16, 24), x @ w[2].T)
