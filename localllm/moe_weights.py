@@ -43,6 +43,9 @@ HF_MOE_NAMES: dict[str, list[tuple[str, str]]] = {
                                                        ("blk.{i}.ffn_up_exps.bias", "odd")],
     "model.layers.{i}.mlp.experts.down_proj": [("blk.{i}.ffn_down_exps.weight", "t")],
     "model.layers.{i}.mlp.experts.down_proj_bias": [("blk.{i}.ffn_down_exps.bias", "")],
+    # gpt-oss's attention extras (weights.HF_NAMES has the rest of its layer)
+    "model.layers.{i}.self_attn.sinks": [("blk.{i}.attn_sinks.weight", "")],
+    "model.layers.{i}.self_attn.o_proj.bias": [("blk.{i}.attn_output.bias", "")],
 }
 _PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)") + "$"),
               v) for k, v in HF_MOE_NAMES.items()]

@@ -30,6 +30,8 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
     if rs is None:
         return torch.ones(d // 2, device="cpu")
+    if rs.kind == "yarn":
+        return yarn_rope_factors(cfg)
     wavelen = 2 * math.pi / inv_freq
     low_wavelen = rs.original_context / rs.low_freq_factor
     high_wavelen = rs.original_context / rs.high_freq_factor
@@ -38,6 +40,27 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     factors = torch.where(wavelen > low_wavelen, torch.full_like(wavelen, rs.factor), medium)
     factors = torch.where(wavelen < high_wavelen, torch.ones_like(wavelen), factors)
     return factors.float()
+
+
+def yarn_rope_factors(cfg: ModelConfig) -> torch.Tensor:
+    """(R/2,) YaRN divisors: transformers' _compute_yarn_parameters blends inv_freq / factor and inv_freq
+    with the extrapolation weight m = 1 - ramp over the correction range [low, high] of dims (rounded
+    outwards when truncate), so the divisor is 1 / ((1 - m) / factor + m). The attention factor is
+    cfg.rope_attn_factor (config.py)."""
+    rs, d = cfg.rope_scaling, rotary_dims(cfg)
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(rs.original_context / (rotations * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+
+    low, high = correction_dim(rs.beta_fast), correction_dim(rs.beta_slow)
+    if rs.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    m = 1 - ramp
+    return 1.0 / ((1 - m) / rs.factor + m)
 
 
 def rope_table(positions: torch.Tensor, base: float, dims: int, divisors: torch.Tensor | None = None,

@@ -24,7 +24,7 @@ from .errors import LocalLLMError
 from .gguf_file import GGUFFile
 from .settings import DEFAULT_LIMITS, LoaderLimits
 from .moe_weights import assemble
-from .weights import hf_moe_headers, hf_tensor_headers
+from .weights import gguf_to_ours, hf_moe_headers, hf_tensor_headers
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
 HF_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -112,7 +112,8 @@ def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfi
             raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}")
     cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
     where = f"GGUF file {f.path.name}"
-    check_tensor_set(cfg, {n: gguf_torch_shape(t) for n, t in f.tensors.items()}, where)
+    shapes = {gguf_to_ours(cfg.arch, n): gguf_torch_shape(t) for n, t in f.tensors.items()}
+    check_tensor_set(cfg, shapes, where)
     check_vocab(cfg, f.metadata.get("tokenizer.ggml.tokens"), where)
     return cfg
 

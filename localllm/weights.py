@@ -55,6 +55,23 @@ _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_nor
 _MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
+# GGUF names llama.cpp gives a tensor our module holds under another GGUF name, per architecture:
+# gpt-oss's norm before the MLP is `post_attention_norm` there (HF's post_attention_layernorm), our
+# ffn_norm (model.Block's post_attention_norm is Gemma's norm of the attention output).
+GGUF_RENAMES = {"gpt-oss": {"post_attention_norm": "ffn_norm"}}
+
+
+def gguf_to_ours(arch: str, name: str) -> str:
+    """A GGUF file's tensor name -> the GGUF name our module uses (GGUF_RENAMES; most are the same)."""
+    renames = GGUF_RENAMES.get(arch)
+    if not renames:
+        return name
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] in renames:
+        parts[2] = renames[parts[2]]
+    return ".".join(parts)
+
+
 def to_module_name(gguf_name: str) -> str:
     """blk.3.attn_q.weight -> blk.3.attn.attn_q.weight; rope_freqs.weight -> rope_freqs."""
     if gguf_name == "rope_freqs.weight":
@@ -114,7 +131,7 @@ def gguf_state_dict(
     for name, t in f.tensors.items():
         keep = keep_embedding or name != "token_embd.weight"
         # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py)
-        if t.tensor_type in keep_quantized and keep and len(t.shape) in (2, 3):
+        if t.tensor_type in keep_quantized and keep and len(t.shape) in (2, 3) and name.endswith(".weight"):
             rows = math.prod(int(d) for d in t.shape[1:])  # ggml order: t.shape[0] is the row length
             raw = t.data.view(np.uint8).reshape(rows, -1)  # F16/BF16 data is typed: view as bytes
             w = QuantizedTensor(t.tensor_type, torch.from_numpy(raw))
@@ -126,7 +143,7 @@ def gguf_state_dict(
                 w = QuantizedTensor(w.qtype, unpermute_qk(w.data, heads))
             else:
                 w = unpermute_qk(w, heads)
-        out[to_module_name(name)] = w
+        out[to_module_name(gguf_to_ours(cfg.arch, name))] = w
     return out
 
 

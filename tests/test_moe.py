@@ -116,7 +116,7 @@ def test_routing_matches_transformers(files, tokens, case):
         assert len(set(e.flatten().tolist())) >= spec.n_experts // 2
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_gguf_equals_safetensors(files, tokens, case):
     """GGUF F32 (stacked ffn_*_exps, Mixtral as `llama` with q/k permuted) loads to the safetensors model."""
     assert_close(our_logits(files.gguf(case), tokens), our_logits(files.hf(case), tokens), tol=1e-5)
@@ -131,21 +131,25 @@ def test_qwen3_moe_gguf_renormalises_as_llama_cpp(files, tokens, tmp_path):
     assert (our_logits(normed, tokens) - our_logits(files.hf("qwen3_moe_nonorm"), tokens)).abs().max() > 0.05
 
 
-@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_q8_0_gguf_matches_transformers(files, tokens, case, tmp_path):
     """Q8_0 expert tensors kept as blocks (the CPU's C++ products on each expert's rows) against
     transformers on a folder of the decoded values (router F32, as the converter keeps it)."""
     spec = tm.MOE_CASES[case]
-    decoded = {k: _q8_roundtrip(v) if v.ndim >= 2 and ".gate.weight" not in k else v
+    decoded = {k: _q8_roundtrip(v, transposed=k.endswith(("experts.gate_up_proj", "experts.down_proj")))
+               if v.ndim >= 2 and not k.endswith(("bias", ".gate.weight", "router.weight")) else v
                for k, v in tm.make_weights(spec).items()}
     folder = tm.write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
     path = files.gguf(case, Q.Q8_0)
     assert_close(our_logits(path, tokens), hf_logits(folder, tokens))
 
 
-def _q8_roundtrip(w: torch.Tensor) -> torch.Tensor:
-    """Q8_0 blocks run along rows, so quantizing the stacked or q/k-permuted GGUF tensor decodes to the
-    same values as quantizing each HF matrix."""
+def _q8_roundtrip(w: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """Q8_0 blocks run along rows, so quantizing the stacked, q/k-permuted or gate/up-split GGUF tensor
+    decodes to the same values as quantizing each HF matrix's rows; gpt-oss stores its experts
+    transposed (x @ W): their GGUF rows are its columns."""
+    if transposed:
+        return _q8_roundtrip(w.transpose(-1, -2).contiguous()).transpose(-1, -2).contiguous()
     raw = gguf.quants.quantize(w.numpy().reshape(-1, w.shape[-1]), Q.Q8_0)
     return torch.from_numpy(gguf.quants.dequantize(raw, Q.Q8_0)).reshape(w.shape)
 
@@ -172,7 +176,8 @@ def test_hf_moe_names_are_gguf_s():
     """Our HF -> GGUF table for expert tensors says what gguf's TensorNameMap says (per architecture)."""
     archs = {"block_sparse_moe": gguf.MODEL_ARCH.LLAMA, "mlp.gate": gguf.MODEL_ARCH.QWEN3MOE,
              "mlp.experts.{e}": gguf.MODEL_ARCH.QWEN3MOE, "mlp.router": gguf.MODEL_ARCH.GPT_OSS,
-             "mlp.experts.down_proj": gguf.MODEL_ARCH.GPT_OSS, "mlp.experts.gate_up": gguf.MODEL_ARCH.GPT_OSS}
+             "mlp.experts.down_proj": gguf.MODEL_ARCH.GPT_OSS, "mlp.experts.gate_up": gguf.MODEL_ARCH.GPT_OSS,
+             "self_attn": gguf.MODEL_ARCH.GPT_OSS}
     for key, targets in HF_MOE_NAMES.items():
         arch = next(a for part, a in archs.items() if part in key)
         name_map = gguf.get_tensor_name_map(arch, 4)
@@ -246,3 +251,63 @@ def test_dense_row_range():
         torch.testing.assert_close(lin(x, e), x @ w[e].T + b[e])
     flat = w.reshape(48, 16)
     torch.testing.assert_close(linear_rows(x, flat, 16, 24), x @ w[2].T)
+
+
+# ---- gpt-oss: the tiny case exercises what it claims to
+
+@pytest.mark.parametrize("change", ["no_yarn", "truncate", "no_sliding", "no_sinks"])
+def test_gpt_oss_features_matter(files, tokens, change, tmp_path):
+    """Each gpt-oss feature changes transformers' logits on the tiny case (which we match to 1e-3 above):
+    YaRN (divisors and attention factor), its untruncated correction range, the sliding layers, the sinks."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(files.hf("gpt_oss"), tmp_path / change)
+    cfg = json.loads((folder / "config.json").read_text())
+    if change == "no_yarn":  # (no rope_scaling at all would be GptOssConfig's default YaRN)
+        cfg["rope_scaling"] = None
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
+    elif change == "truncate":
+        cfg["rope_scaling"]["truncate"] = True
+    elif change == "no_sliding":
+        cfg["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]
+    else:
+        state = load_file(str(folder / "model.safetensors"))
+        state = {k: torch.full_like(v, -1e4) if k.endswith("sinks") else v for k, v in state.items()}
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    changed = hf_logits(folder, tokens)
+    assert (changed - hf_logits(files.hf("gpt_oss"), tokens)).abs().max() > 1e-3
+    assert_close(our_logits(folder, tokens), changed)
+
+
+@pytest.mark.parametrize("qtype,tol", [(Q.F32, 1e-5), (Q.Q8_0, 1e-3)], ids=["F32", "Q8_0"])
+@pytest.mark.parametrize("case", list(tm.MOE_CASES))
+def test_decode_steps_equal_one_pass(files, tokens, case, qtype, tol):
+    """Prefill then one-token steps (the cache, sliding masks past the window, one token's routing)
+    give the logits of one pass over the whole sequence (Q8_0: the C++ products' int16 activations
+    sum in another order for one row than for many)."""
+    lm = load_model(str(files.gguf(case, qtype)), "cpu", torch.float32)
+    seq = tokens[:1]
+    with torch.inference_mode():
+        full = lm.model(seq, make_cache(lm.config, T), 0)[0]
+        cache = make_cache(lm.config, T)
+        steps = [lm.runtime.prefill(cache, [seq[0, :10].tolist()])[0]]
+        steps += [lm.runtime.decode(cache, seq[0, t:t + 1])[0].clone() for t in range(10, T - 1)]
+    torch.testing.assert_close(torch.stack(steps), full[9:T - 1], rtol=0, atol=tol)
+
+
+def test_expected_shapes_match_the_model():
+    """validate.expected_shapes (the loader's tensor set) is exactly what the MoE Transformer holds."""
+    from localllm.model import Transformer
+    from localllm.validate import expected_shapes
+    from localllm.weights import gguf_name
+
+    for case in tm.MOE_CASES:
+        cfg = config_from_hf(tm.hf_config(tm.MOE_CASES[case]))
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        built = {gguf_name(n): tuple(t.shape) for n, t in model.state_dict().items()}
+        assert built == expected_shapes(cfg), case

@@ -35,8 +35,8 @@ HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2
             "qwen3": "Qwen3ForCausalLM"}
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # mixture of experts (Mixtral converts to `llama` with expert tensors)
-HF_CLASS |= {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
-GGUF_ARCH |= {"mixtral": "llama", "qwen3_moe": "qwen3moe"}
+HF_CLASS |= {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+GGUF_ARCH |= {"mixtral": "llama", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                   Q.F16: gguf.LlamaFileType.MOSTLY_F16}
 
@@ -66,6 +66,7 @@ class TinySpec:
     n_experts_used: int = 0
     expert_ffn_dim: int = 0
     norm_topk: bool = True  # Qwen3-MoE's norm_topk_prob (Mixtral always renormalises)
+    sliding_window: int = 4  # gpt-oss: every other layer (from layer 0) sees this many keys
     name: str = field(default="", compare=False)
 
     @property
@@ -74,7 +75,7 @@ class TinySpec:
 
     @property
     def qkv_bias(self) -> bool:
-        return self.arch == "qwen2"
+        return self.arch in ("qwen2", "gpt_oss")
 
     @property
     def qk_norm(self) -> bool:
@@ -144,6 +145,9 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
         w[p + "self_attn.k_proj.weight"] = randn(kvd, C, std=0.1)
         w[p + "self_attn.v_proj.weight"] = randn(kvd, C, std=0.1)
         w[p + "self_attn.o_proj.weight"] = randn(C, qd, std=0.08)
+        if spec.arch == "gpt_oss":  # o_proj bias and attention sinks
+            w[p + "self_attn.o_proj.bias"] = randn(C, std=0.05)
+            w[p + "self_attn.sinks"] = randn(spec.n_heads, std=1.0)
         if spec.qkv_bias:
             w[p + "self_attn.q_proj.bias"] = randn(qd, std=0.1)
             w[p + "self_attn.k_proj.bias"] = randn(kvd, std=0.1)
@@ -264,9 +268,10 @@ def llama3_rope_freqs(spec: TinySpec) -> np.ndarray:
 def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
     """GGUF name -> fp32 array (numpy order = HF order), permuted as the converter permutes."""
     arch = GGUF_ARCH[spec.arch]
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], spec.n_layers)
+    model_arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)  # "gpt-oss": GPT_OSS
+    name_map = gguf.get_tensor_name_map(model_arch, spec.n_layers)
     out = {}
-    for hf, t in stack_experts(make_weights(spec)).items():
+    for hf, t in gpt_oss_converted(stack_experts(make_weights(spec))).items():
         base, suffix = hf.rsplit(".", 1)
         name = name_map.get_name(base)
         assert name is not None, hf
@@ -343,13 +348,22 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
         w.add_expert_used_count(spec.n_experts_used)
         if arch != "llama":
             w.add_expert_feed_forward_length(spec.expert_ffn_dim)
+    if spec.arch == "gpt_oss":  # GptOssModel.set_gguf_parameters and the base class's rope scaling
+        w.add_sliding_window(spec.sliding_window)
+        rs = spec.rope_scaling or {}
+        if rs.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rs["factor"])
+            w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_beta_fast(rs["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
     add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, data in gguf_tensors(spec).items():
         if raw and name in raw:
             data_t = raw[name]
-        else:  # the converter keeps rope_freqs and MoE routers (ffn_gate_inp) in F32 whatever the output type
-            keep = name == "rope_freqs.weight" or ".ffn_gate_inp." in name
+        else:  # the converter keeps rope_freqs, MoE routers (ffn_gate_inp) and biases in F32 whatever the type
+            keep = name == "rope_freqs.weight" or ".ffn_gate_inp." in name or name.endswith(".bias")
             data_t = encode_tensor(data, qtype) if not keep else (data, Q.F32)
         _add_tensor(w, name, *data_t)
     w.write_header_to_file()
@@ -372,8 +386,14 @@ MOE_HF_NAMES = {
 
 def moe_weights(spec: TinySpec, p: str, randn) -> dict[str, torch.Tensor]:
     """One layer's router and experts (HF names with prefix p); a router of std 0.5 spreads the
-    tokens over the experts (tests/test_moe.py checks that every expert is chosen)."""
+    tokens over the experts (tests/test_moe.py checks)."""
     C, F, E = spec.dim, spec.expert_ffn_dim, spec.n_experts
+    if spec.arch == "gpt_oss":  # GptOssMLP: router with bias; experts stacked, x @ W, gate/up interleaved
+        return {p + "mlp.router.weight": randn(E, C, std=0.5), p + "mlp.router.bias": randn(E, std=0.2),
+                p + "mlp.experts.gate_up_proj": randn(E, C, 2 * F, std=0.15),
+                p + "mlp.experts.gate_up_proj_bias": randn(E, 2 * F, std=0.1),
+                p + "mlp.experts.down_proj": randn(E, F, C, std=0.08),
+                p + "mlp.experts.down_proj_bias": randn(E, C, std=0.05)}
     router, gate, up, down = MOE_HF_NAMES[spec.arch]
     w = {p + router + ".weight": randn(E, C, std=0.5)}
     for e in range(E):
@@ -384,6 +404,11 @@ def moe_weights(spec: TinySpec, p: str, randn) -> dict[str, torch.Tensor]:
 
 
 def moe_hf_config(spec: TinySpec) -> dict:
+    if spec.arch == "gpt_oss":
+        return {"num_local_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
+                "intermediate_size": spec.expert_ffn_dim, "attention_bias": True, "swiglu_limit": 7.0,
+                "sliding_window": spec.sliding_window, "router_aux_loss_coef": 0.0,
+                "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.n_layers)]}
     if spec.arch == "mixtral":
         return {"num_local_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
                 "intermediate_size": spec.expert_ffn_dim, "router_jitter_noise": 0.0, "sliding_window": None}
@@ -393,6 +418,30 @@ def moe_hf_config(spec: TinySpec) -> dict:
                 "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
                 "use_sliding_window": False}
     return {}
+
+
+def gpt_oss_converted(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GptOssModel.modify_tensors / filter_tensors (non-MXFP4 experts): sinks get `.weight`; gate_up_proj
+    (E, C, 2F) transposed and split into its interleaved gate (even) and up (odd) rows; down_proj (E, F, C)
+    transposed; the biases renamed (gate/up split alike). Other names pass through."""
+    out = {}
+    for name, t in weights.items():
+        if name.endswith("self_attn.sinks"):
+            out[name + ".weight"] = t
+        elif name.endswith("experts.gate_up_proj"):
+            t = t.transpose(-1, -2)
+            out[name.replace("gate_up_proj", "gate_proj.weight")] = t[:, 0::2].contiguous()
+            out[name.replace("gate_up_proj", "up_proj.weight")] = t[:, 1::2].contiguous()
+        elif name.endswith("experts.gate_up_proj_bias"):
+            out[name.replace("gate_up_proj_bias", "gate_proj.bias")] = t[..., 0::2].contiguous()
+            out[name.replace("gate_up_proj_bias", "up_proj.bias")] = t[..., 1::2].contiguous()
+        elif name.endswith("experts.down_proj"):
+            out[name + ".weight"] = t.transpose(-1, -2).contiguous()
+        elif name.endswith("experts.down_proj_bias"):
+            out[name.replace("down_proj_bias", "down_proj.bias")] = t
+        else:
+            out[name] = t
+    return out
 
 
 def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -509,6 +558,13 @@ MOE_CASES: dict[str, TinySpec] = {
     "mixtral": TinySpec("mixtral", ffn_dim=64, n_experts=8, n_experts_used=2, expert_ffn_dim=64, seed=11),
     "qwen3_moe": TinySpec("qwen3_moe", head_dim=32, norm_eps=1e-6, rope_theta=1e6, n_experts=16, n_experts_used=4,
                           expert_ffn_dim=32, seed=12),
+    # gpt-oss: sinks, q/k/v/o biases, sliding window 4 on layers 0 and 2, YaRN (short original context:
+    # the ramp spans the 8 frequencies of head_dim 16), 8 experts top-2 with biases, clamped SwiGLU.
+    "gpt_oss": TinySpec("gpt_oss", n_layers=3, head_dim=16, n_heads=4, n_kv_heads=2, rope_theta=150000.0,
+                        context_length=131072,
+                        n_experts=8, n_experts_used=2, expert_ffn_dim=32, seed=14, rope_scaling={
+                            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "original_max_position_embeddings": 4096, "truncate": False}),
     "qwen3_moe_nonorm": TinySpec("qwen3_moe", n_experts=16, n_experts_used=4, expert_ffn_dim=32, norm_topk=False,
                                  tied=True, seed=13),
 }
