@@ -355,7 +355,7 @@ def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> So
     if not f.tensors:
         raise LocalLLMError(f"the input has no weights (a vocab-only file?): nothing to quantize: {path}")
     cfg = check_gguf(f)  # config, types and every tensor's shape, as the loader checks them
-    model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_experts)
     tensors = [_gguf_tensor(t) for t in f.tensors.values()]
     alignment = int(f.metadata.get(K.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT))
     return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path), alignment, cfg)
@@ -419,7 +419,7 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     cfg, _ = check_hf_folder(folder)  # config.json and every tensor header, as the loader checks them
     hp = read_json(folder / "config.json")
     arch = gguf_arch(cfg.arch)
-    model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_experts)
     files = safetensors_files(folder)
     tensors: list[SourceTensor] = []
     if cfg.rope_scaling is not None:

@@ -17,9 +17,13 @@ from .weights import gguf_name
 
 def matrices(model: Transformer) -> dict[str, torch.Tensor | QWeight]:
     """Module name -> every 2-D weight, dense or quantized: the linears, and the embedding."""
+    from .moe import ExpertLinear
+
     out = {}
     for name, module in model.named_modules():
         w = module.w if isinstance(module, Linear) else module.weight if name == "token_embd" else None
+        if isinstance(module, ExpertLinear):  # E experts' rows as one (E * F, C) matrix
+            w = module.qweight if module.qweight is not None else module.weight.reshape(-1, module.weight.shape[-1])
         if w is not None:
             out[f"{name}.weight"] = w
     return out

@@ -311,3 +311,55 @@ def test_expected_shapes_match_the_model():
             model = Transformer(cfg)
         built = {gguf_name(n): tuple(t.shape) for n, t in model.state_dict().items()}
         assert built == expected_shapes(cfg), case
+
+
+# ---- llama.cpp's quantization rules for expert models (quantize/presets.py, llama-quant.cpp)
+
+def _moe_tensors(n_layers: int, per_expert: int = 0, biases: bool = False) -> list[tuple[str, tuple]]:
+    """A Mixtral-like file's tensors (numpy order); per_expert: the old one-tensor-per-expert layout."""
+    out = [("token_embd.weight", (100, 256)), ("output.weight", (100, 256))]
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        out += [(p + n, (256, 256)) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")]
+        out += [(p + "attn_norm.weight", (256,)), (p + "ffn_norm.weight", (256,)), (p + "ffn_gate_inp.weight", (8, 256))]
+        if per_expert:
+            out += [(p + f"ffn_{w}.{e}.weight", (256, 256)) for e in range(per_expert) for w in ("gate", "down", "up")]
+        else:
+            out += [(p + f"ffn_{w}_exps.weight", (8, 256, 256)) for w in ("gate", "down", "up")]
+        if biases:
+            out += [(p + f"ffn_{w}_exps.bias", (8, 256)) for w in ("gate", "down", "up")]
+    return out
+
+
+def _types(tensors, preset: str, n_expert: int, n_layers: int) -> dict[str, Q | None]:
+    from localllm.quantize.presets import PRESETS, ModelShape, preset_types
+
+    shape = ModelShape("llama", n_layers, 32, 8, n_expert)
+    return dict(zip([n for n, _ in tensors], preset_types(PRESETS[preset], tensors, shape)))
+
+
+def test_eight_expert_rules():
+    tensors = _moe_tensors(8, biases=True)
+    types = _types(tensors, "Q4_K_M", 8, 8)
+    assert types["blk.3.attn_v.weight"] == types["blk.3.attn_k.weight"] == Q.Q8_0
+    assert types["blk.3.attn_output.weight"] == Q.Q5_K and types["blk.3.attn_q.weight"] == Q.Q4_K
+    assert types["blk.3.ffn_gate_inp.weight"] is None and types["blk.3.ffn_down_exps.bias"] is None
+    # ffn_down by layer: use_more_bits(i, 8) for i = 0..7 -> layers 0, 2, 5, 7 (and 7 >= 7 * 8 // 8)
+    more = {i for i in range(8) if types[f"blk.{i}.ffn_down_exps.weight"] == Q.Q6_K}
+    assert more == {i for i in range(8) if i < 1 or i >= 7 or (i - 1) % 3 == 2}
+    assert types["blk.0.ffn_gate_exps.weight"] == types["blk.0.ffn_up_exps.weight"] == Q.Q4_K
+    q2 = _types(tensors, "Q2_K", 8, 8)
+    assert q2["blk.3.attn_output.weight"] == Q.Q5_K and q2["blk.3.attn_v.weight"] == Q.Q8_0
+    assert q2["blk.3.ffn_down_exps.weight"] == Q.Q3_K
+    # not 8 experts (Qwen3-MoE's 128, gpt-oss's 32): the dense rules
+    dense = _types(tensors, "Q4_K_M", 128, 8)
+    assert dense["blk.3.attn_k.weight"] == Q.Q4_K and dense["blk.3.attn_output.weight"] == Q.Q4_K
+
+
+def test_per_expert_layout_reads_the_layer_from_the_name():
+    """The old Mixtral GGUF layout (blk.N.ffn_down.E.weight): llama.cpp's layer_info takes N, not a counter."""
+    tensors = _moe_tensors(16, per_expert=8)
+    types = _types(tensors, "Q4_K_S", 8, 16)
+    # Q4_K_S: ffn_down of the first eighth of the layers (0, 1) Q5_K
+    for i in range(16):
+        assert {types[f"blk.{i}.ffn_down.{e}.weight"] for e in range(8)} == {Q.Q5_K if i < 2 else Q.Q4_K}
