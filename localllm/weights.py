@@ -72,6 +72,15 @@ def gguf_to_ours(arch: str, name: str) -> str:
     return ".".join(parts)
 
 
+def ours_to_gguf(arch: str, name: str) -> str:
+    """Inverse of gguf_to_ours: the name a file of `arch` gives our tensor (what the converter writes)."""
+    renames = {ours: theirs for theirs, ours in GGUF_RENAMES.get(arch, {}).items()}
+    parts = name.split(".")
+    if renames and len(parts) > 2 and parts[0] == "blk" and parts[2] in renames:
+        parts[2] = renames[parts[2]]
+    return ".".join(parts)
+
+
 def to_module_name(gguf_name: str) -> str:
     """blk.3.attn_q.weight -> blk.3.attn.attn_q.weight; rope_freqs.weight -> rope_freqs."""
     if gguf_name == "rope_freqs.weight":

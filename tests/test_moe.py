@@ -363,3 +363,30 @@ def test_per_expert_layout_reads_the_layer_from_the_name():
     # Q4_K_S: ffn_down of the first eighth of the layers (0, 1) Q5_K
     for i in range(16):
         assert {types[f"blk.{i}.ffn_down.{e}.weight"] for e in range(8)} == {Q.Q5_K if i < 2 else Q.Q4_K}
+
+
+# ---- quantize: a safetensors MoE folder to GGUF (the converter's layout), and a MoE GGUF requantized
+
+@pytest.mark.parametrize("case", list(tm.MOE_CASES))
+def test_quantize_folder_to_gguf(files, tokens, case, tmp_path):
+    """`localllm quantize FOLDER Q8_0`: experts stacked (gpt-oss's gate/up split), routers and biases
+    kept, metadata as the converter writes it; the file loads to the tiny Q8_0 GGUF's logits, which
+    gguf.quants quantized from the same values (Qwen3-MoE without norm_topk_prob: a GGUF renormalises,
+    as llama.cpp does, so it is compared with its own GGUF)."""
+    from localllm.commands.quantize_cmd import quantize_model
+
+    out = tmp_path / "q.gguf"
+    quantize_model(str(files.hf(case)), out, "Q8_0", progress=False, device="cpu")
+    ours = gguf.GGUFReader(str(out))
+    ref = gguf.GGUFReader(str(files.gguf(case, Q.Q8_0)))
+    assert {t.name: t.tensor_type for t in ours.tensors} == {t.name: t.tensor_type for t in ref.tensors}
+    assert_close(our_logits(out, tokens), our_logits(files.gguf(case, Q.Q8_0), tokens), tol=1e-5)
+
+
+def test_requantize_moe_gguf(files, tokens, tmp_path):
+    """A MoE GGUF (3-D expert tensors) requantized F32 -> Q8_0 equals the Q8_0 file written from the weights."""
+    from localllm.commands.quantize_cmd import quantize_model
+
+    out = tmp_path / "q.gguf"
+    quantize_model(str(files.gguf("qwen3_moe")), out, "Q8_0", progress=False, device="cpu")
+    assert_close(our_logits(out, tokens), our_logits(files.gguf("qwen3_moe", Q.Q8_0), tokens), tol=1e-5)
