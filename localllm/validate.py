@@ -23,7 +23,7 @@ from .config import ModelConfig, config_from_gguf, read_hf_config
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile
 from .settings import DEFAULT_LIMITS, LoaderLimits
-from .moe_weights import assemble
+from .moe_weights import assemble, merge_legacy_shapes
 from .weights import gguf_to_ours, hf_moe_headers, hf_tensor_headers
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
@@ -113,6 +113,7 @@ def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfi
     cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
     where = f"GGUF file {f.path.name}"
     shapes = {gguf_to_ours(cfg.arch, n): gguf_torch_shape(t) for n, t in f.tensors.items()}
+    shapes = merge_legacy_shapes(shapes, {n: t.tensor_type for n, t in f.tensors.items()}, where)
     check_tensor_set(cfg, shapes, where)
     check_vocab(cfg, f.metadata.get("tokenizer.ggml.tokens"), where)
     return cfg

@@ -22,7 +22,7 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile
-from .moe_weights import MoESource, Part, hf_moe_parts, read_moe
+from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
 HF_NAMES: dict[str, str] = {
@@ -153,7 +153,25 @@ def gguf_state_dict(
             else:
                 w = unpermute_qk(w, heads)
         out[to_module_name(gguf_to_ours(cfg.arch, name))] = w
-    return out
+    return stack_legacy_experts(out)
+
+
+def stack_legacy_experts(state: dict) -> dict:
+    """Per-expert tensors of the old GGUF layout (moe_weights.legacy_expert, validated by check_gguf)
+    -> one stacked tensor each: dense ones stacked (E, F, C), quantized ones' rows concatenated
+    (E * F, row bytes), as the merged layout stores them."""
+    groups: dict[str, dict[int, object]] = {}
+    for name in list(state):
+        hit = legacy_expert(gguf_name(name))
+        if hit is not None:
+            groups.setdefault(hit[0], {})[hit[1]] = state.pop(name)
+    for merged, experts in groups.items():
+        parts = [experts[e] for e in range(len(experts))]
+        if isinstance(parts[0], QuantizedTensor):
+            state[to_module_name(merged)] = QuantizedTensor(parts[0].qtype, torch.cat([p.data for p in parts]))
+        else:
+            state[to_module_name(merged)] = torch.stack(parts)
+    return state
 
 
 def hf_name(name: str) -> str | None:

@@ -122,6 +122,21 @@ def test_gguf_equals_safetensors(files, tokens, case):
     assert_close(our_logits(files.gguf(case), tokens), our_logits(files.hf(case), tokens), tol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda t: t.name)
+def test_per_expert_gguf_layout(files, tokens, tmp_path, qtype):
+    """Early Mixtral GGUFs store each expert as its own tensor (blk.N.ffn_gate.E.weight): they load to the
+    model of the stacked layout."""
+    path = tm.write_gguf(tm.MOE_CASES["mixtral"], tmp_path / "old.gguf", qtype, per_expert=True)
+    assert "blk.1.ffn_down.7.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert_close(our_logits(path, tokens), our_logits(files.gguf("mixtral", qtype), tokens), tol=1e-5)
+    if qtype == Q.F32:  # and requantize (llama.cpp's rules read their layer from the names)
+        from localllm.commands.quantize_cmd import quantize_model
+
+        out = tmp_path / "q.gguf"
+        quantize_model(str(path), out, "Q8_0", progress=False, device="cpu")
+        assert_close(our_logits(out, tokens), our_logits(files.gguf("mixtral", Q.Q8_0), tokens), tol=1e-5)
+
+
 def test_qwen3_moe_gguf_renormalises_as_llama_cpp(files, tokens, tmp_path):
     """A Qwen3-MoE GGUF carries no norm_topk_prob (the converter writes none; llama.cpp's qwen3moe graph
     renormalises): it loads renormalised, unless `expert_weights_norm` says false."""

@@ -320,8 +320,9 @@ def add_tokenizer(w: gguf.GGUFWriter) -> None:
 
 
 def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
-               raw: dict[str, tuple[np.ndarray, Q]] | None = None) -> Path:
-    """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model)."""
+               raw: dict[str, tuple[np.ndarray, Q]] | None = None, per_expert: bool = False) -> Path:
+    """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model).
+    per_expert: expert tensors in the old layout of early Mixtral files (blk.N.ffn_gate.E.weight, ...)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     arch = GGUF_ARCH[spec.arch]
     w = gguf.GGUFWriter(str(path), arch)
@@ -359,7 +360,10 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
             w.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
     add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for name, data in gguf_tensors(spec).items():
+    tensors = gguf_tensors(spec)
+    if per_expert:
+        tensors = {n: d for name, data in tensors.items() for n, d in split_experts(name, data)}
+    for name, data in tensors.items():
         if raw and name in raw:
             data_t = raw[name]
         else:  # the converter keeps rope_freqs, MoE routers (ffn_gate_inp) and biases in F32 whatever the type
@@ -442,6 +446,12 @@ def gpt_oss_converted(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
         else:
             out[name] = t
     return out
+
+
+def split_experts(name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """blk.N.ffn_gate_exps.weight (E, F, C) -> [(blk.N.ffn_gate.E.weight, (F, C)), ...]; others as they are."""
+    m = re.match(r"^(blk\.\d+\.ffn_(?:gate|up|down))_exps\.weight$", name)
+    return [(f"{m.group(1)}.{e}.weight", data[e]) for e in range(data.shape[0])] if m else [(name, data)]
 
 
 def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
