@@ -28,6 +28,7 @@ from localllm.kernels.qweight import QWeight
 from .attention import attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
+from .moe import MoE
 from .rope import layer_ropes, llama3_rope_factors, rope_rotate, rope_table, rotary_dims
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
@@ -183,13 +184,10 @@ class Block(nn.Module):
         # Gemma: norms of the attention and MLP outputs, before each residual add
         self.post_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
         self.post_ffw_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
-        # the MLP: a mixture of experts (localllm/moe.py, which builds on this module) or one GLU
-        self.moe = None
-        if cfg.n_experts:
-            from .moe import MoE
-
-            self.moe = MoE(cfg)
-        else:
+        # the MLP: a mixture of experts (localllm/moe.py; its router a Linear, its experts' activation glu)
+        # or one GLU
+        self.moe = MoE(cfg, Linear, glu) if cfg.n_experts else None
+        if not cfg.n_experts:
             self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
             self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
             self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)

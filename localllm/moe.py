@@ -19,6 +19,8 @@ order (transformers' index_add_ loop order).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -26,7 +28,6 @@ from localllm.kernels.linear import linear, linear_rows
 from localllm.kernels.qweight import QWeight
 
 from .config import ModelConfig
-from .model import Linear, glu
 
 class ExpertLinear(nn.Module):
     """E linear maps of one shape stacked: `weight` (E, out, in) dense, or after set_quantized a
@@ -70,13 +71,14 @@ def route(cfg: ModelConfig, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 class MoE(nn.Module):
-    """The MoE MLP of one block: (B, T, C) normed -> (B, T, C)."""
+    """The MoE MLP of one block: (B, T, C) normed -> (B, T, C). model.Block passes its Linear (the
+    router's module) and glu(cfg, gate, up) (the experts' activation): this module sits below model.py."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, linear_module: Callable[..., nn.Module], glu: Callable):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.glu = cfg, glu
         E, C, F = cfg.n_experts, cfg.dim, cfg.expert_ffn_dim
-        self.ffn_gate_inp = Linear(C, E, bias=cfg.moe_bias)
+        self.ffn_gate_inp = linear_module(C, E, bias=cfg.moe_bias)
         self.ffn_gate_exps = ExpertLinear(E, C, F, bias=cfg.moe_bias)
         self.ffn_up_exps = ExpertLinear(E, C, F, bias=cfg.moe_bias)
         self.ffn_down_exps = ExpertLinear(E, F, C, bias=cfg.moe_bias)
@@ -87,7 +89,7 @@ class MoE(nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """x (n, C) -> (n, C): expert e's GLU MLP."""
-        return self.ffn_down_exps(glu(self.cfg, self.ffn_gate_exps(x, e), self.ffn_up_exps(x, e)), e)
+        return self.ffn_down_exps(self.glu(self.cfg, self.ffn_gate_exps(x, e), self.ffn_up_exps(x, e)), e)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         shape = h.shape

@@ -12,13 +12,12 @@ from localllm.kernels.qweight import QWeight
 
 from .errors import LocalLLMError
 from .model import Linear, Transformer
+from .moe import ExpertLinear
 from .weights import gguf_name
 
 
 def matrices(model: Transformer) -> dict[str, torch.Tensor | QWeight]:
     """Module name -> every 2-D weight, dense or quantized: the linears, and the embedding."""
-    from .moe import ExpertLinear
-
     out = {}
     for name, module in model.named_modules():
         w = module.w if isinstance(module, Linear) else module.weight if name == "token_embd" else None
