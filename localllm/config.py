@@ -406,6 +406,10 @@ def _gpt_oss_common(cfg: ModelConfig, window: int, sliding: tuple[bool, ...], li
 def gpt_oss_hf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
     """transformers' GptOssConfig: layer_types (default: sliding, full, ... from layer 0), sliding_window,
     swiglu_limit, attention_bias (q/k/v and o_proj), YaRN in rope_parameters."""
+    quant = f.raw("quantization_config", {})
+    if isinstance(quant, dict) and quant.get("quant_method") is not None:
+        raise LocalLLMError(f"config.json: {quant.get('quant_method')!r}-quantized gpt-oss safetensors are not"
+                            " supported (the experts' _blocks/_scales): load its GGUF, or a bf16 checkpoint")
     types = f.raw("layer_types", None)
     if types is None:
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg.n_layers)]

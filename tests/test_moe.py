@@ -213,6 +213,15 @@ def test_qwen3_moe_dense_layers_are_refused():
         config_from_hf(base | {"mlp_only_layers": [0]})
 
 
+def test_mxfp4_gpt_oss_folder_is_one_line():
+    """The released gpt-oss safetensors hold MXFP4 experts (gate_up_proj_blocks / _scales): refused by name."""
+    from localllm.errors import LocalLLMError
+
+    cfg = tm.hf_config(tm.MOE_CASES["gpt_oss"]) | {"quantization_config": {"quant_method": "mxfp4"}}
+    with pytest.raises(LocalLLMError, match="mxfp4"):
+        config_from_hf(cfg)
+
+
 def test_missing_expert_is_one_line(files, tmp_path):
     from safetensors.torch import load_file, save_file
 
