@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from . import moe_config
 from .errors import LocalLLMError
 from .settings import DEFAULT_LIMITS, LoaderLimits
 
@@ -231,9 +232,7 @@ def config_from_gguf(
         tied_output="output.weight" not in tensor_names,
         **fields,
     )
-    cfg = replace(cfg, **moe_gguf_fields(f, cfg, limits))
-    if arch == "gpt-oss":
-        cfg = replace(cfg, **gpt_oss_gguf_fields(f, cfg, limits))
+    cfg = replace(cfg, **moe_config.gguf_fields(f, cfg, limits, RopeScaling))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
     check_shape_fields(cfg, names, "GGUF metadata", limits)
@@ -280,9 +279,7 @@ def yarn_attn_factor(f: Fields, rs: RopeScaling | None) -> dict[str, float]:
     if f.raw("attention_factor", None) is not None:
         return dict(rope_attn_factor=f.float("attention_factor"))
 
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
+    mscale = moe_config.yarn_mscale
     m, m_all = f.raw("mscale", None), f.raw("mscale_all_dim", None)
     if m and m_all:
         return dict(rope_attn_factor=mscale(rs.factor, f.float("mscale")) / mscale(rs.factor, f.float("mscale_all_dim")))
@@ -318,55 +315,12 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         rope_scaling=_hf_rope_scaling(cfg),
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
-    out = replace(out, **moe_hf_fields(f, out, limits))
-    if out.arch == "gpt_oss":
-        out = replace(out, **gpt_oss_hf_fields(f, out, limits))
+    out = replace(out, **moe_config.hf_fields(f, out, limits, RopeScaling))
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     out = replace(out, **yarn_attn_factor(Fields(rs, "config.json", label="rope_scaling."), out.rope_scaling))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out
-
-
-# ---- mixture of experts (localllm/moe.py): Mixtral, Qwen3-MoE, gpt-oss
-
-# HF model_type -> (experts key, expert hidden width key)
-_HF_EXPERT_KEYS = {"mixtral": ("num_local_experts", "intermediate_size"),
-                   "qwen3_moe": ("num_experts", "moe_intermediate_size"),
-                   "gpt_oss": ("num_local_experts", "intermediate_size")}
-
-
-def _experts(f: Fields, count_key: str, used_key: str, ffn_key: str, ffn_default: Any,
-             limits: LoaderLimits) -> dict[str, Any]:
-    n = f.int(count_key, 1, limits.max_heads)
-    return dict(n_experts=n, n_experts_used=f.int(used_key, 1, n),
-                expert_ffn_dim=f.int(ffn_key, 1, limits.max_ffn_dim, ffn_default))
-
-
-def moe_gguf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
-    """`{arch}.expert_count` etc. (as llama.cpp's converter writes them) -> the MoE fields; none for a
-    dense model. llama.cpp renormalises the chosen experts' weights for Mixtral (`llama`) and
-    Qwen3-MoE unless `{arch}.expert_weights_norm` says otherwise."""
-    if f.raw("expert_count", 0) == 0:
-        return {}
-    out = _experts(f, "expert_count", "expert_used_count", "expert_feed_forward_length", cfg.ffn_dim, limits)
-    return out | dict(moe_norm_topk=f.bool("expert_weights_norm", True))
-
-
-def moe_hf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
-    """config.json's expert counts -> the MoE fields (Mixtral always renormalises; Qwen3-MoE when
-    norm_topk_prob, transformers' default False)."""
-    if cfg.arch not in _HF_EXPERT_KEYS:
-        return {}
-    count_key, ffn_key = _HF_EXPERT_KEYS[cfg.arch]
-    out = _experts(f, count_key, "num_experts_per_tok", ffn_key, MISSING, limits)
-    if cfg.arch in ("mixtral", "gpt_oss"):  # gpt-oss: softmax over the k chosen (gpt_oss_hf_fields)
-        return out | dict(moe_norm_topk=True)
-    # transformers' Qwen3MoeDecoderLayer: a dense MLP in mlp_only_layers and off the sparse step
-    if f.raw("mlp_only_layers", []) != [] or f.int("decoder_sparse_step", 1, cfg.n_layers, 1) != 1:
-        raise LocalLLMError("config.json: Qwen3-MoE with dense layers (mlp_only_layers / decoder_sparse_step)"
-                            " is not supported; every layer must be a mixture of experts")
-    return out | dict(moe_norm_topk=f.bool("norm_topk_prob", False))
 
 
 def read_hf_config(folder: Path, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
@@ -391,62 +345,3 @@ def read_json(path: Path) -> Any:
         raise LocalLLMError(f"bad {path.name} in {path.parent}: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise LocalLLMError(f"bad {path.name} in {path.parent}: nested too deeply") from None
-
-
-# ---- gpt-oss: attention sinks, biases, alternating sliding-window layers, YaRN, clamped SwiGLU experts
-
-GPT_OSS_SWIGLU_ALPHA = 1.702  # model.glu's, as transformers' GptOssExperts and llama.cpp's swiglu_oai
-
-
-def _gpt_oss_common(cfg: ModelConfig, window: int, sliding: tuple[bool, ...], limit: float) -> dict[str, Any]:
-    return dict(attn_out_bias=True, attn_sinks=True, sliding_window=window, sliding_layers=sliding,
-                activation="swiglu_oai", swiglu_limit=limit, moe_bias=True, moe_gating="topk_softmax")
-
-
-def gpt_oss_hf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
-    """transformers' GptOssConfig: layer_types (default: sliding, full, ... from layer 0), sliding_window,
-    swiglu_limit, attention_bias (q/k/v and o_proj), YaRN in rope_parameters."""
-    quant = f.raw("quantization_config", {})
-    if isinstance(quant, dict) and quant.get("quant_method") is not None:
-        raise LocalLLMError(f"config.json: {quant.get('quant_method')!r}-quantized gpt-oss safetensors are not"
-                            " supported (the experts' _blocks/_scales): load its GGUF, or a bf16 checkpoint")
-    types = f.raw("layer_types", None)
-    if types is None:
-        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg.n_layers)]
-    if not isinstance(types, list) or len(types) != cfg.n_layers or \
-            not set(types) <= {"sliding_attention", "full_attention"}:
-        raise f.bad("layer_types", types, f"{cfg.n_layers} of 'sliding_attention' / 'full_attention'")
-    alpha = f.float("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)
-    if alpha != GPT_OSS_SWIGLU_ALPHA:
-        raise f.bad("swiglu_alpha", alpha, f"{GPT_OSS_SWIGLU_ALPHA} (the only value we run)")
-    bias = f.bool("attention_bias", True)
-    out = _gpt_oss_common(cfg, f.int("sliding_window", 1, limits.max_context, 128),
-                          tuple(t == "sliding_attention" for t in types), f.float("swiglu_limit", 7.0))
-    out |= dict(qkv_bias=bias, attn_out_bias=bias)
-    if not (f.values.get("rope_scaling") or f.values.get("rope_parameters")):
-        # GptOssConfig's defaults: base 150000 (when not given), YaRN factor 32 from 4096 positions
-        theta = cfg.rope_theta if f.raw("rope_theta", None) is not None else 150000.0
-        out |= dict(rope_theta=theta, rope_scaling=RopeScaling(factor=32.0, kind="yarn", truncate=False,
-                                                               original_context=4096))
-    return out
-
-
-def gpt_oss_gguf_fields(f: Fields, cfg: ModelConfig, limits: LoaderLimits) -> dict[str, Any]:
-    """llama.cpp's gpt-oss (llm_build_openai_moe_iswa): every other layer slides from layer 0 (its swa
-    pattern 2), clamp 7.0 (ggml_swiglu_oai), YaRN from rope.scaling.* (beta_fast/slow, default 32/1).
-    YaRN's correction range is not truncated: gpt-oss's config.json says truncate false (transformers and
-    OpenAI's reference; llama.cpp rounds it, which the file cannot express)."""
-    sliding = tuple(i % 2 == 0 for i in range(cfg.n_layers))
-    out = _gpt_oss_common(cfg, f.int("attention.sliding_window", 1, limits.max_context), sliding, 7.0)
-    kind = f.raw("rope.scaling.type", "none")
-    if kind == "none":
-        return out
-    if kind != "yarn":
-        raise f.bad("rope.scaling.type", kind, "yarn (gpt-oss)")
-    rs = RopeScaling(factor=f.float("rope.scaling.factor"), kind="yarn", truncate=False,
-                     original_context=f.int("rope.scaling.original_context_length", 1, limits.max_context),
-                     beta_fast=f.float("rope.scaling.yarn_beta_fast", 32.0),
-                     beta_slow=f.float("rope.scaling.yarn_beta_slow", 1.0))
-    factor = (f.float("rope.scaling.yarn_attn_factor") if f.raw("rope.scaling.yarn_attn_factor", None) is not None
-              else 1.0 if rs.factor <= 1 else 0.1 * math.log(rs.factor) + 1.0)
-    return out | dict(rope_scaling=rs, rope_attn_factor=factor)
