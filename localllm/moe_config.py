@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import LocalLLMError
 
+
 def yarn_mscale(scale: float, m: float = 1.0) -> float:
     """YaRN's attention factor: transformers' get_mscale (llama.cpp: 1 + 0.1 ln(factor))."""
     return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
