@@ -139,14 +139,16 @@ def read_moe(source: MoESource) -> torch.Tensor:
     """Our tensor from its parts (experts stacked in order)."""
     from safetensors import SafetensorError, safe_open
 
-    values = []
-    for p in source.parts:
+    values: dict[int, torch.Tensor] = {}
+    for path in dict.fromkeys(p.path for p in source.parts):  # each shard opened once (128 experts x 3)
         try:
-            with safe_open(str(p.path), framework="pt") as f:
-                values.append(read_part(f, p))
+            with safe_open(str(path), framework="pt") as f:
+                values |= {i: read_part(f, p) for i, p in enumerate(source.parts) if p.path == path}
         except (SafetensorError, OSError) as e:
-            raise LocalLLMError(f"cannot read tensor {p.key!r} from {p.path}: {e}") from None
-    return torch.stack(values) if source.parts[0].how == "expert" else values[0]
+            raise LocalLLMError(f"cannot read tensor {source.parts[0].key!r} and its experts from {path}: {e}") from None
+    if source.parts[0].how != "expert":
+        return values[0]
+    return torch.stack([values[i] for i in range(len(source.parts))])
 
 
 # ---- GGUF: the old one-tensor-per-expert layout (early Mixtral files: blk.N.ffn_gate.E.weight, ...)

@@ -137,6 +137,13 @@ def test_per_expert_gguf_layout(files, tokens, tmp_path, qtype):
         assert_close(our_logits(out, tokens), our_logits(files.gguf("mixtral", Q.Q8_0), tokens), tol=1e-5)
 
 
+def test_sharded_folder(files, tokens, tmp_path):
+    """Experts spread over shards (save_pretrained's split) stack as from one file."""
+    folder = tm.write_hf_folder(tm.replace(tm.MOE_CASES["qwen3_moe"], shards=3), tmp_path / "sharded")
+    assert len(list(folder.glob("*.safetensors"))) == 3
+    assert_close(our_logits(folder, tokens), our_logits(files.hf("qwen3_moe"), tokens), tol=0)
+
+
 def test_qwen3_moe_gguf_renormalises_as_llama_cpp(files, tokens, tmp_path):
     """A Qwen3-MoE GGUF carries no norm_topk_prob (the converter writes none; llama.cpp's qwen3moe graph
     renormalises): it loads renormalised, unless `expert_weights_norm` says false."""
