@@ -213,6 +213,17 @@ def test_hf_moe_names_are_gguf_s():
                 assert name_map.get_name(base) == name.replace("{i}", "3").rsplit(".", 1)[0], key
 
 
+@pytest.mark.parametrize("case", ["mixtral", "gpt_oss"])
+def test_info_counts_the_experts(files, case):
+    """`localllm info`: the folder's parameters (per-expert keys, gpt-oss's stacked ones) = the GGUF's."""
+    from localllm.commands.info import model_info
+
+    folder, path = model_info(str(files.hf(case))), model_info(str(files.gguf(case)))
+    assert folder["parameters"] == path["parameters"]
+    spec = tm.MOE_CASES[case]
+    assert folder["experts"] == path["experts"] == f"{spec.n_experts} ({spec.n_experts_used} used, expert ffn {spec.expert_ffn_dim})"
+
+
 def test_qwen3_moe_dense_layers_are_refused():
     base = tm.hf_config(tm.MOE_CASES["qwen3_moe"])
     assert config_from_hf(base).n_experts == 16
