@@ -144,6 +144,22 @@ def test_sharded_folder(files, tokens, tmp_path):
     assert_close(our_logits(folder, tokens), our_logits(files.hf("qwen3_moe"), tokens), tol=0)
 
 
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda t: t.name)
+def test_qwen3_moe_gguf_matches_transformers_gguf_loader(files, tokens, qtype):
+    """transformers reads a qwen3moe GGUF itself (its Qwen2MoeTensorProcessor splits ffn_*_exps and
+    dequantizes with gguf): a second oracle for our reading of the stacked expert tensors. Its GGUF
+    config mapping skips expert_feed_forward_length, so the folder's config.json comes along."""
+    from transformers import AutoConfig
+
+    path = files.gguf("qwen3_moe", qtype)
+    config = AutoConfig.from_pretrained(str(files.hf("qwen3_moe")))
+    with torch.inference_mode():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, config=config,
+                                                     dtype=torch.float32)
+        ref = model.eval()(tokens).logits.float()
+    assert_close(our_logits(path, tokens), ref)
+
+
 def test_qwen3_moe_gguf_renormalises_as_llama_cpp(files, tokens, tmp_path):
     """A Qwen3-MoE GGUF carries no norm_topk_prob (the converter writes none; llama.cpp's qwen3moe graph
     renormalises): it loads renormalised, unless `expert_weights_norm` says false."""
