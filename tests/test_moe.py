@@ -182,14 +182,32 @@ def test_q8_0_gguf_matches_transformers(files, tokens, case, tmp_path):
     assert_close(our_logits(path, tokens), hf_logits(folder, tokens))
 
 
-def _q8_roundtrip(w: torch.Tensor, transposed: bool = False) -> torch.Tensor:
-    """Q8_0 blocks run along rows, so quantizing the stacked, q/k-permuted or gate/up-split GGUF tensor
+def _q8_roundtrip(w: torch.Tensor, transposed: bool = False, qtype: Q = Q.Q8_0) -> torch.Tensor:
+    """Blocks run along rows, so quantizing the stacked, q/k-permuted or gate/up-split GGUF tensor
     decodes to the same values as quantizing each HF matrix's rows; gpt-oss stores its experts
     transposed (x @ W): their GGUF rows are its columns."""
     if transposed:
-        return _q8_roundtrip(w.transpose(-1, -2).contiguous()).transpose(-1, -2).contiguous()
-    raw = gguf.quants.quantize(w.numpy().reshape(-1, w.shape[-1]), Q.Q8_0)
-    return torch.from_numpy(gguf.quants.dequantize(raw, Q.Q8_0)).reshape(w.shape)
+        return _q8_roundtrip(w.transpose(-1, -2).contiguous(), qtype=qtype).transpose(-1, -2).contiguous()
+    raw = gguf.quants.quantize(w.numpy().reshape(-1, w.shape[-1]), qtype)
+    return torch.from_numpy(gguf.quants.dequantize(raw, qtype)).reshape(w.shape)
+
+
+@pytest.mark.parametrize("case", ["gpt_oss", "qwen3_moe"])
+def test_mxfp4_experts_match_transformers(files, tokens, case, tmp_path):
+    """Expert tensors in MXFP4 (as llama.cpp's gpt-oss files hold them; the rest F32) against
+    transformers on a folder of the decoded values: the MXFP4 rows of each expert through the CPU's
+    products, from the common quantized paths."""
+    spec = tm.MOE_CASES[case]
+    exps = {n: (gguf.quants.quantize(d.reshape(-1, d.shape[-1]), Q.MXFP4).reshape(*d.shape[:-1], -1), Q.MXFP4)
+            for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
+    path = tm.write_gguf(spec, tmp_path / "mxfp4.gguf", raw=exps)
+    expert = ("experts.gate_up_proj", "experts.down_proj", "_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
+    decoded = {k: _q8_roundtrip(v, transposed=k.endswith(expert[:2]), qtype=Q.MXFP4)
+               if "experts" in k and k.endswith(expert) else v for k, v in tm.make_weights(spec).items()}
+    folder = tm.write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
+    lm = load_model(str(path), "cpu", torch.float32)
+    assert lm.model.blk[0].moe.ffn_up_exps.qweight.qtype == Q.MXFP4
+    assert_close(our_logits(path, tokens), hf_logits(folder, tokens))
 
 
 def test_decode_runs_only_the_chosen_experts(files, tokens, monkeypatch):
