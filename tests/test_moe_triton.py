@@ -39,8 +39,8 @@ def stacked(qtype) -> tuple:
     return qtype, raw, dequantize_torch(raw, qtype)
 
 
-# Q5_0: a type without a Triton kernel (its QWeight holds raw rows, decoded per product)
-@pytest.fixture(scope="module", params=sorted(KERNEL_TYPES | {Q.Q5_0}, key=lambda t: t.name), ids=lambda t: t.name)
+# Q5_0, MXFP4: types without a Triton kernel (their QWeight holds raw rows, decoded per product)
+@pytest.fixture(scope="module", params=sorted(KERNEL_TYPES | {Q.Q5_0, Q.MXFP4}, key=lambda t: t.name), ids=lambda t: t.name)
 def experts(request):
     return stacked(request.param)
 
