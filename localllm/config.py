@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from . import moe_config
+from . import gemma, moe_config
 from .errors import LocalLLMError
 from .settings import DEFAULT_LIMITS, LoaderLimits
 
@@ -24,7 +24,9 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "mistral": dict(qkv_bias=False, qk_norm=False),
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
-    # mixture of experts (moe_gguf_fields / moe_hf_fields below); Mixtral's GGUF says `llama`
+    "gemma2": dict(qkv_bias=False, qk_norm=False),
+    "gemma3": dict(qkv_bias=False, qk_norm=True),
+    # mixture of experts (moe_config.py); Mixtral's GGUF says `llama`
     "mixtral": dict(qkv_bias=False, qk_norm=False),
     "qwen3moe": dict(qkv_bias=False, qk_norm=True),
     "qwen3_moe": dict(qkv_bias=False, qk_norm=True),
@@ -35,9 +37,11 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rope frequency scaling: Llama 3.x "llama3" (low/high_freq_factor), or "yarn" (beta_fast/slow,
-    truncate: the correction range rounded outwards to whole dims, transformers' default and llama.cpp's
-    rule; gpt-oss says false); factor 1 means none. rope.py turns it into per-frequency divisors."""
+    """Rope frequency scaling; factor 1 means none. kind "llama3": Llama 3.x's banded divisors
+    (low/high_freq_factor); kind "linear": every frequency divided by factor (HF "linear", GGUF
+    rope.scaling.type "linear": positions / factor); kind "yarn": beta_fast/slow, and truncate (the
+    correction range rounded outwards to whole dims: transformers' default and llama.cpp's rule;
+    gpt-oss says false). localllm/rope.py turns it into divisors."""
 
     factor: float = 1.0
     low_freq_factor: float = 1.0
@@ -216,7 +220,7 @@ def config_from_gguf(
     tokens = meta.get("tokenizer.ggml.tokens", [])
     vocab = f.int("vocab_size", 1, limits.max_vocab, len(tokens) if isinstance(tokens, list) and tokens else MISSING)
     # llama3 rope scaling travels in GGUF as the `rope_freqs.weight` tensor (per-frequency divisors),
-    # which the loader reads; nothing to take from the metadata here.
+    # which the loader reads; linear scaling as rope.scaling.type / rope.scaling.factor.
     cfg = ModelConfig(
         arch=arch,
         n_layers=f.int("block_count", 1, limits.max_layers),
@@ -230,8 +234,11 @@ def config_from_gguf(
         norm_eps=f.float("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=f.float("rope.freq_base", 10000.0),
         tied_output="output.weight" not in tensor_names,
+        rope_scaling=_gguf_rope_scaling(f),
         **fields,
     )
+    if arch in gemma.GEMMA_ARCHS:
+        cfg = replace(cfg, **gemma.gguf_fields(f, arch, cfg.n_layers, dim, n_heads, head_dim, limits.max_context))
     cfg = replace(cfg, **moe_config.gguf_fields(f, cfg, limits, RopeScaling))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
@@ -239,20 +246,36 @@ def config_from_gguf(
     return cfg
 
 
+def _gguf_rope_scaling(f: Fields) -> RopeScaling | None:
+    """rope.scaling.type "linear" with rope.scaling.factor (TextModel.set_gguf_parameters writes them
+    for HF rope_type "linear"); other types are read where their families are."""
+    if f.raw("rope.scaling.type", None) != "linear":
+        return None
+    factor = f.float("rope.scaling.factor", 1.0)
+    return None if factor == 1.0 else RopeScaling(factor=factor, kind="linear")
+
+
 def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not rs:
         return None
+    return hf_rope_scaling_dict(rs, "rope_scaling.")
+
+
+def hf_rope_scaling_dict(rs: Any, label: str) -> RopeScaling | None:
+    """One HF rope-parameters object ({"rope_type": ..., "factor": ...}) -> RopeScaling or None."""
     if not isinstance(rs, dict):
-        raise LocalLLMError(f"config.json 'rope_scaling' is {rs!r}, expected an object")
+        raise LocalLLMError(f"config.json {label.rstrip('.')!r} is {rs!r}, expected an object")
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default"):
         return None
+    f = Fields(rs, "config.json", label=label)
+    if kind == "linear":  # transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor
+        return RopeScaling(factor=f.float("factor"), kind="linear")
     if kind == "yarn":
-        return _hf_yarn(Fields(rs, "config.json", label="rope_scaling."))
+        return _hf_yarn(f)
     if kind != "llama3":
-        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3, yarn)")
-    f = Fields(rs, "config.json", label="rope_scaling.")
+        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3, linear, yarn)")
     scaling = RopeScaling(
         factor=f.float("factor"),
         low_freq_factor=f.float("low_freq_factor", 1.0),
@@ -290,6 +313,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     """A Hugging Face config.json value -> ModelConfig, every field type- and range-checked."""
     if not isinstance(cfg, dict):
         raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
+    if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in gemma.HF_MODEL_TYPES:
+        cfg = gemma.hf_text_config(cfg)
     arch = cfg.get("model_type")
     fields = _arch_fields(arch, "config.json 'model_type'")
     f = Fields(cfg, "config.json")
@@ -315,6 +340,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         rope_scaling=_hf_rope_scaling(cfg),
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
+    if arch in gemma.GEMMA_ARCHS:
+        out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context, hf_rope_scaling_dict))
     out = replace(out, **moe_config.hf_fields(f, out, limits, RopeScaling))
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     out = replace(out, **yarn_attn_factor(Fields(rs, "config.json", label="rope_scaling."), out.rope_scaling))

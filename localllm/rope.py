@@ -30,8 +30,6 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
     if rs is None:
         return torch.ones(d // 2, device="cpu")
-    if rs.kind == "yarn":
-        return yarn_rope_factors(cfg)
     wavelen = 2 * math.pi / inv_freq
     low_wavelen = rs.original_context / rs.low_freq_factor
     high_wavelen = rs.original_context / rs.high_freq_factor
@@ -40,6 +38,19 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     factors = torch.where(wavelen > low_wavelen, torch.full_like(wavelen, rs.factor), medium)
     factors = torch.where(wavelen < high_wavelen, torch.ones_like(wavelen), factors)
     return factors.float()
+
+
+def rope_factors(cfg: ModelConfig) -> torch.Tensor:
+    """(R/2,) divisors of the global set from cfg.rope_scaling, by its kind: "linear" divides every
+    frequency by the factor (transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor;
+    llama.cpp: freq_scale = 1 / rope.scaling.factor), "yarn" as yarn_rope_factors, "llama3" as
+    llama3_rope_factors."""
+    rs = cfg.rope_scaling
+    if rs is not None and rs.kind == "linear":
+        return torch.full((rotary_dims(cfg) // 2,), float(rs.factor), device="cpu")
+    if rs is not None and rs.kind == "yarn":
+        return yarn_rope_factors(cfg)
+    return llama3_rope_factors(cfg)
 
 
 def yarn_rope_factors(cfg: ModelConfig) -> torch.Tensor:

@@ -73,7 +73,7 @@ def moe_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (model.llama3_rope_factors)
+OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (rope.rope_factors)
 
 
 def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str,
@@ -146,13 +146,13 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
     read -> (config, GGUF name -> (file, checkpoint key))."""
     cfg = read_hf_config(folder)
     keys, tensors = {}, {}
-    for path, key, name, shape, dtype in hf_tensor_headers(folder):
+    for path, key, name, shape, dtype in hf_tensor_headers(folder, cfg):
         if name in keys:
             raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
         keys[name], tensors[name] = (path, key), (shape, dtype)
     names = {name: key for name, (_, key) in keys.items()}
     # mixture-of-experts tensors: assembled from their parts (per-expert keys, gpt-oss's split gate/up)
-    for name, (source, shape) in assemble(hf_moe_headers(folder), folder.name).items():
+    for name, (source, shape) in assemble(hf_moe_headers(folder, cfg), folder.name).items():
         if name in keys:
             raise LocalLLMError(f"tensor {source.parts[0].key!r} appears twice in {folder.name}")
         dtypes = {p.dtype for p in source.parts}
