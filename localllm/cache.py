@@ -21,7 +21,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[-2]  # k: one (L, ...) buffer, or a list of per-layer (B, Hkv, S, D) ones
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
         """Write k/v (B, Hkv, T, D) at rows [start, start+T); return views of rows [0, start+T)."""

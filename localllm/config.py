@@ -26,6 +26,8 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen3": dict(qkv_bias=False, qk_norm=True),
     "gemma2": dict(qkv_bias=False, qk_norm=False),
     "gemma3": dict(qkv_bias=False, qk_norm=True),
+    "phi3": dict(qkv_bias=False, qk_norm=False),  # Phi-3, 3.5, 4 (config_phi3.py)
+    "smollm3": dict(qkv_bias=False, qk_norm=False),
     # mixture of experts (moe_config.py); Mixtral's GGUF says `llama`
     "mixtral": dict(qkv_bias=False, qk_norm=False),
     "qwen3moe": dict(qkv_bias=False, qk_norm=True),
@@ -88,6 +90,9 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] = ()
     rotary_dim: int | None = None  # dims of a head that rope rotates (Phi-4-mini: 3/4); None: head_dim
     rope_attn_factor: float = 1.0  # cos and sin of the global rope set times this (YaRN, LongRoPE)
+    # LongRoPE (config_phi3.py): the model holds rope_factors_short / rope_factors_long divisors and uses
+    # the long ones when the context in use (the KV cache's capacity) exceeds this; None: no LongRoPE
+    rope_original_context: int | None = None
     # mixture of experts (Mixtral, Qwen3-MoE, gpt-oss); n_experts 0 = a dense MLP in every layer
     n_experts: int = 0
     n_experts_used: int = 0
@@ -124,8 +129,12 @@ FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
-    "moe_gating",
+    "rope_original_context", "moe_gating",
 })
+
+
+# model_types whose transformers config ties the output to the embedding unless config.json says not
+TIED_BY_DEFAULT = frozenset({"smollm3"})
 
 
 def _arch_fields(arch: Any, key: str) -> dict[str, bool]:
@@ -239,6 +248,9 @@ def config_from_gguf(
     )
     if arch in gemma.GEMMA_ARCHS:
         cfg = replace(cfg, **gemma.gguf_fields(f, arch, cfg.n_layers, dim, n_heads, head_dim, limits.max_context))
+    from .config_phi3 import gguf_fields  # here: config_phi3 is called with this module's Fields
+
+    cfg = replace(cfg, **gguf_fields(arch, f, tensor_names, cfg.n_layers, head_dim, cfg.context_length))
     cfg = replace(cfg, **moe_config.gguf_fields(f, cfg, limits, RopeScaling))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
@@ -336,12 +348,15 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         context_length=f.int("max_position_embeddings", 1, limits.max_context, 2048),
         norm_eps=f.float("rms_norm_eps", 1e-6),
         rope_theta=theta,
-        tied_output=f.bool("tie_word_embeddings", False),
-        rope_scaling=_hf_rope_scaling(cfg),
+        tied_output=f.bool("tie_word_embeddings", arch in TIED_BY_DEFAULT),
+        rope_scaling=None if arch == "phi3" else _hf_rope_scaling(cfg),  # phi3's is LongRoPE (config_phi3)
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
     if arch in gemma.GEMMA_ARCHS:
         out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context, hf_rope_scaling_dict))
+    from .config_phi3 import hf_fields  # here: config_phi3 is called with this module's Fields
+
+    out = replace(out, **hf_fields(arch, f, out.n_layers, out.head_dim, out.context_length))
     out = replace(out, **moe_config.hf_fields(f, out, limits, RopeScaling))
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     out = replace(out, **yarn_attn_factor(Fields(rs, "config.json", label="rope_scaling."), out.rope_scaling))
