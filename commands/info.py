@@ -13,7 +13,7 @@ from localllm.load import file_size
 from localllm.registry import resolve_model
 from localllm.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from localllm.validate import check_gguf, check_hf_folder
-from localllm.weights import hf_tensor_headers
+from localllm.weights import hf_moe_headers, hf_tensor_headers
 
 
 def _gguf_info(path: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:
@@ -30,13 +30,16 @@ def _hf_info(folder: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:
     for _, _, _, shape, dtype in hf_tensor_headers(folder, cfg):
         params += math.prod(shape)
         types[dtype] += 1
+    for part in {(p.key, p.shape, p.dtype) for p in hf_moe_headers(folder)}:  # expert tensors, each key once
+        params += math.prod(part[1])
+        types[part[2]] += 1
     return cfg, params, types, load_hf_tokenizer(folder)
 
 
 def model_info(spec: str | None) -> dict[str, Any]:
     path = resolve_model(spec)
     cfg, params, types, tok = _hf_info(path) if path.is_dir() else _gguf_info(path)
-    return {
+    out = {
         "path": str(path),
         "architecture": cfg.arch,
         "parameters": params,
@@ -50,3 +53,6 @@ def model_info(spec: str | None) -> dict[str, Any]:
         "tokenizer": tok.kind + (f" (pre-tokenizer {tok.pre})" if getattr(tok, "pre", None) else ""),
         "chat_template": tok.chat_template is not None,
     }
+    if cfg.n_experts:
+        out["experts"] = f"{cfg.n_experts} ({cfg.n_experts_used} used, expert ffn {cfg.expert_ffn_dim})"
+    return out

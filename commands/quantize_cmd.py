@@ -57,7 +57,8 @@ from localllm.quantize_checks import (
     check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
 )
 from localllm.validate import check_gguf, check_hf_folder
-from localllm.weights import PERMUTED_QK_ARCHS, gguf_tensor, hf_tensor_names, safetensors_files
+from localllm.moe_weights import assemble, read_moe
+from localllm.weights import PERMUTED_QK_ARCHS, gguf_tensor, hf_moe_headers, hf_tensor_names, ours_to_gguf, safetensors_files
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -356,7 +357,7 @@ def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> So
     if not f.tensors:
         raise LocalLLMError(f"the input has no weights (a vocab-only file?): nothing to quantize: {path}")
     cfg = check_gguf(f)  # config, types and every tensor's shape, as the loader checks them
-    model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_experts)
     tensors = [_gguf_tensor(t) for t in f.tensors.values()]
     alignment = int(f.metadata.get(K.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT))
     return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path), alignment, cfg)
@@ -416,7 +417,7 @@ def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
 
 # Architectures whose safetensors folders this command converts (hf_metadata writes their keys; the
 # others need keys and tensor changes of their own, e.g. Gemma's sliding window and norm offset).
-HF_SOURCE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3")
+HF_SOURCE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "mixtral", "qwen3_moe", "gpt_oss")
 
 
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
@@ -428,10 +429,10 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
                             f" {', '.join(HF_SOURCE_ARCHS)}); quantize its GGUF instead")
     hp = read_json(folder / "config.json")
     arch = gguf_arch(cfg.arch)
-    model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_experts)
     files = safetensors_files(folder)
     tensors: list[SourceTensor] = []
-    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "llama3":  # linear: metadata (hf_metadata)
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "llama3":  # linear, YaRN: metadata (hf_metadata)
         freqs = torch.from_numpy(converter_rope_freqs(hp, cfg.head_dim))
         tensors.append(_memory_tensor("rope_freqs.weight", freqs))
     # LongRoPE's divisor sets (phi3), long then short as Phi3MiniModel.generate_extra_tensors yields them
@@ -440,7 +441,8 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     for path, key, name in hf_tensor_names(folder, cfg):
         with safe_open(str(path), framework="pt") as f:
             sl = f.get_slice(key)
-            tensors.append(_hf_tensor(path, key, name, tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))
+            tensors.append(_hf_tensor(path, key, ours_to_gguf(arch, name), tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))
+    tensors += moe_tensors(folder, arch)
     if tokenizer_from is not None:
         tok_kv = tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size)
     else:
@@ -473,6 +475,24 @@ def _hf_tensor(path: Path, key: str, name: str, shape: tuple[int, ...], dtype: s
 
     return SourceTensor(TensorInfo(name, shape, source), read,
                         lambda idx: read().reshape(-1, shape[-1])[idx], None)
+
+
+def moe_tensors(folder: Path, arch: str) -> list[SourceTensor]:
+    """The stacked expert tensors of a mixture-of-experts folder (localllm/moe_weights.py), each read
+    from its parts when written, named as the converter names them in the file (weights.ours_to_gguf)."""
+    out = []
+    for name, (source, shape) in assemble(hf_moe_headers(folder), folder.name).items():
+        dtype = source.parts[0].dtype
+        if dtype not in SAFETENSORS_DTYPES:
+            raise LocalLLMError(f"tensor {source.parts[0].key!r} in {folder.name} has dtype {dtype} (expected F32, F16 or BF16)")
+        stored = SAFETENSORS_DTYPES[dtype] if len(shape) >= 2 else Q.F32
+
+        def read(source=source) -> torch.Tensor:
+            return read_moe(source).float()
+
+        out.append(SourceTensor(TensorInfo(ours_to_gguf(arch, name), shape, stored), read,
+                                lambda idx, read=read, cols=shape[-1]: read().reshape(-1, cols)[idx], None))
+    return out
 
 
 def _memory_tensor(name: str, w: torch.Tensor) -> SourceTensor:

@@ -173,6 +173,29 @@ def dequantize_rows(w: BlockQWeight, n0: int, n1: int) -> torch.Tensor:
     return w.ext.dequantize(*args(w), n0, n1, torch.get_num_threads())
 
 
+def row_view(w: BlockQWeight, n0: int, n1: int) -> BlockQWeight | None:
+    """Rows [n0, n1) of w as a BlockQWeight viewing w's data (no copy): one expert of a stacked
+    (E * F, K) expert tensor (localllm/moe.py). Tiles hold 8 rows each: a tiled weight gives a view
+    only from a tile boundary (n0 % 8 == 0; rows past n1 in the last tile are never computed, as
+    past N in any last tile), else None."""
+    if not w.tiled:
+        return BlockQWeight(w.qtype, (n1 - n0, w.shape[1]), {"raw": w.parts["raw"][n0:n1]}, dtype=w.dtype, ext=w.ext)
+    if n0 % 8:
+        return None
+    tiles = w.parts["tiles"]
+    tile_bytes = tiles.numel() // ((w.shape[0] + 7) // 8)
+    view = tiles[n0 // 8 * tile_bytes:(n1 + 7) // 8 * tile_bytes]
+    return BlockQWeight(w.qtype, (n1 - n0, w.shape[1]), {"tiles": view}, dtype=w.dtype, ext=w.ext)
+
+
+def qlinear_rows(x: torch.Tensor, w: BlockQWeight, n0: int, n1: int, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ w[n0:n1].T + b -> (..., n1 - n0), reading only those rows of w."""
+    view = row_view(w, n0, n1)
+    if view is not None:
+        return qlinear(x, view, b)
+    return F.linear(x, dequantize_rows(w, n0, n1).to(x.dtype), b)  # an unaligned tiled range: its rows only
+
+
 def qlinear(x: torch.Tensor, w: BlockQWeight, b: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ w.T + b -> (..., N) in x's dtype."""
     if not runs_in_cpp(w):

@@ -23,6 +23,7 @@ from localllm.quantize.decode import dequantize_torch
 
 from .cpu import BlockQWeight
 from .cpu import qlinear as cpu_qlinear
+from .cpu import qlinear_rows as cpu_qlinear_rows
 from .qweight import INT_DOT_TYPES, QWeight
 
 # At most this many rows of x go through the matrix-vector kernel; more are a matmul.
@@ -38,6 +39,18 @@ def linear(x: torch.Tensor, w: torch.Tensor | QWeight, b: torch.Tensor | None = 
         y = F.linear(x.float(), w.float(), None if b is None else b.float())
         return y.to(x.dtype)
     return F.linear(x, w, b)
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor | QWeight, n0: int, n1: int,
+                b: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ w[n0:n1].T + b -> (..., n1 - n0): a row range of a weight, read in place (one
+    expert's rows of a stacked (E * F, K) expert tensor, localllm/moe.py); never the whole weight.
+    Dense: a view; BlockQWeight: kernels/cpu.py row_view; QWeight: row views of its fields."""
+    if isinstance(w, BlockQWeight):
+        return cpu_qlinear_rows(x, w, n0, n1, b)
+    if isinstance(w, QWeight):
+        return qlinear(x, w.rows(n0, n1), b)
+    return linear(x, w[n0:n1], b)
 
 
 def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from . import gemma
+from . import gemma, moe_config
 from .errors import LocalLLMError
 from .settings import DEFAULT_LIMITS, LoaderLimits
 
@@ -28,20 +28,31 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "gemma3": dict(qkv_bias=False, qk_norm=True),
     "phi3": dict(qkv_bias=False, qk_norm=False),  # Phi-3, 3.5, 4 (config_phi3.py)
     "smollm3": dict(qkv_bias=False, qk_norm=False),
+    # mixture of experts (moe_config.py); Mixtral's GGUF says `llama`
+    "mixtral": dict(qkv_bias=False, qk_norm=False),
+    "qwen3moe": dict(qkv_bias=False, qk_norm=True),
+    "qwen3_moe": dict(qkv_bias=False, qk_norm=True),
+    "gpt-oss": dict(qkv_bias=True, qk_norm=False),
+    "gpt_oss": dict(qkv_bias=True, qk_norm=False),
 }
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Rope frequency scaling; factor 1 means none. kind "llama3": Llama 3.x's banded divisors (the
-    fields below); kind "linear": every frequency divided by factor (HF "linear", GGUF
-    rope.scaling.type "linear": positions / factor). localllm/rope.py turns it into divisors."""
+    """Rope frequency scaling; factor 1 means none. kind "llama3": Llama 3.x's banded divisors
+    (low/high_freq_factor); kind "linear": every frequency divided by factor (HF "linear", GGUF
+    rope.scaling.type "linear": positions / factor); kind "yarn": beta_fast/slow, and truncate (the
+    correction range rounded outwards to whole dims: transformers' default and llama.cpp's rule;
+    gpt-oss says false). localllm/rope.py turns it into divisors."""
 
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_context: int = 8192
     kind: str = "llama3"
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,9 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     moe_norm_topk: bool = True  # the chosen experts' softmax weights renormalised to sum to 1
     moe_bias: bool = False  # router and expert products have biases (gpt-oss)
+    # "softmax": top-k of softmax(router logits) (Mixtral, Qwen3-MoE); "topk_softmax": top-k of the
+    # logits, softmax over those k (gpt-oss) (localllm/moe.py route)
+    moe_gating: str = "softmax"
 
     def sliding(self, layer: int) -> bool:
         return bool(self.sliding_layers) and self.sliding_layers[layer]
@@ -115,7 +129,7 @@ FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
-    "rope_original_context",
+    "rope_original_context", "moe_gating",
 })
 
 
@@ -237,6 +251,7 @@ def config_from_gguf(
     from .config_phi3 import gguf_fields  # here: config_phi3 is called with this module's Fields
 
     cfg = replace(cfg, **gguf_fields(arch, f, tensor_names, cfg.n_layers, head_dim, cfg.context_length))
+    cfg = replace(cfg, **moe_config.gguf_fields(f, cfg, limits, RopeScaling))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
     check_shape_fields(cfg, names, "GGUF metadata", limits)
@@ -269,8 +284,10 @@ def hf_rope_scaling_dict(rs: Any, label: str) -> RopeScaling | None:
     f = Fields(rs, "config.json", label=label)
     if kind == "linear":  # transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor
         return RopeScaling(factor=f.float("factor"), kind="linear")
+    if kind == "yarn":
+        return _hf_yarn(f)
     if kind != "llama3":
-        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3, linear)")
+        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3, linear, yarn)")
     scaling = RopeScaling(
         factor=f.float("factor"),
         low_freq_factor=f.float("low_freq_factor", 1.0),
@@ -280,6 +297,28 @@ def hf_rope_scaling_dict(rs: Any, label: str) -> RopeScaling | None:
     if scaling.low_freq_factor >= scaling.high_freq_factor:  # llama3_rope_factors divides by the gap
         raise f.bad("low_freq_factor", scaling.low_freq_factor, f"below high_freq_factor {scaling.high_freq_factor}")
     return scaling
+
+
+def _hf_yarn(f: Fields) -> RopeScaling:
+    """transformers' _compute_yarn_parameters' inputs (beta_fast/slow default 32/1, truncate true)."""
+    return RopeScaling(factor=f.float("factor"), kind="yarn", beta_fast=f.float("beta_fast", 32.0),
+                       beta_slow=f.float("beta_slow", 1.0), truncate=f.bool("truncate", True),
+                       original_context=f.int("original_max_position_embeddings", 1, DEFAULT_LIMITS.max_context))
+
+
+def yarn_attn_factor(f: Fields, rs: RopeScaling | None) -> dict[str, float]:
+    """YaRN's cos/sin multiplier: attention_factor, else transformers' get_mscale (0.1 ln(factor) + 1,
+    or mscale / mscale_all_dim's ratio); {} without YaRN. f: the rope scaling object's fields."""
+    if rs is None or rs.kind != "yarn":
+        return {}
+    if f.raw("attention_factor", None) is not None:
+        return dict(rope_attn_factor=f.float("attention_factor"))
+
+    mscale = moe_config.yarn_mscale
+    m, m_all = f.raw("mscale", None), f.raw("mscale_all_dim", None)
+    if m and m_all:
+        return dict(rope_attn_factor=mscale(rs.factor, f.float("mscale")) / mscale(rs.factor, f.float("mscale_all_dim")))
+    return dict(rope_attn_factor=mscale(rs.factor))
 
 
 def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
@@ -318,6 +357,9 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     from .config_phi3 import hf_fields  # here: config_phi3 is called with this module's Fields
 
     out = replace(out, **hf_fields(arch, f, out.n_layers, out.head_dim, out.context_length))
+    out = replace(out, **moe_config.hf_fields(f, out, limits, RopeScaling))
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    out = replace(out, **yarn_attn_factor(Fields(rs, "config.json", label="rope_scaling."), out.rope_scaling))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out

@@ -90,7 +90,7 @@ def self_draft(target: Runtime, type_name: str, dtype: torch.dtype) -> Runtime:
     blocks = type(target).quantized == "blocks"
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(".weight") or v.dim() == 1}
     weights = matrices(model)
-    shape = ModelShape(cfg.arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    shape = ModelShape(cfg.arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_experts)
     types = preset_types(find_preset(type_name), [(gguf_name(k), tuple(w.shape)) for k, w in weights.items()], shape)
     for (name, w), qtype in zip(weights.items(), types):
         qtype = None if qtype is None or (name == "token_embd.weight" and not blocks) else fallback(qtype, w.shape[1])

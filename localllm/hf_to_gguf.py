@@ -256,9 +256,13 @@ def _check_ids(folder: Path, kv: dict[str, MetaValue]) -> None:
                             f"reproduce its ids (first difference at token {at}): pass --tokenizer-from FILE.gguf")
 
 
+# HF model_type -> GGUF architecture where they differ (the converter registers Mistral and Mixtral
+# under LlamaModel: their GGUF says llama).
+GGUF_ARCHS = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+
+
 def gguf_arch(hf_arch: str) -> str:
-    """convert_hf_to_gguf registers MistralForCausalLM under LlamaModel: a Mistral GGUF says llama."""
-    return "llama" if hf_arch in ("llama", "mistral") else hf_arch
+    return GGUF_ARCHS.get(hf_arch, hf_arch)
 
 
 def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -321,6 +325,8 @@ def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
         kv |= {k.format(arch=arch): v for k, v in phi3_metadata(hp, cfg).items()}
     if arch in ("gemma2", "gemma3") and cfg.sliding_window is not None:  # Gemma2Model / Gemma3Model
         put(gguf.Keys.Attention.SLIDING_WINDOW, cfg.sliding_window, V.UINT32)
+    if cfg.n_experts:
+        moe_metadata(put, cfg, arch)
     return kv
 
 
@@ -338,6 +344,27 @@ def phi3_metadata(hp: dict, cfg) -> dict[str, MetaValue]:
     if cfg.rope_original_context is not None:
         kv[gguf.Keys.Rope.SCALING_ATTN_FACTOR] = MetaValue(longrope_attn_factor(context, original), V.FLOAT32)
     return kv
+
+
+def moe_metadata(put, cfg, arch: str) -> None:
+    """The converter's expert keys (TextModel: expert_count / expert_used_count; Qwen3MoeModel and
+    GptOssModel: expert_feed_forward_length), and gpt-oss's sliding window and YaRN (the base class's
+    rope scaling keys)."""
+    put(gguf.Keys.LLM.EXPERT_COUNT, cfg.n_experts, V.UINT32)
+    put(gguf.Keys.LLM.EXPERT_USED_COUNT, cfg.n_experts_used, V.UINT32)
+    if arch != "llama":
+        put(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, cfg.expert_ffn_dim, V.UINT32)
+    if arch != "gpt-oss":
+        return
+    put(gguf.Keys.Rope.FREQ_BASE, cfg.rope_theta, V.FLOAT32)  # also where config.json has it in rope_parameters
+    put(gguf.Keys.Attention.SLIDING_WINDOW, cfg.sliding_window, V.UINT32)
+    rs = cfg.rope_scaling
+    if rs is not None and rs.kind == "yarn":
+        put(gguf.Keys.Rope.SCALING_TYPE, "yarn", V.STRING)
+        put(gguf.Keys.Rope.SCALING_FACTOR, rs.factor, V.FLOAT32)
+        put(gguf.Keys.Rope.SCALING_ORIG_CTX_LEN, rs.original_context, V.UINT32)
+        put(gguf.Keys.Rope.SCALING_YARN_BETA_FAST, rs.beta_fast, V.FLOAT32)
+        put(gguf.Keys.Rope.SCALING_YARN_BETA_SLOW, rs.beta_slow, V.FLOAT32)
 
 
 def first_value(hp: dict, *keys: str):

@@ -70,7 +70,8 @@ def place_quantized(model: Transformer, state: dict, backend: type[Runtime], lay
             module.set_quantized(QWeight.from_raw(value.data.to(device), value.qtype).to_blocks())
             del state[name]
         else:
-            state[name] = dequantize_torch(value.data, value.qtype)
+            # (rows, K) -> the parameter's shape: 3-D (E, F, K) for expert tensors (localllm/moe.py)
+            state[name] = dequantize_torch(value.data, value.qtype).reshape(model.get_parameter(name).shape)
 
 
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype,

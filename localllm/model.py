@@ -28,6 +28,7 @@ from localllm.kernels.qweight import QWeight
 from .attention import attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
+from .moe import MoE
 from .rope import layer_ropes, llama3_rope_factors, rope_factors, rope_rotate, rope_table, rotary_dims
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
@@ -183,14 +184,20 @@ class Block(nn.Module):
         # Gemma: norms of the attention and MLP outputs, before each residual add
         self.post_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
         self.post_ffw_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
-        self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        # the MLP: a mixture of experts (localllm/moe.py; its router a Linear, its experts' activation glu)
+        # or one GLU
+        self.moe = MoE(cfg, Linear, glu) if cfg.n_experts else None
+        if not cfg.n_experts:
+            self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+            self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
+            self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
         # gate/up rows interleaved in one weight, for backends that fuse them at load; None: two products
         self.fused_gate_up = None
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) normed -> (B, T, C): the MLP."""
+        if self.moe is not None:
+            return self.moe(h)
         return self.ffn_down(self.ops.mlp_in(self, h))
 
     def forward(self, x, layer, cache, start, cos, sin, mask):

@@ -12,6 +12,7 @@ from localllm.kernels.qweight import QWeight
 
 from .errors import LocalLLMError
 from .model import Linear, Transformer
+from .moe import ExpertLinear
 from .weights import gguf_name
 
 
@@ -20,6 +21,8 @@ def matrices(model: Transformer) -> dict[str, torch.Tensor | QWeight]:
     out = {}
     for name, module in model.named_modules():
         w = module.w if isinstance(module, Linear) else module.weight if name == "token_embd" else None
+        if isinstance(module, ExpertLinear):  # E experts' rows as one (E * F, C) matrix
+            w = module.qweight if module.qweight is not None else module.weight.reshape(-1, module.weight.shape[-1])
         if w is not None:
             out[f"{name}.weight"] = w
     return out

@@ -70,11 +70,17 @@ def check_tensors(cfg: ModelConfig, tensors: Sequence[TensorInfo]) -> None:
     """Every tensor is one the model built from cfg has, with the shape it has there, and none is
     missing: a file that disagrees with its own config would be written, then refused by the loader.
     The oracle is the loader's own (validate.check_tensor_set)."""
+    from .hf_to_gguf import gguf_arch
+    from .moe_weights import merge_legacy_shapes
     from .validate import check_tensor_set
+    from .weights import gguf_to_ours
 
     if not tensors:
         raise LocalLLMError("the input has no weights (a vocab-only file?): nothing to quantize")
-    check_tensor_set(cfg, {t.name: tuple(t.shape) for t in tensors}, "the input")
+    arch = gguf_arch(cfg.arch)  # the names are the file's (gpt-oss: post_attention_norm is our ffn_norm)
+    shapes = {gguf_to_ours(arch, t.name): tuple(t.shape) for t in tensors}
+    shapes = merge_legacy_shapes(shapes, {t.name: t.source for t in tensors}, "the input")  # old Mixtral files
+    check_tensor_set(cfg, shapes, "the input")
 
 
 def check_reachable(smallest: int, budget: int, n_values: int, target_bpw: float | None, target_size: int | None,

@@ -43,11 +43,35 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
 def rope_factors(cfg: ModelConfig) -> torch.Tensor:
     """(R/2,) divisors of the global set from cfg.rope_scaling, by its kind: "linear" divides every
     frequency by the factor (transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor;
-    llama.cpp: freq_scale = 1 / rope.scaling.factor), "llama3" as llama3_rope_factors."""
+    llama.cpp: freq_scale = 1 / rope.scaling.factor), "yarn" as yarn_rope_factors, "llama3" as
+    llama3_rope_factors."""
     rs = cfg.rope_scaling
     if rs is not None and rs.kind == "linear":
         return torch.full((rotary_dims(cfg) // 2,), float(rs.factor), device="cpu")
+    if rs is not None and rs.kind == "yarn":
+        return yarn_rope_factors(cfg)
     return llama3_rope_factors(cfg)
+
+
+def yarn_rope_factors(cfg: ModelConfig) -> torch.Tensor:
+    """(R/2,) YaRN divisors: transformers' _compute_yarn_parameters blends inv_freq / factor and inv_freq
+    with the extrapolation weight m = 1 - ramp over the correction range [low, high] of dims (rounded
+    outwards when truncate), so the divisor is 1 / ((1 - m) / factor + m). The attention factor is
+    cfg.rope_attn_factor (config.py)."""
+    rs, d = cfg.rope_scaling, rotary_dims(cfg)
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(rs.original_context / (rotations * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+
+    low, high = correction_dim(rs.beta_fast), correction_dim(rs.beta_slow)
+    if rs.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    m = 1 - ramp
+    return 1.0 / ((1 - m) / rs.factor + m)
 
 
 def rope_table(positions: torch.Tensor, base: float, dims: int, divisors: torch.Tensor | None = None,

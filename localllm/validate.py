@@ -25,7 +25,8 @@ from .errors import LocalLLMError
 from .fused import file_shapes
 from .gguf_file import GGUFFile
 from .settings import DEFAULT_LIMITS, LoaderLimits
-from .weights import hf_tensor_headers
+from .moe_weights import assemble, merge_legacy_shapes
+from .weights import gguf_to_ours, hf_moe_headers, hf_tensor_headers
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
 HF_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -54,10 +55,25 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer |= {"attn_sinks.weight": (cfg.n_heads,)}
     if cfg.post_norms:
         layer |= {"post_attention_norm.weight": (c,), "post_ffw_norm.weight": (c,)}
+    if cfg.n_experts:
+        layer = {k: v for k, v in layer.items() if not k.startswith(("ffn_gate.", "ffn_up.", "ffn_down."))}
+        layer |= moe_shapes(cfg)
     for i in range(cfg.n_layers):
         out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
     if cfg.rope_original_context is not None:  # LongRoPE divisors (config_phi3.py)
         out |= dict.fromkeys(ROPE_FACTOR_TENSORS, ((cfg.rotary_dim or d) // 2,))
+    return out
+
+
+def moe_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """One block's mixture-of-experts tensors (localllm/moe.py), torch order: router (E, C), experts
+    (E, F, C) and (E, C, F); gpt-oss's biases."""
+    e, c, f = cfg.n_experts, cfg.dim, cfg.expert_ffn_dim
+    out = {"ffn_gate_inp.weight": (e, c), "ffn_gate_exps.weight": (e, f, c), "ffn_up_exps.weight": (e, f, c),
+           "ffn_down_exps.weight": (e, c, f)}
+    if cfg.moe_bias:
+        out |= {"ffn_gate_inp.bias": (e,), "ffn_gate_exps.bias": (e, f), "ffn_up_exps.bias": (e, f),
+                "ffn_down_exps.bias": (e, c)}
     return out
 
 
@@ -102,7 +118,9 @@ def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfi
             raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}")
     cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
     where = f"GGUF file {f.path.name}"
-    check_tensor_set(cfg, {n: gguf_torch_shape(t) for n, t in f.tensors.items()}, where)
+    shapes = {gguf_to_ours(cfg.arch, n): gguf_torch_shape(t) for n, t in f.tensors.items()}
+    shapes = merge_legacy_shapes(shapes, {n: t.tensor_type for n, t in f.tensors.items()}, where)
+    check_tensor_set(cfg, shapes, where)
     check_vocab(cfg, f.metadata.get("tokenizer.ggml.tokens"), where)
     return cfg
 
@@ -138,5 +156,13 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
         if name in keys:
             raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
         keys[name], tensors[name] = (path, key), (shape, dtype)
-    cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
+    names = {name: key for name, (_, key) in keys.items()}
+    # mixture-of-experts tensors: assembled from their parts (per-expert keys, gpt-oss's split gate/up)
+    for name, (source, shape) in assemble(hf_moe_headers(folder, cfg), folder.name).items():
+        if name in keys:
+            raise LocalLLMError(f"tensor {source.parts[0].key!r} appears twice in {folder.name}")
+        dtypes = {p.dtype for p in source.parts}
+        keys[name], tensors[name] = source, (shape, sorted(dtypes)[0] if len(dtypes) == 1 else "mixed")
+        names[name] = source.parts[0].key
+    cfg = check_hf_tensors(cfg, tensors, folder.name, names)
     return cfg, keys

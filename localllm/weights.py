@@ -23,6 +23,7 @@ from .config import ModelConfig, read_json
 from .errors import LocalLLMError
 from .fused import split_rows
 from .gguf_file import GGUFFile
+from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
 HF_NAMES: dict[str, str] = {
@@ -76,6 +77,34 @@ ROPE_BUFFERS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
+# ... and the mixture-of-experts MLP's under `.moe.` (localllm/moe.py).
+_MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+# GGUF names llama.cpp gives a tensor our module holds under another GGUF name, per architecture:
+# gpt-oss's norm before the MLP is `post_attention_norm` there (HF's post_attention_layernorm), our
+# ffn_norm (model.Block's post_attention_norm is Gemma's norm of the attention output).
+GGUF_RENAMES = {"gpt-oss": {"post_attention_norm": "ffn_norm"}}
+
+
+def gguf_to_ours(arch: str, name: str) -> str:
+    """A GGUF file's tensor name -> the GGUF name our module uses (GGUF_RENAMES; most are the same)."""
+    renames = GGUF_RENAMES.get(arch)
+    if not renames:
+        return name
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] in renames:
+        parts[2] = renames[parts[2]]
+    return ".".join(parts)
+
+
+def ours_to_gguf(arch: str, name: str) -> str:
+    """Inverse of gguf_to_ours: the name a file of `arch` gives our tensor (what the converter writes)."""
+    renames = {ours: theirs for theirs, ours in GGUF_RENAMES.get(arch, {}).items()}
+    parts = name.split(".")
+    if renames and len(parts) > 2 and parts[0] == "blk" and parts[2] in renames:
+        parts[2] = renames[parts[2]]
+    return ".".join(parts)
 
 
 def to_module_name(gguf_name: str) -> str:
@@ -85,6 +114,8 @@ def to_module_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[2] in _ATTN:
         parts.insert(2, "attn")
+    elif len(parts) > 2 and parts[0] == "blk" and parts[2] in _MOE:
+        parts.insert(2, "moe")
     return ".".join(parts)
 
 
@@ -93,7 +124,7 @@ def gguf_name(module_name: str) -> str:
     if module_name in ROPE_BUFFERS:
         return module_name + ".weight"
     parts = module_name.split(".")
-    if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
+    if len(parts) > 2 and parts[0] == "blk" and parts[2] in ("attn", "moe"):
         del parts[2]
     return ".".join(parts)
 
@@ -134,8 +165,10 @@ def gguf_state_dict(
     out = {}
     for name, t in f.tensors.items():
         keep = keep_embedding or name != "token_embd.weight"
-        if t.tensor_type in keep_quantized and keep and len(t.shape) == 2:
-            raw = t.data.view(np.uint8).reshape(t.data.shape[0], -1)  # F16/BF16 data is typed: view as bytes
+        # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py)
+        if t.tensor_type in keep_quantized and keep and len(t.shape) in (2, 3) and name.endswith(".weight"):
+            rows = math.prod(int(d) for d in t.shape[1:])  # ggml order: t.shape[0] is the row length
+            raw = t.data.view(np.uint8).reshape(rows, -1)  # F16/BF16 data is typed: view as bytes
             w = QuantizedTensor(t.tensor_type, torch.from_numpy(raw))
         else:
             w = gguf_tensor(t)
@@ -145,8 +178,26 @@ def gguf_state_dict(
                 w = QuantizedTensor(w.qtype, unpermute_qk(w.data, heads))
             else:
                 w = unpermute_qk(w, heads)
-        out |= {to_module_name(n): part for n, part in split_fused(cfg, name, w)}
-    return out
+        out |= {to_module_name(n): part for n, part in split_fused(cfg, gguf_to_ours(cfg.arch, name), w)}
+    return stack_legacy_experts(out)
+
+
+def stack_legacy_experts(state: dict) -> dict:
+    """Per-expert tensors of the old GGUF layout (moe_weights.legacy_expert, validated by check_gguf)
+    -> one stacked tensor each: dense ones stacked (E, F, C), quantized ones' rows concatenated
+    (E * F, row bytes), as the merged layout stores them."""
+    groups: dict[str, dict[int, object]] = {}
+    for name in list(state):
+        hit = legacy_expert(gguf_name(name))
+        if hit is not None:
+            groups.setdefault(hit[0], {})[hit[1]] = state.pop(name)
+    for merged, experts in groups.items():
+        parts = [experts[e] for e in range(len(experts))]
+        if isinstance(parts[0], QuantizedTensor):
+            state[to_module_name(merged)] = QuantizedTensor(parts[0].qtype, torch.cat([p.data for p in parts]))
+        else:
+            state[to_module_name(merged)] = torch.stack(parts)
+    return state
 
 
 def split_fused(cfg: ModelConfig, name: str, w):
@@ -232,10 +283,29 @@ def hf_tensor_names(folder: Path, cfg: ModelConfig | None = None) -> Iterator[tu
 def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None
                       ) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
     """(file, checkpoint key, GGUF name, shape, dtype) of every tensor the text model uses, from the
-    files' headers only; names by hf_namer(cfg)."""
-    from safetensors import SafetensorError, safe_open
-
+    files' headers only; names by hf_namer(cfg). Mixture-of-experts tensors, which map to parts of
+    ours, are hf_moe_headers'."""
     namer = hf_namer(cfg)
+    for path, key, shape, dtype in hf_header_entries(folder):
+        name = namer(key)
+        if name is None and hf_moe_parts(path, key, shape) is None and not key.endswith("rotary_emb.inv_freq"):
+            raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")  # inv_freq: a cached buffer, not a weight
+        if name:  # None: the buffer above or an expert tensor; SKIP: not the text model's
+            yield path, key, name, shape, dtype
+
+
+def hf_moe_headers(folder: Path, cfg: ModelConfig | None = None) -> list[Part]:
+    """The parts of every mixture-of-experts tensor of a safetensors folder (localllm/moe_weights.py)."""
+    namer, out = hf_namer(cfg), []
+    for path, key, shape, dtype in hf_header_entries(folder):
+        if namer(key) is None:
+            out += hf_moe_parts(path, key, shape, dtype) or []
+    return out
+
+
+def hf_header_entries(folder: Path) -> Iterator[tuple[Path, str, tuple[int, ...], str]]:
+    """(file, checkpoint key, shape, dtype) of every tensor, from the files' headers only."""
+    from safetensors import SafetensorError, safe_open
 
     for path in safetensors_files(folder):
         try:
@@ -245,20 +315,21 @@ def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None
         except (SafetensorError, OSError, ValueError) as e:
             raise LocalLLMError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         for key, shape, dtype in entries:
-            name = namer(key)
-            if name is None and not key.endswith("rotary_emb.inv_freq"):  # a cached buffer, not a weight
-                raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
-            if name:  # None: the buffer above; SKIP: not the text model's
-                yield path, key, name, shape, dtype
+            yield path, key, shape, dtype
 
 
-def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """keys: GGUF name -> (file, checkpoint key), as validated (validate.check_hf_tensors); fused
-    checkpoint tensors split into ours (fused.py)."""
+def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str] | MoESource], cfg: ModelConfig
+                  ) -> dict[str, torch.Tensor]:
+    """keys: GGUF name -> (file, checkpoint key), or the parts of an expert tensor (MoESource), as
+    validated (validate.check_hf_folder); fused checkpoint tensors split into ours (fused.py)."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
-    for name, (path, key) in keys.items():
+    for name, source in keys.items():
+        if isinstance(source, MoESource):
+            out[to_module_name(name)] = read_moe(source)
+            continue
+        path, key = source
         try:
             with safe_open(str(path), framework="pt") as f:
                 # A copy that owns its memory: tensors viewing safetensors' mapping were never freed

@@ -3,9 +3,10 @@
 Reference: llama.cpp src/llama-quant.cpp. A preset is a `general.file_type` (LLAMA_FTYPE_*) with a
 default tensor type (llama_ftype_get_default_type); llama_tensor_get_type then changes the type of
 some tensors by name, layer and model shape. This module carries those rules for the presets below
-and the architectures localllm runs (llama, mistral, qwen2, qwen3). Not carried, because no model we
-run reaches them: the Falcon branches, the mixture-of-experts (n_expert) branches and the IQ* presets.
-MXFP4_MOE (gpt-oss's file type) has its own rule: expert tensors MXFP4, all else Q8_0 (mxfp4_moe_type).
+and the architectures localllm runs (llama, mistral, qwen2, qwen3, and the mixture-of-experts Mixtral,
+Qwen3-MoE, gpt-oss). Not carried, because no model we run reaches them: the Falcon branches and the IQ*
+presets. MXFP4_MOE (gpt-oss's file type) has its own rule: expert tensors MXFP4, all else Q8_0
+(mxfp4_moe_type).
 
 What the rules do, for our presets:
 - 1-D tensors, norms and a few others are never quantized (`allows_quantization`): they keep their
@@ -19,7 +20,12 @@ What the rules do, for our presets:
 - ffn_down: `more_bits` layers get Q6_K in Q4_K_M/Q5_K_M; the first eighth Q5_K in Q4_K_S; Q3_K_M
   uses Q5_K / Q4_K; Q2_K uses Q3_K. With an imatrix, Q4_0/Q5_0 give the first eighth Q4_1/Q5_1.
 - attn_output: Q3_K in Q2_K, Q4_K in Q3_K_M.
-- attn_q / attn_k: llama.cpp only changes them for IQ3 presets and 8-expert models: no rule here.
+- attn_q / attn_k: llama.cpp only changes them for IQ3 presets and 8-expert models (below).
+- mixture of experts (ModelShape.n_expert): the router (ffn_gate_inp) and every bias are never quantized;
+  3-D expert tensors (ffn_gate/up/down_exps) take the rules of their category, ffn_down's layer read from
+  its name (llama.cpp's layer_info: experts are not one tensor a layer in every file). 8-expert models
+  (Mixtral): attn_v and attn_k Q8_0 ("trades just ~128MB"), attn_output Q5_K in Q2_K, Q3_K_M, Q4_K_S
+  and Q4_K_M (in place of the rules above).
 
 Rows that do not split into blocks of the chosen type (llama.cpp's tensor_type_fallback) take the
 type of FALLBACK, as current llama.cpp does: Q2_K/Q3_K -> Q4_0 (older llama.cpp used IQ4_NL, which
@@ -131,6 +137,7 @@ class ModelShape:
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    n_expert: int = 0  # experts of a mixture-of-experts model (llama.cpp's hparams.n_expert)
 
     @property
     def n_gqa(self) -> int:
@@ -192,6 +199,9 @@ RULES: dict[str, dict[str, Rule]] = {
     "Q5_0": {FFN_DOWN: lambda s: Q.Q5_1 if s.imatrix and s.i < s.n // 8 else None},
 }
 
+# 8-expert models' attn_output (llama.cpp: Q5_K for these presets, the preset's default otherwise).
+EIGHT_EXPERT_ATTN_OUTPUT: dict[str, Rule] = {p: const(Q.Q5_K) for p in ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M")}
+
 # Categories whose rules read a counter (Slot.i); attn_qkv counts with attn_v, as in llama.cpp.
 COUNTED = {ATTN_V: ATTN_V, ATTN_QKV: ATTN_V, FFN_DOWN: FFN_DOWN}
 
@@ -211,11 +221,15 @@ def rule_type(preset: Preset, name: str, cols: int, slot: Slot, tied: bool) -> Q
     if cat == OUTPUT or (tied and cat == TOKEN_EMBD):
         return output_type(preset, cols)
     rule = RULES.get(preset.name, {}).get(cat)
+    if slot.model.n_expert == 8 and cat == ATTN_OUTPUT:
+        rule = EIGHT_EXPERT_ATTN_OUTPUT.get(preset.name)  # replaces the dense rules
     chosen = rule(slot) if rule else None
     chosen = preset.default if chosen is None else chosen
     if cat in (ATTN_V, ATTN_QKV) and slot.model.is_70b and chosen in (Q.Q3_K, Q.Q4_K):
         # 70B: 8 heads share attn_v, which is 8x smaller than attn_q: more bits cost little.
         chosen = Q.Q5_K
+    if cat in (ATTN_V, ATTN_QKV, ATTN_K) and slot.model.n_expert == 8:
+        chosen = Q.Q8_0  # llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
     return chosen
 
 
@@ -252,6 +266,8 @@ def preset_types(preset: Preset, tensors: list[tuple[str, tuple[int, ...]]], mod
         n = model.n_layers if c == FFN_DOWN else len(members)  # llama.cpp: n_ffn_down = n_layer
         order = sorted(members, key=lambda k: (layer_of(tensors[k][0]), tensors[k][0]))
         slots.update({k: Slot(i, n, model, imatrix) for i, k in enumerate(order)})
+        if c == FFN_DOWN and model.n_expert > 1:  # layer_info: the layer from the name
+            slots.update({k: Slot(layer_of(tensors[k][0]), n, model, imatrix) for k in members})
     out: list[Q | None] = []
     for k, (name, shape) in enumerate(tensors):
         if not allows_quantization(name, len(shape)):

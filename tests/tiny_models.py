@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -38,6 +39,9 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
 GEMMA = ("gemma2", "gemma3_text")
 # GGUF architectures whose q/k rows the converter permutes (its LlamaModel and subclasses: SmolLM3Model)
 PERMUTED_GGUF_ARCHS = ("llama", "smollm3")
+# mixture of experts (Mixtral converts to `llama` with expert tensors)
+HF_CLASS |= {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+GGUF_ARCH |= {"mixtral": "llama", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                   Q.F16: gguf.LlamaFileType.MOSTLY_F16}
 
@@ -62,8 +66,13 @@ class TinySpec:
     storage_dtype: str = "float32"  # safetensors dtype: float32, float16 or bfloat16
     shards: int = 1
     seed: int = 0
+    # mixture of experts: n_experts > 0 replaces each MLP (expert_ffn_dim: an expert's hidden width)
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ffn_dim: int = 0
+    norm_topk: bool = True  # Qwen3-MoE's norm_topk_prob (Mixtral always renormalises)
     name: str = field(default="", compare=False)
-    # Gemma 2 / 3 (config.json keys of the same names; None: the key is written as null)
+    # Gemma 2 / 3, gpt-oss (config.json keys of the same names; None: the key is written as null)
     sliding_window: int | None = None
     query_pre_attn_scalar: int | None = None
     attn_softcap: float | None = None
@@ -85,11 +94,11 @@ class TinySpec:
 
     @property
     def qkv_bias(self) -> bool:
-        return self.arch == "qwen2"
+        return self.arch in ("qwen2", "gpt_oss")
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3_text")
+        return self.arch in ("qwen3", "gemma3_text", "qwen3_moe")
 
     @property
     def gemma(self) -> bool:
@@ -175,6 +184,9 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
         w[p + "self_attn.k_proj.weight"] = randn(kvd, C, std=0.1)
         w[p + "self_attn.v_proj.weight"] = randn(kvd, C, std=0.1)
         w[p + "self_attn.o_proj.weight"] = randn(C, qd, std=0.08)
+        if spec.arch == "gpt_oss":  # o_proj bias and attention sinks
+            w[p + "self_attn.o_proj.bias"] = randn(C, std=0.05)
+            w[p + "self_attn.sinks"] = randn(spec.n_heads, std=1.0)
         if spec.qkv_bias:
             w[p + "self_attn.q_proj.bias"] = randn(qd, std=0.1)
             w[p + "self_attn.k_proj.bias"] = randn(kvd, std=0.1)
@@ -187,6 +199,9 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
         if spec.gemma:
             w[p + "pre_feedforward_layernorm.weight"] = randn(C, std=0.1)
             w[p + "post_feedforward_layernorm.weight"] = randn(C, std=0.1)
+        if spec.n_experts:
+            w |= moe_weights(spec, p, randn)
+            continue
         w[p + "mlp.gate_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.up_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.down_proj.weight"] = randn(C, F, std=0.08)
@@ -233,6 +248,7 @@ def hf_config(spec: TinySpec) -> dict:
     }
     if spec.head_dim is not None:
         cfg["head_dim"] = spec.head_dim
+    cfg |= moe_hf_config(spec)
     if spec.arch in ("llama", "qwen3"):
         cfg["attention_bias"] = False
     if spec.arch == "mistral":
@@ -370,9 +386,10 @@ def llama3_rope_freqs(spec: TinySpec) -> np.ndarray:
 def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
     """GGUF name -> fp32 array (numpy order = HF order), permuted as the converter permutes."""
     arch = GGUF_ARCH[spec.arch]
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], spec.n_layers)
+    model_arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)  # "gpt-oss": GPT_OSS
+    name_map = gguf.get_tensor_name_map(model_arch, spec.n_layers)
     out = {}
-    for hf, t in make_weights(spec).items():
+    for hf, t in gpt_oss_converted(stack_experts(make_weights(spec))).items():
         base, suffix = hf.rsplit(".", 1)
         name = name_map.get_name(base)
         assert name is not None, hf
@@ -451,8 +468,9 @@ def add_phi3_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
 
 
 def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
-               raw: dict[str, tuple[np.ndarray, Q]] | None = None) -> Path:
-    """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model)."""
+               raw: dict[str, tuple[np.ndarray, Q]] | None = None, per_expert: bool = False) -> Path:
+    """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model).
+    per_expert: expert tensors in the old layout of early Mixtral files (blk.N.ffn_gate.E.weight, ...)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     arch = GGUF_ARCH[spec.arch]
     w = gguf.GGUFWriter(str(path), arch)
@@ -483,19 +501,129 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
         w.add_rope_dimension_count(spec.hd)
     if arch == "phi3":
         add_phi3_metadata(w, spec)
+    if spec.n_experts:  # LlamaModel / Qwen3MoeModel.set_gguf_parameters
+        w.add_expert_count(spec.n_experts)
+        w.add_expert_used_count(spec.n_experts_used)
+        if arch != "llama":
+            w.add_expert_feed_forward_length(spec.expert_ffn_dim)
+    if spec.arch == "gpt_oss":  # GptOssModel.set_gguf_parameters and the base class's rope scaling
+        w.add_sliding_window(spec.sliding_window)
+        rs = spec.rope_scaling or {}
+        if rs.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rs["factor"])
+            w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_beta_fast(rs["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rs["beta_slow"])
     add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for name, data in gguf_tensors(spec).items():
+    tensors = gguf_tensors(spec)
+    if per_expert:
+        tensors = {n: d for name, data in tensors.items() for n, d in split_experts(name, data)}
+    for name, data in tensors.items():
         if raw and name in raw:
             data_t = raw[name]
-        else:  # the converter keeps rope_freqs in F32 whatever the output type
-            data_t = encode_tensor(data, qtype) if name != "rope_freqs.weight" else (data, Q.F32)
+        else:  # the converter keeps rope_freqs, MoE routers (ffn_gate_inp) and biases in F32 whatever the type
+            keep = name == "rope_freqs.weight" or ".ffn_gate_inp." in name or name.endswith(".bias")
+            data_t = encode_tensor(data, qtype) if not keep else (data, Q.F32)
         _add_tensor(w, name, *data_t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# ---- mixture of experts (Mixtral, Qwen3-MoE)
+
+# HF model_type -> (router, per-expert gate / up / down) names under model.layers.N., as real
+# checkpoints and transformers 5's save_pretrained store them
+MOE_HF_NAMES = {
+    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3",
+                "block_sparse_moe.experts.{e}.w2"),
+    "qwen3_moe": ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
+}
+
+
+def moe_weights(spec: TinySpec, p: str, randn) -> dict[str, torch.Tensor]:
+    """One layer's router and experts (HF names with prefix p); a router of std 0.5 spreads the
+    tokens over the experts (tests/test_moe.py checks)."""
+    C, F, E = spec.dim, spec.expert_ffn_dim, spec.n_experts
+    if spec.arch == "gpt_oss":  # GptOssMLP: router with bias; experts stacked, x @ W, gate/up interleaved
+        return {p + "mlp.router.weight": randn(E, C, std=0.5), p + "mlp.router.bias": randn(E, std=0.2),
+                p + "mlp.experts.gate_up_proj": randn(E, C, 2 * F, std=0.15),
+                p + "mlp.experts.gate_up_proj_bias": randn(E, 2 * F, std=0.1),
+                p + "mlp.experts.down_proj": randn(E, F, C, std=0.08),
+                p + "mlp.experts.down_proj_bias": randn(E, C, std=0.05)}
+    router, gate, up, down = MOE_HF_NAMES[spec.arch]
+    w = {p + router + ".weight": randn(E, C, std=0.5)}
+    for e in range(E):
+        w[p + gate.format(e=e) + ".weight"] = randn(F, C, std=0.1)
+        w[p + up.format(e=e) + ".weight"] = randn(F, C, std=0.1)
+        w[p + down.format(e=e) + ".weight"] = randn(C, F, std=0.08)
+    return w
+
+
+def moe_hf_config(spec: TinySpec) -> dict:
+    if spec.arch == "gpt_oss":
+        return {"num_local_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
+                "intermediate_size": spec.expert_ffn_dim, "attention_bias": True, "swiglu_limit": 7.0,
+                "sliding_window": spec.sliding_window, "router_aux_loss_coef": 0.0,
+                "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.n_layers)]}
+    if spec.arch == "mixtral":
+        return {"num_local_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
+                "intermediate_size": spec.expert_ffn_dim, "router_jitter_noise": 0.0, "sliding_window": None}
+    if spec.arch == "qwen3_moe":
+        return {"num_experts": spec.n_experts, "num_experts_per_tok": spec.n_experts_used,
+                "moe_intermediate_size": spec.expert_ffn_dim, "norm_topk_prob": spec.norm_topk,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
+                "use_sliding_window": False}
+    return {}
+
+
+def gpt_oss_converted(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GptOssModel.modify_tensors / filter_tensors (non-MXFP4 experts): sinks get `.weight`; gate_up_proj
+    (E, C, 2F) transposed and split into its interleaved gate (even) and up (odd) rows; down_proj (E, F, C)
+    transposed; the biases renamed (gate/up split alike). Other names pass through."""
+    out = {}
+    for name, t in weights.items():
+        if name.endswith("self_attn.sinks"):
+            out[name + ".weight"] = t
+        elif name.endswith("experts.gate_up_proj"):
+            t = t.transpose(-1, -2)
+            out[name.replace("gate_up_proj", "gate_proj.weight")] = t[:, 0::2].contiguous()
+            out[name.replace("gate_up_proj", "up_proj.weight")] = t[:, 1::2].contiguous()
+        elif name.endswith("experts.gate_up_proj_bias"):
+            out[name.replace("gate_up_proj_bias", "gate_proj.bias")] = t[..., 0::2].contiguous()
+            out[name.replace("gate_up_proj_bias", "up_proj.bias")] = t[..., 1::2].contiguous()
+        elif name.endswith("experts.down_proj"):
+            out[name + ".weight"] = t.transpose(-1, -2).contiguous()
+        elif name.endswith("experts.down_proj_bias"):
+            out[name.replace("down_proj_bias", "down_proj.bias")] = t
+        else:
+            out[name] = t
+    return out
+
+
+def split_experts(name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """blk.N.ffn_gate_exps.weight (E, F, C) -> [(blk.N.ffn_gate.E.weight, (F, C)), ...]; others as they are."""
+    m = re.match(r"^(blk\.\d+\.ffn_(?:gate|up|down))_exps\.weight$", name)
+    return [(f"{m.group(1)}.{e}.weight", data[e]) for e in range(data.shape[0])] if m else [(name, data)]
+
+
+def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert HF tensors `...experts.{e}.NAME.weight` -> one (E, ...) tensor `...experts.NAME.weight`,
+    as the converter merges them (the name gguf's TensorNameMap maps to ffn_*_exps)."""
+    out, experts = {}, {}
+    for name, t in weights.items():
+        m = re.match(r"^(.*\.experts)\.(\d+)\.(.*)$", name)
+        if m is None:
+            out[name] = t
+        else:
+            experts.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = t
+    for name, parts in experts.items():
+        out[name] = torch.stack([parts[e] for e in range(len(parts))])
+    return out
 
 
 # ---- raw blocks for the types gguf.quants cannot quantize (the K-quants)
@@ -592,6 +720,24 @@ CASES: dict[str, TinySpec] = {
     # Llama 2 style linear rope scaling ("rope_type": "linear", GGUF rope.scaling.type / factor).
     "llama_linear": TinySpec("llama", seed=9, rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
+# Mixture of experts (tests/test_moe.py): Mixtral 8 experts top-2 (its GGUF says `llama`), Qwen3-MoE
+# 16 experts top-4 with norm_topk_prob, and without. Expert widths a multiple of 32 (Q8_0 rows of
+# ffn_down_exps) and of 8 (the CPU's 8-row tiles: each expert starts on a tile).
+MOE_CASES: dict[str, TinySpec] = {
+    "mixtral": TinySpec("mixtral", ffn_dim=64, n_experts=8, n_experts_used=2, expert_ffn_dim=64, seed=11),
+    "qwen3_moe": TinySpec("qwen3_moe", head_dim=32, norm_eps=1e-6, rope_theta=1e6, n_experts=16, n_experts_used=4,
+                          expert_ffn_dim=32, seed=12),
+    # gpt-oss: sinks, q/k/v/o biases, sliding window 4 on layers 0 and 2, YaRN (short original context:
+    # the ramp spans the 8 frequencies of head_dim 16), 8 experts top-2 with biases, clamped SwiGLU.
+    "gpt_oss": TinySpec("gpt_oss", n_layers=3, head_dim=16, n_heads=4, n_kv_heads=2, rope_theta=150000.0,
+                        context_length=131072, sliding_window=4,
+                        n_experts=8, n_experts_used=2, expert_ffn_dim=32, seed=14, rope_scaling={
+                            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "original_max_position_embeddings": 4096, "truncate": False}),
+    "qwen3_moe_nonorm": TinySpec("qwen3_moe", n_experts=16, n_experts_used=4, expert_ffn_dim=32, norm_topk=False,
+                                 tied=True, seed=13),
+}
+
 # The same qwen2 weights rounded to bf16 and stored as bf16.
 CASES["qwen2_bf16"] = replace(CASES["qwen2"], storage_dtype="bfloat16")
 

@@ -1,0 +1,50 @@
+"""Mixture-of-experts models on CUDA (CudaEagerRuntime: expert tensors as QWeights, each expert's
+product on its row view: kernels.linear.linear_rows) against the CPU fp32 reference of the same file
+(tests/test_moe.py checks that one against transformers).
+
+The tiny MoE models of tiny_models.MOE_CASES as GGUF: F32 (CUDA fp32: the same math, bound 1e-3), and
+Q8_0 / MXFP4 experts in bf16 (the bounds of test_gpu_logits.py: quantized activations and bf16
+rounding, not a wrong expert: a wrong routing or row range gives errors near 1).
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+import tiny_models as tm
+
+from .gpu_helpers import random_ids, rel
+
+Q = gguf.GGMLQuantizationType
+PROMPT, STEPS = 10, 5
+
+
+def mxfp4_experts(spec) -> dict:
+    """GGUF name -> (raw, MXFP4) for every expert tensor (llama.cpp's gpt-oss files hold them so)."""
+    return {n: (gguf.quants.quantize(d.reshape(-1, d.shape[-1]), Q.MXFP4).reshape(*d.shape[:-1], -1), Q.MXFP4)
+            for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
+
+
+@pytest.mark.parametrize("wtype,dtype,bound", [("F32", torch.float32, 1e-3), ("Q8_0", torch.bfloat16, 5e-2),
+                                               ("MXFP4", torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("case", list(tm.MOE_CASES))
+@torch.inference_mode()
+def test_cuda_moe_logits_match_cpu_fp32(tmp_path, case, wtype, dtype, bound):
+    from localllm.load import load_model
+
+    spec = tm.MOE_CASES[case]
+    path = tmp_path / f"{case}-{wtype}.gguf"
+    if wtype == "MXFP4":
+        tm.write_gguf(spec, path, raw=mxfp4_experts(spec))
+    else:
+        tm.write_gguf(spec, path, Q[wtype])
+    gpu = load_model(str(path), "cuda", dtype).runtime
+    ref = load_model(str(path), "cpu", torch.float32, keep_quantized=False).runtime
+    ids = random_ids(tm.vocab_size(), PROMPT + STEPS, seed=2)
+    cg, cc = gpu.new_cache(32), ref.new_cache(32)
+    assert rel(gpu.prefill(cg, [ids[:PROMPT]], 0)[0].float(), ref.prefill(cc, [ids[:PROMPT]], 0)[0]) < bound
+    for t in ids[PROMPT:]:  # one token: k experts' rows per layer
+        lg = gpu.decode(cg, torch.tensor([t], device=gpu.device))[0].float()
+        assert rel(lg, ref.decode(cc, torch.tensor([t]))[0]) < bound
