@@ -23,6 +23,7 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "mistral": dict(qkv_bias=False, qk_norm=False),
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
+    "gemma4": dict(qkv_bias=False, qk_norm=True),  # its other fields: gemma4.py (config_from_gguf/hf dispatch there)
 }
 
 
@@ -77,12 +78,49 @@ class ModelConfig:
     expert_ffn_dim: int = 0
     moe_norm_topk: bool = True  # the chosen experts' softmax weights renormalised to sum to 1
     moe_bias: bool = False  # router and expert products have biases (gpt-oss)
+    # --- Gemma 4 (gemma4.py reads them from config.json / GGUF): layers of two shapes, shared caches, PLE
+    head_dim_global: int | None = None  # head dim of the non-sliding layers (global_head_dim); None: head_dim
+    n_kv_heads_global: int | None = None  # kv heads of the non-sliding layers; None: n_kv_heads
+    attn_k_eq_v: bool = False  # non-sliding layers have no attn_v: values are the key projection
+    attn_v_norm: bool = False  # values RMS-normalised (no weight) before the cache
+    # fraction of the global rope set's frequencies that rotate ("proportional" rope: the others are 0,
+    # the exponent still over the whole head; GGUF's rope_freqs carries it as divisors 1e30)
+    rope_partial_global: float = 1.0
+    n_kv_shared_layers: int = 0  # the last N layers read the cache of the last earlier layer of their kind
+    double_wide_mlp: bool = False  # KV-shared layers have an MLP of 2 * ffn_dim
+    per_layer_dim: int = 0  # per-layer embeddings (PLE): width of each layer's input; 0 = none
+    layer_out_scale: bool = False  # each layer's output (residual included) times a learned scalar
 
     def sliding(self, layer: int) -> bool:
         return bool(self.sliding_layers) and self.sliding_layers[layer]
 
     def has_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Head dim of this layer (Gemma 4: global_head_dim on non-sliding layers)."""
+        return self.head_dim_global if self.head_dim_global and not self.sliding(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_global if self.n_kv_heads_global and not self.sliding(layer) else self.n_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose cache rows this layer attends to: itself, or for one of the last
+        n_kv_shared_layers the last earlier layer of its kind (sliding or not), as transformers'
+        Gemma4TextConfig.kv_sharing_modes and llama.cpp's n_layer_kv_from_start pick it."""
+        first = self.n_layers - self.n_kv_shared_layers
+        if layer < first:
+            return layer
+        return max(j for j in range(first) if self.sliding(j) == self.sliding(layer))
+
+    def layer_ffn_dim(self, layer: int) -> int:
+        return 2 * self.ffn_dim if self.double_wide_mlp and self.kv_source(layer) != layer else self.ffn_dim
+
+    @property
+    def uniform_kv(self) -> bool:
+        """Every layer has its own cache of one shape (one (L, B, Hkv, S, D) buffer serves)."""
+        return not self.n_kv_shared_layers and self.head_dim_global in (None, self.head_dim) and \
+            self.n_kv_heads_global in (None, self.n_kv_heads)
 
     @property
     def llama_layer(self) -> bool:
@@ -104,6 +142,8 @@ FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "head_dim_global", "n_kv_heads_global", "attn_k_eq_v", "attn_v_norm", "rope_partial_global",
+    "n_kv_shared_layers", "double_wide_mlp", "per_layer_dim", "layer_out_scale",
 })
 
 
@@ -189,6 +229,10 @@ def config_from_gguf(
     arch = meta.get("general.architecture")
     if arch is None:
         raise LocalLLMError("GGUF metadata is missing 'general.architecture'")
+    if arch == "gemma4":
+        from .gemma4 import gemma4_config_from_gguf
+
+        return gemma4_config_from_gguf(meta, tensor_names, limits)
     fields = _arch_fields(arch, "general.architecture")
     f = Fields(meta, "GGUF metadata", f"{arch}.")
     n_heads = f.int("attention.head_count", 1, limits.max_heads)
@@ -249,6 +293,10 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     if not isinstance(cfg, dict):
         raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
     arch = cfg.get("model_type")
+    if arch in ("gemma4", "gemma4_text"):
+        from .gemma4 import gemma4_config_from_hf
+
+        return gemma4_config_from_hf(cfg, limits)
     fields = _arch_fields(arch, "config.json 'model_type'")
     f = Fields(cfg, "config.json")
     n_heads = f.int("num_attention_heads", 1, limits.max_heads)

@@ -21,7 +21,7 @@ from .registry import resolve_model
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
+from .weights import EMBEDDINGS, QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
 
 
 @dataclass
@@ -58,8 +58,8 @@ def place_quantized(model: Transformer, state: dict, backend: type[Runtime], lay
             continue
         if layout == "blocks":
             qw = backend.block_weight(value.data.to(device), value.qtype, dtype)
-            if name == "token_embd.weight":
-                model.token_embd = QEmbedding(qw)
+            if name in EMBEDDINGS:  # token_embd (and Gemma 4's per_layer_token_embd)
+                setattr(model, name.removesuffix(".weight"), QEmbedding(qw))
             else:
                 model.get_submodule(name.removesuffix(".weight")).set_quantized(qw)
             del state[name]

@@ -21,7 +21,9 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, config_from_gguf, read_hf_config
 from .errors import LocalLLMError
+from .gemma4 import gemma4_expected_shapes, ignored_tensors
 from .gguf_file import GGUFFile
+from .rope import rotary_dims
 from .settings import DEFAULT_LIMITS, LoaderLimits
 from .weights import hf_tensor_headers
 
@@ -32,6 +34,8 @@ HF_DTYPES = frozenset({"F32", "F16", "BF16"})
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> torch shape (out, in) of every tensor cfg's Transformer holds; rope_freqs
     (optional in a file) included. Must match model.Transformer (tests/test_bad_loader.py checks)."""
+    if cfg.arch == "gemma4":
+        return gemma4_expected_shapes(cfg, rotary_dims(cfg) // 2)
     c, q, kv, f, d = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim, cfg.head_dim
     rot = cfg.rotary_dim or d
     out = {"token_embd.weight": (cfg.vocab_size, c), "output_norm.weight": (c,), "rope_freqs.weight": (rot // 2,)}
@@ -66,6 +70,8 @@ def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where
     tensor present with its shape, nothing else. names: GGUF name -> the checkpoint's own, for messages."""
     names = names or {}
     expected = expected_shapes(cfg)
+    ignored = ignored_tensors(cfg)
+    shapes = {n: s for n, s in shapes.items() if n not in ignored}
     extra = [n for n in shapes if n not in expected]
     if extra:
         raise LocalLLMError(f"{where} has unexpected tensor {names.get(extra[0], extra[0])!r} for this config"
@@ -128,9 +134,10 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
     read -> (config, GGUF name -> (file, checkpoint key))."""
     cfg = read_hf_config(folder)
     keys, tensors = {}, {}
-    for path, key, name, shape, dtype in hf_tensor_headers(folder):
+    for path, key, name, shape, dtype in hf_tensor_headers(folder, cfg):
         if name in keys:
             raise LocalLLMError(f"tensor {key!r} appears twice in {folder.name} ({keys[name][0].name}, {path.name})")
         keys[name], tensors[name] = (path, key), (shape, dtype)
     cfg = check_hf_tensors(cfg, tensors, folder.name, {name: key for name, (_, key) in keys.items()})
-    return cfg, keys
+    ignored = ignored_tensors(cfg)
+    return cfg, {name: k for name, k in keys.items() if name not in ignored}

@@ -21,6 +21,7 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError
+from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
@@ -47,6 +48,9 @@ _HF_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(\d+)") + "$"
 
 # GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope.
 PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
+
+# Lookup tables a backend may keep as blocks (QEmbedding); Gemma 4's per-layer embeddings are one.
+EMBEDDINGS = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
@@ -105,9 +109,11 @@ def gguf_state_dict(
 ) -> dict[str, torch.Tensor | QuantizedTensor]:
     """Every tensor decoded to float, except linear weights (and token_embd with keep_embedding) of a
     type in keep_quantized: QuantizedTensor, uint8 (rows, row bytes) viewing the file's mapping (no copy)."""
-    out = {}
+    out, ignored = {}, ignored_tensors(cfg)
     for name, t in f.tensors.items():
-        keep = keep_embedding or name != "token_embd.weight"
+        if name in ignored:
+            continue
+        keep = keep_embedding or name not in EMBEDDINGS
         if t.tensor_type in keep_quantized and keep and len(t.shape) == 2:
             raw = t.data.view(np.uint8).reshape(t.data.shape[0], -1)  # F16/BF16 data is typed: view as bytes
             w = QuantizedTensor(t.tensor_type, torch.from_numpy(raw))
@@ -163,10 +169,15 @@ def hf_tensor_names(folder: Path) -> Iterator[tuple[Path, str, str]]:
         yield path, key, name
 
 
-def hf_tensor_headers(folder: Path) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
-    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor, from the files' headers only."""
+def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
+    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor, from the files' headers only.
+    cfg: the folder's config, for architectures whose names come from gguf's per-architecture table."""
     from safetensors import SafetensorError, safe_open
 
+    lookup = hf_name
+    if cfg is not None and cfg.arch == "gemma4":
+        name_map = hf_name_map(cfg.n_layers)
+        lookup = lambda key: gemma4_hf_name(key, name_map)  # noqa: E731
     for path in safetensors_files(folder):
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -175,7 +186,9 @@ def hf_tensor_headers(folder: Path) -> Iterator[tuple[Path, str, str, tuple[int,
         except (SafetensorError, OSError, ValueError) as e:
             raise LocalLLMError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         for key, shape, dtype in entries:
-            name = hf_name(key)
+            name = lookup(key)
+            if name == "":  # a part of the checkpoint that is not the text model (gemma4's towers)
+                continue
             if name is None and not key.endswith("rotary_emb.inv_freq"):  # a cached buffer, not a weight
                 raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
             if name is not None:

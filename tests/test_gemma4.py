@@ -1,0 +1,130 @@
+"""Gemma 4 text models: our fp32 logits against transformers' Gemma4ForCausalLM (the oracle) on tiny
+random-weight checkpoints (tiny_gemma4.py), as a safetensors folder and as the GGUF llama.cpp's converter
+writes (transformers cannot load a gemma4 GGUF: our GGUF load is compared to our safetensors load,
+which is compared to transformers), and each Gemma 4 feature shown to change the logits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import tiny_gemma4 as g4
+import tiny_models as tm
+from localllm.cache import make_cache
+from localllm.load import build_model, load_model, read_hf_folder
+from localllm.runtime import Runtime
+
+TOL = 1e-3
+BATCH, T = 2, 16
+
+
+@pytest.fixture(scope="module")
+def tokens() -> torch.Tensor:
+    g = torch.Generator().manual_seed(4321)
+    return torch.randint(0, tm.vocab_size(), (BATCH, T), generator=g)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """case -> (HF folder, GGUF F32 path, GGUF Q8_0 path), written on first use."""
+    root, made = tmp_path_factory.mktemp("gemma4"), {}
+
+    def get(case: str):
+        if case not in made:
+            spec = g4.CASES[case]
+            folder = g4.write_hf_folder(spec, root / case / "hf")
+            made[case] = (folder, g4.write_gguf(spec, folder, root / case / "tiny-F32.gguf"),
+                          g4.write_gguf(spec, folder, root / case / "tiny-Q8_0.gguf", tm.Q.Q8_0))
+        return made[case]
+    return get
+
+
+@torch.inference_mode()
+def run(runtime_or_path, tokens: torch.Tensor, chunks: tuple[int, ...] = ()) -> torch.Tensor:
+    """Logits of the whole batch, fed in one pass or in chunks (prompt, then more: the cache path)."""
+    model = load_model(str(runtime_or_path), "cpu", torch.float32).model if not isinstance(
+        runtime_or_path, Runtime) else runtime_or_path.model
+    cache = make_cache(model.cfg, tokens.shape[1], batch=tokens.shape[0])
+    if not chunks:
+        return model(tokens, cache, 0)
+    out, start = [], 0
+    for n in chunks:
+        out.append(model(tokens[:, start:start + n], cache, start))
+        start += n
+    return torch.cat(out, dim=1)
+
+
+@torch.inference_mode()
+def hf_logits(folder, tokens: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    return model(tokens).logits.float()
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, tol: float = TOL) -> None:
+    assert ours.shape == ref.shape
+    assert ref.std() > 0.1 and torch.isfinite(ref).all()
+    diff = (ours - ref).abs().max().item()
+    assert diff <= tol, f"max abs diff {diff:.3g} > {tol}"
+
+
+@pytest.mark.parametrize("case", list(g4.CASES))
+def test_safetensors_matches_transformers(files, tokens, case):
+    folder, _, _ = files(case)
+    ref = hf_logits(folder, tokens)
+    assert_close(run(folder, tokens), ref)
+    # prompt then single tokens then a chunk: the cache (per-layer buffers, shared layers) and the masks
+    assert_close(run(folder, tokens, (5, 1, 1, 9)), ref)
+
+
+@pytest.mark.parametrize("case", list(g4.CASES))
+def test_gguf_equals_safetensors(files, tokens, case):
+    folder, f32, q8 = files(case)
+    ours = run(folder, tokens)
+    assert_close(run(f32, tokens), ours, tol=1e-4)
+    # Q8_0: the CPU backend keeps the file's blocks (per-layer embeddings too) for its C++ products;
+    # against the same file decoded to dense fp32
+    dense = load_model(str(q8), "cpu", torch.float32, keep_quantized=False)
+    assert_close(run(q8, tokens), run(dense.runtime, tokens), tol=2e-2)
+
+
+def variant(folder, tokens, state_fn=None, **changes) -> torch.Tensor:
+    """Our logits of the folder's weights with config fields changed / tensors edited."""
+    cfg, state, _, _ = read_hf_folder(folder)
+    if state_fn is not None:
+        state_fn(state)
+    return run(build_model(replace(cfg, **changes), state, "cpu", torch.float32), tokens)
+
+
+def _set(pattern: str, value: float):
+    def edit(state):
+        names = [n for n in state if n.endswith(pattern)]
+        assert names, pattern
+        for n in names:
+            state[n] = torch.full_like(state[n], value)
+    return edit
+
+
+# feature -> (case, state edit, config changes) that remove it; each must move the logits
+FEATURES = {
+    "sliding_window": ("dense", None, dict(sliding_window=10**6)),
+    "proportional_rope": ("dense", None, dict(rope_partial_global=1.0)),
+    "local_rope_theta": ("dense", None, dict(rope_theta_local=1e6)),
+    "value_norm": ("dense", None, dict(attn_v_norm=False)),
+    "attn_scale_1": ("dense", None, dict(attn_scale=None)),
+    "final_softcap": ("dense", None, dict(final_softcap=None)),
+    "embed_scale": ("dense", None, dict(embed_scale=1.0)),
+    "layer_scalar": ("dense", _set("layer_output_scale.weight", 1.0), {}),
+    "per_layer_embeddings": ("e2b", _set(".proj.weight", 0.0), {}),
+    "per_layer_token_part": ("e2b", _set("per_layer_token_embd.weight", 0.0), {}),
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_feature_changes_logits(files, tokens, feature):
+    case, edit, changes = FEATURES[feature]
+    folder, _, _ = files(case)
+    assert (variant(folder, tokens, edit, **changes) - hf_logits(folder, tokens)).abs().max() > 0.05
