@@ -90,6 +90,7 @@ class ModelConfig:
     double_wide_mlp: bool = False  # KV-shared layers have an MLP of 2 * ffn_dim
     per_layer_dim: int = 0  # per-layer embeddings (PLE): width of each layer's input; 0 = none
     layer_out_scale: bool = False  # each layer's output (residual included) times a learned scalar
+    moe_with_mlp: bool = False  # experts beside the dense MLP, with their own norms (Gemma 4: gemma4_moe.py)
 
     def sliding(self, layer: int) -> bool:
         return bool(self.sliding_layers) and self.sliding_layers[layer]
@@ -143,7 +144,7 @@ FAMILY_FIELDS = frozenset({
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
     "head_dim_global", "n_kv_heads_global", "attn_k_eq_v", "attn_v_norm", "rope_partial_global",
-    "n_kv_shared_layers", "double_wide_mlp", "per_layer_dim", "layer_out_scale",
+    "n_kv_shared_layers", "double_wide_mlp", "per_layer_dim", "layer_out_scale", "moe_with_mlp",
 })
 
 

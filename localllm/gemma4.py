@@ -30,6 +30,7 @@ from .settings import DEFAULT_LIMITS, LoaderLimits
 
 ARCH = "gemma4"
 SLIDING, FULL = "sliding_attention", "full_attention"
+MAX_EXPERTS = 1 << 12  # experts a layer may claim (26B-A4B has 128)
 # Checkpoint keys of the multimodal model that are not the text model (llama.cpp's mmproj holds them).
 _OTHER_TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                  "model.multi_modal_projector.")
@@ -95,8 +96,6 @@ def gemma4_config_from_hf(cfg: dict[str, Any], limits: LoaderLimits = DEFAULT_LI
         raise f.bad("hidden_activation", cfg["hidden_activation"], "'gelu_pytorch_tanh'")
     if f.bool("attention_bias", False):
         raise f.bad("attention_bias", True, "false")
-    if f.bool("enable_moe_block", False):
-        raise LocalLLMError("Gemma 4 mixture-of-experts layers (enable_moe_block) are not supported yet")
     n_layers = f.int("num_hidden_layers", 1, limits.max_layers, 30)
     dim = f.int("hidden_size", 1, limits.max_dim, 2304)
     n_heads = f.int("num_attention_heads", 1, limits.max_heads, 8)
@@ -131,9 +130,18 @@ def gemma4_config_from_hf(cfg: dict[str, Any], limits: LoaderLimits = DEFAULT_LI
         rope_theta_local=lf.float("rope_theta", 10000.0), final_softcap=softcap,
         head_dim_global=hd_full, n_kv_heads_global=kv_full, attn_k_eq_v=k_eq_v, rope_partial_global=partial,
         n_kv_shared_layers=n_shared, double_wide_mlp=f.bool("use_double_wide_mlp", False), per_layer_dim=ple,
-        layer_out_scale=True,
+        layer_out_scale=True, **_hf_moe(f, n_layers, limits),
     )
     return _checked(out, "config.json", limits)
+
+
+def _hf_moe(f: Fields, n_layers: int, limits: LoaderLimits) -> dict:
+    """enable_moe_block: every layer has num_experts experts of moe_intermediate_size, top_k_experts used."""
+    if not f.bool("enable_moe_block", False):
+        return {}
+    n = f.int("num_experts", 1, MAX_EXPERTS)
+    return dict(moe_with_mlp=True, n_experts=n, n_experts_used=f.int("top_k_experts", 1, n),
+                expert_ffn_dim=f.int("moe_intermediate_size", 1, limits.max_ffn_dim))
 
 
 def _common_fields(dim: int, types: list[str], window: int) -> dict:
@@ -210,8 +218,11 @@ def gemma4_config_from_gguf(meta: dict[str, Any], tensor_names: set[str],
     want = [ffn[0] * (2 if double and i >= first else 1) for i in range(n_layers)]
     if ffn != want:
         raise f.bad(key(k.LLM.FEED_FORWARD_LENGTH), ffn, "one length (twice it on KV-shared layers: double-wide MLP)")
-    if meta.get(k.LLM.EXPERT_COUNT.format(arch=ARCH)):
-        raise LocalLLMError("Gemma 4 mixture-of-experts layers (gemma4.expert_count) are not supported yet")
+    moe = {}
+    if f.raw(key(k.LLM.EXPERT_COUNT), 0):
+        n = f.int(key(k.LLM.EXPERT_COUNT), 1, MAX_EXPERTS)
+        moe = dict(moe_with_mlp=True, n_experts=n, n_experts_used=f.int(key(k.LLM.EXPERT_USED_COUNT), 1, n),
+                   expert_ffn_dim=f.int(key(k.LLM.EXPERT_FEED_FORWARD_LENGTH), 1, limits.max_ffn_dim))
     if "rope_freqs.weight" not in tensor_names:
         raise LocalLLMError("GGUF file has no 'rope_freqs.weight' (the full-attention layers' proportional rope)")
     k_eq_v = any(not pattern[i] and f"blk.{i}.attn_k.weight" in tensor_names and f"blk.{i}.attn_v.weight"
@@ -234,7 +245,7 @@ def gemma4_config_from_gguf(meta: dict[str, Any], tensor_names: set[str],
         head_dim_global=hd_full, n_kv_heads_global=kv_full, attn_k_eq_v=k_eq_v,
         n_kv_shared_layers=n_shared, double_wide_mlp=double,
         per_layer_dim=f.int(key(k.LLM.EMBD_LENGTH_PER_LAYER_INP), 0, limits.max_dim, 0),
-        layer_out_scale="blk.0.layer_output_scale.weight" in tensor_names,
+        layer_out_scale="blk.0.layer_output_scale.weight" in tensor_names, **moe,
     )
     # rope_partial_global stays 1: the file's rope_freqs divisors (1e30 on unrotated pairs) carry it
     return _checked(cfg, "GGUF metadata", limits)
@@ -254,8 +265,13 @@ def gemma4_hf_name(key: str, name_map) -> str | None:
         key = "model." + key.removeprefix("model.language_model.")
     elif key.startswith(_OTHER_TOWERS):
         return ""
-    if key.endswith(".layer_scalar"):
+    if key.endswith((".layer_scalar", ".experts.gate_up_proj", ".experts.down_proj")):  # bare parameters
         key += ".weight"
+    # the router's scales: llama.cpp's converter names them ffn_gate_inp.scale / ffn_down_exps.scale
+    for hf, ours in ((".router.scale", "ffn_gate_inp.scale"), (".router.per_expert_scale", "ffn_down_exps.scale")):
+        if key.endswith(hf) and key.startswith("model.layers."):
+            layer = key.removeprefix("model.layers.").split(".")[0]
+            return f"blk.{layer}.{ours}" if layer.isdigit() else None
     base, _, suffix = key.rpartition(".")
     name = name_map.get_name(base)
     return None if name is None or suffix != "weight" else f"{name}.weight"
@@ -290,6 +306,11 @@ def gemma4_expected_shapes(cfg: ModelConfig, rope_pairs: int) -> dict[str, tuple
             layer["layer_output_scale.weight"] = (1,)
         if p:
             layer |= {"inp_gate.weight": (p, c), "proj.weight": (c, p), "post_norm.weight": (c,)}
+        if cfg.moe_with_mlp:
+            e, fe = cfg.n_experts, cfg.expert_ffn_dim
+            layer |= {"ffn_gate_inp.weight": (e, c), "ffn_gate_inp.scale": (c,), "ffn_gate_up_exps.weight": (e, 2 * fe, c),
+                      "ffn_down_exps.weight": (e, c, fe), "ffn_down_exps.scale": (e,), "pre_ffw_norm_2.weight": (c,),
+                      "post_ffw_norm_1.weight": (c,), "post_ffw_norm_2.weight": (c,)}
         out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
     return out
 

@@ -28,6 +28,7 @@ from localllm.kernels.qweight import QWeight
 from .attention import attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
+from .gemma4_moe import add_moe, moe_ffn
 from .rope import layer_ropes, llama3_rope_factors, rope_rotate, rope_table, rotary_dims
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
@@ -215,6 +216,8 @@ class Block(nn.Module):
             self.proj = Linear(cfg.per_layer_dim, cfg.dim, bias=False)
             self.post_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.layer_output_scale = Vector(1) if cfg.layer_out_scale else None
+        if cfg.moe_with_mlp:  # Gemma 4's experts beside the dense MLP
+            add_moe(self, cfg, Linear, RMSNorm, ops)
         # gate/up rows interleaved in one weight, for backends that fuse them at load; None: two products
         self.fused_gate_up = None
 
@@ -229,6 +232,8 @@ class Block(nn.Module):
             h = self.post_attention_norm(h)
         x = x + h
         h = self.ffn(self.ffn_norm(x))
+        if self.cfg.moe_with_mlp:
+            h = moe_ffn(self, x, h)
         if self.post_ffw_norm is not None:
             h = self.post_ffw_norm(h)
         x = x + h

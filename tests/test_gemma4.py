@@ -120,6 +120,10 @@ FEATURES = {
     "layer_scalar": ("dense", _set("layer_output_scale.weight", 1.0), {}),
     "per_layer_embeddings": ("e2b", _set(".proj.weight", 0.0), {}),
     "per_layer_token_part": ("e2b", _set("per_layer_token_embd.weight", 0.0), {}),
+    "experts": ("moe", _set("ffn_down_exps.weight", 0.0), {}),
+    "experts_top_k": ("moe", None, dict(n_experts_used=1)),
+    "per_expert_scale": ("moe", _set("ffn_down_exps.scale", 1.0), {}),
+    "router_scale": ("moe", _set("ffn_gate_inp.scale", 1.0), {}),
 }
 
 

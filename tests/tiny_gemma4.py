@@ -44,6 +44,9 @@ class Gemma4Spec:
     ple_dim: int = 0
     n_kv_shared: int = 0
     double_wide: bool = False
+    n_experts: int = 0  # enable_moe_block with this many experts (26B-A4B style)
+    top_k: int = 2
+    expert_ffn_dim: int = 32
     tied: bool = True
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)  # more config.json keys
@@ -60,6 +63,8 @@ CASES = {
     "e2b": Gemma4Spec(k_eq_v=False, n_global_kv_heads=None, ple_dim=16, n_kv_shared=3, double_wide=True,
                       final_softcap=None, tied=True, seed=12),
     "untied": Gemma4Spec(tied=False, seed=13, k_eq_v=False, n_global_kv_heads=None),
+    # 26B-A4B style: experts beside the dense MLP in every layer, k_eq_v
+    "moe": Gemma4Spec(n_experts=4, top_k=2, seed=14),
 }
 
 
@@ -80,6 +85,9 @@ def text_config(spec: Gemma4Spec) -> dict:
     )
     if spec.n_global_kv_heads is not None:
         cfg["num_global_key_value_heads"] = spec.n_global_kv_heads
+    if spec.n_experts:
+        cfg |= dict(enable_moe_block=True, num_experts=spec.n_experts, top_k_experts=spec.top_k,
+                    moe_intermediate_size=spec.expert_ffn_dim)
     return cfg | spec.extra
 
 
@@ -94,8 +102,10 @@ def make_model(spec: Gemma4Spec):
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if "rotary_emb" in name or name.endswith("embed_scale"):
                 continue
-            if name.endswith("layer_scalar"):
+            if name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
                 p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            elif name.endswith("router.proj.weight"):  # decisive routing: top-k far from ties
+                p.copy_(torch.randn(p.shape, generator=g))
             elif "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
             else:
@@ -120,8 +130,13 @@ def gguf_tensors(spec: Gemma4Spec, state: dict[str, torch.Tensor]) -> dict[str, 
     for key, t in state.items():
         if key == "lm_head.weight" and spec.tied:
             continue
-        if key.endswith("layer_scalar"):
+        if key.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")):
             key += ".weight"
+        if key.endswith(("router.scale", "router.per_expert_scale")):  # Gemma4Model.modify_tensors
+            bid = int(key.split(".")[2])
+            kind = gguf.MODEL_TENSOR.FFN_GATE_INP if key.endswith("router.scale") else gguf.MODEL_TENSOR.FFN_DOWN_EXP
+            out[gguf.TENSOR_NAMES[kind].format(bid=bid) + ".scale"] = t.float().numpy()
+            continue
         base, suffix = key.rsplit(".", 1)
         name = name_map.get_name(base)
         assert name is not None, key
@@ -170,6 +185,10 @@ def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: tm.Q = tm.Q.F3
     w.add_sliding_window_pattern(swa)
     w.add_shared_kv_layers(spec.n_kv_shared)
     w.add_embedding_length_per_layer_input(spec.ple_dim)
+    if spec.n_experts:
+        w.add_expert_count(spec.n_experts)
+        w.add_expert_used_count(spec.top_k)
+        w.add_expert_feed_forward_length(spec.expert_ffn_dim)
     w.add_file_type(tm.GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
     tm.add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
