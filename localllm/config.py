@@ -23,8 +23,12 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "mistral": dict(qkv_bias=False, qk_norm=False),
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
-    "gemma4": dict(qkv_bias=False, qk_norm=True),  # its other fields: gemma4.py (config_from_gguf/hf dispatch there)
+    "gemma4": dict(qkv_bias=False, qk_norm=True),  # read by gemma4.py (validate.py picks it), not here
 }
+
+
+# Architectures whose configs have a reader of their own (it imports this module): arch -> file.
+OWN_READERS = {"gemma4": "gemma4.py"}
 
 
 @dataclass(frozen=True)
@@ -230,10 +234,8 @@ def config_from_gguf(
     arch = meta.get("general.architecture")
     if arch is None:
         raise LocalLLMError("GGUF metadata is missing 'general.architecture'")
-    if arch == "gemma4":
-        from .gemma4 import gemma4_config_from_gguf
-
-        return gemma4_config_from_gguf(meta, tensor_names, limits)
+    if arch in OWN_READERS:
+        raise LocalLLMError(f"{arch} metadata is read by localllm/{OWN_READERS[arch]} (validate.check_gguf)")
     fields = _arch_fields(arch, "general.architecture")
     f = Fields(meta, "GGUF metadata", f"{arch}.")
     n_heads = f.int("attention.head_count", 1, limits.max_heads)
@@ -294,10 +296,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     if not isinstance(cfg, dict):
         raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
     arch = cfg.get("model_type")
-    if arch in ("gemma4", "gemma4_text"):
-        from .gemma4 import gemma4_config_from_hf
-
-        return gemma4_config_from_hf(cfg, limits)
+    if arch in OWN_READERS or arch == "gemma4_text":
+        raise LocalLLMError(f"a {arch} config.json is read by localllm/gemma4.py (validate.check_hf_folder)")
     fields = _arch_fields(arch, "config.json 'model_type'")
     f = Fields(cfg, "config.json")
     n_heads = f.int("num_attention_heads", 1, limits.max_heads)
@@ -329,10 +329,15 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
 
 def read_hf_config(folder: Path, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
     """folder/config.json -> ModelConfig; a missing, non-UTF-8 or malformed file is one line naming it."""
+    return config_from_hf(hf_config_json(folder), limits)
+
+
+def hf_config_json(folder: Path) -> Any:
+    """The value of folder/config.json; a missing, non-UTF-8 or malformed file is one line naming it."""
     path = folder / "config.json"
     if not path.is_file():
         raise LocalLLMError(f"not a model folder: {folder} has no config.json")
-    return config_from_hf(read_json(path), limits)
+    return read_json(path)
 
 
 def read_json(path: Path) -> Any:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from localllm.quantize.formats import SUPPORTED_TYPES
 
-from .config import ModelConfig, config_from_gguf, read_hf_config
+from .config import ModelConfig, config_from_gguf, config_from_hf, hf_config_json
 from .errors import LocalLLMError
-from .gemma4 import gemma4_expected_shapes, ignored_tensors
+from .gemma4 import gemma4_config_from_gguf, gemma4_config_from_hf, gemma4_expected_shapes, ignored_tensors
 from .gguf_file import GGUFFile
 from .rope import rotary_dims
 from .settings import DEFAULT_LIMITS, LoaderLimits
@@ -100,7 +100,8 @@ def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfi
     for name, t in f.tensors.items():
         if t.tensor_type not in SUPPORTED_TYPES:
             raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}")
-    cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
+    read = gemma4_config_from_gguf if f.metadata.get("general.architecture") == "gemma4" else config_from_gguf
+    cfg = read(f.metadata, set(f.tensors), limits)
     where = f"GGUF file {f.path.name}"
     check_tensor_set(cfg, {n: gguf_torch_shape(t) for n, t in f.tensors.items()}, where)
     check_vocab(cfg, f.metadata.get("tokenizer.ggml.tokens"), where)
@@ -132,7 +133,9 @@ def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...],
 def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, str]]]:
     """config.json and every tensor header of a safetensors folder, validated before any tensor is
     read -> (config, GGUF name -> (file, checkpoint key))."""
-    cfg = read_hf_config(folder)
+    raw = hf_config_json(folder)
+    gemma4 = isinstance(raw, dict) and raw.get("model_type") in ("gemma4", "gemma4_text")
+    cfg = gemma4_config_from_hf(raw) if gemma4 else config_from_hf(raw)
     keys, tensors = {}, {}
     for path, key, name, shape, dtype in hf_tensor_headers(folder, cfg):
         if name in keys:

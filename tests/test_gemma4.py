@@ -5,6 +5,7 @@ which is compared to transformers), and each Gemma 4 feature shown to change the
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -132,3 +133,39 @@ def test_feature_changes_logits(files, tokens, feature):
     case, edit, changes = FEATURES[feature]
     folder, _, _ = files(case)
     assert (variant(folder, tokens, edit, **changes) - hf_logits(folder, tokens)).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("case", ["dense", "e2b"])
+def test_released_multimodal_layout(files, tokens, tmp_path, case):
+    """A folder laid out as the released checkpoints are (Gemma4ForConditionalGeneration: model_type
+    gemma4, the text config under text_config with global_head_dim / num_global_key_value_heads, the
+    text weights under model.language_model., vision tower tensors beside them, and k/v projections
+    stored for KV-shared layers, which transformers ignores) loads to the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    folder, _, _ = files(case)
+    spec = g4.CASES[case]
+    state = {k.replace("model.", "model.language_model.", 1): v
+             for k, v in load_file(str(folder / "model.safetensors")).items()}
+    g = torch.Generator().manual_seed(0)
+    state["model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight"] = torch.randn(8, 4, generator=g)
+    state["model.embed_vision.embedding_projection.weight"] = torch.randn(spec.dim, 8, generator=g)
+    first = spec.n_layers - spec.n_kv_shared
+    for i in range(first, spec.n_layers):
+        p = f"model.language_model.layers.{i}.self_attn."
+        kv = spec.n_kv_heads * spec.head_dim if spec.layer_types[i] == g4.S else spec.global_head_dim * (
+            spec.n_global_kv_heads or spec.n_kv_heads)
+        state[p + "k_proj.weight"] = torch.randn(kv, spec.dim, generator=g)
+        state[p + "v_proj.weight"] = torch.randn(kv, spec.dim, generator=g)
+        state[p + "k_norm.weight"] = torch.randn(kv // (spec.n_global_kv_heads or spec.n_kv_heads)
+                                                 if spec.layer_types[i] == g4.F else spec.head_dim, generator=g)
+    out = tmp_path / case
+    out.mkdir()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_text((folder / name).read_text())
+    config = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+              "text_config": dict(g4.text_config(spec), model_type="gemma4_text"),
+              "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8}, "tie_word_embeddings": True}
+    (out / "config.json").write_text(json.dumps(config))
+    assert_close(run(out, tokens), hf_logits(folder, tokens))
