@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,3 +170,71 @@ def test_released_multimodal_layout(files, tokens, tmp_path, case):
               "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8}, "tie_word_embeddings": True}
     (out / "config.json").write_text(json.dumps(config))
     assert_close(run(out, tokens), hf_logits(folder, tokens))
+
+
+# ---- bad input: one LocalLLMError line naming the key
+
+
+def _with_config(folder, tmp_path, **changes):
+    import shutil
+
+    out = tmp_path / "bad"
+    shutil.copytree(folder, out)
+    cfg = json.loads((out / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize("case, changes, message", [
+    ("dense", dict(layer_types=["sliding_attention"]), "'layer_types'"),
+    ("dense", dict(per_layer_config={"2": {"head_dim": 32, "num_key_value_heads": 1}, "5": {"head_dim": 64}}),
+     "one shape for every full-attention layer"),
+    ("dense", dict(use_bidirectional_attention="all"), "'use_bidirectional_attention'"),
+    ("e2b", dict(num_kv_shared_layers=5), "need an earlier layer"),
+    ("moe", dict(num_experts=None), "missing 'num_experts'"),
+    ("dense", dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6}}), "proportional"),
+])
+def test_bad_config(files, tmp_path, case, changes, message):
+    from localllm.errors import LocalLLMError
+    from localllm.validate import check_hf_folder
+
+    folder, _, _ = files(case)
+    with pytest.raises(LocalLLMError) as e:
+        check_hf_folder(_with_config(folder, tmp_path, **changes))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_gguf_without_rope_freqs(files, tmp_path):
+    """The full layers' proportional rope lives in rope_freqs.weight: a file without it is refused."""
+    import gguf as gg
+
+    from localllm.errors import LocalLLMError
+    from localllm.gguf_file import open_gguf
+    from localllm.validate import check_gguf
+
+    _, f32, _ = files("dense")
+    reader = gg.GGUFReader(str(f32))
+    w = gg.GGUFWriter(str(tmp_path / "no-rope.gguf"), "gemma4")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        if vtype == gg.GGUFValueType.ARRAY:
+            w.add_key_value(field.name, value, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(field.name, value, vtype)
+    for t in reader.tensors:
+        if t.name != "rope_freqs.weight":
+            w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(LocalLLMError, match="rope_freqs"):
+        check_gguf(open_gguf(tmp_path / "no-rope.gguf"))
