@@ -27,7 +27,7 @@ def _gguf_info(path: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:
 def _hf_info(folder: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:
     cfg, _ = check_hf_folder(folder)  # the config and every tensor header, as loading checks them
     params, types = 0, Counter()
-    for _, _, _, shape, dtype in hf_tensor_headers(folder):
+    for _, _, _, shape, dtype in hf_tensor_headers(folder, cfg):
         params += math.prod(shape)
         types[dtype] += 1
     return cfg, params, types, load_hf_tokenizer(folder)

@@ -238,3 +238,16 @@ def test_gguf_without_rope_freqs(files, tmp_path):
     w.close()
     with pytest.raises(LocalLLMError, match="rope_freqs"):
         check_gguf(open_gguf(tmp_path / "no-rope.gguf"))
+
+
+@pytest.mark.parametrize("case", list(g4.CASES))
+def test_expected_shapes_match_the_model(files, case):
+    """validate.expected_shapes (the loader's trust boundary) is exactly what model.Transformer holds."""
+    from localllm.model import Transformer
+    from localllm.validate import check_hf_folder, expected_shapes
+    from localllm.weights import gguf_name
+
+    cfg, _ = check_hf_folder(files(case)[0])
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    assert {gguf_name(n): tuple(t.shape) for n, t in model.state_dict().items()} == expected_shapes(cfg)
