@@ -23,7 +23,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.k[0].shape[2]
+        return self.k.shape[3] if isinstance(self.k, torch.Tensor) else self.k[0].shape[2]
 
     def rows(self, layer: int, end: int):
         """Views of rows [0, end) of the layer's keys and values (a KV-shared layer reads, never writes)."""
