@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import LocalLLMError
 from .base import StreamDecoder, Tokenizer
 from .bpe import BpeTokenizer
+from .gemma4 import Gemma4Tokenizer
 from .hf import load_hf_tokenizer
 from .pretok import PRE_TOKENIZERS
 from .meta import optional_bool, optional_int, optional_text, typed_list
@@ -68,8 +69,14 @@ def load_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
             add_bos=optional_bool(metadata, KEY + "add_bos_token", default_add_bos),
             **common,
         )
+    if model == "gemma4":
+        merges = typed_list(metadata, KEY + "merges", "text")
+        if merges is None:
+            raise LocalLLMError("the GGUF has a BPE vocabulary without merges (tokenizer.ggml.merges)")
+        return Gemma4Tokenizer(tokens, types, merges, add_bos=optional_bool(metadata, KEY + "add_bos_token", True),
+                               **common)
     raise LocalLLMError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
-                        "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE)")
+                        "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE), 'gemma4' (Gemma 4 BPE)")
 
 
 def _phi3_rstrip_ids(metadata: dict[str, Any], tokens: list[str], types) -> list[int]:
