@@ -90,8 +90,9 @@ def gemma4_config_from_hf(cfg: dict[str, Any], limits: LoaderLimits = DEFAULT_LI
         if not isinstance(cfg, dict):
             raise LocalLLMError("config.json of a gemma4 model has no 'text_config' object")
     f = Fields(cfg, "config.json")
-    if f.raw("use_bidirectional_attention", None) is not None:
-        raise f.bad("use_bidirectional_attention", cfg["use_bidirectional_attention"], "null (causal text model)")
+    # "vision": image tokens see each other both ways, text stays causal (all we run); "all": an encoder
+    if f.raw("use_bidirectional_attention", None) not in (None, "vision"):
+        raise f.bad("use_bidirectional_attention", cfg["use_bidirectional_attention"], "null or 'vision' (causal text)")
     if f.raw("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
         raise f.bad("hidden_activation", cfg["hidden_activation"], "'gelu_pytorch_tanh'")
     if f.bool("attention_bias", False):

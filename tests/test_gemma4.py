@@ -166,7 +166,7 @@ def test_released_multimodal_layout(files, tokens, tmp_path, case):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_text((folder / name).read_text())
     config = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
-              "text_config": dict(g4.text_config(spec), model_type="gemma4_text"),
+              "text_config": dict(g4.text_config(spec), model_type="gemma4_text", use_bidirectional_attention="vision"),
               "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8}, "tie_word_embeddings": True}
     (out / "config.json").write_text(json.dumps(config))
     assert_close(run(out, tokens), hf_logits(folder, tokens))
