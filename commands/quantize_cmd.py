@@ -417,6 +417,9 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     from safetensors import safe_open
 
     cfg, _ = check_hf_folder(folder)  # config.json and every tensor header, as the loader checks them
+    if cfg.arch == "gemma4":  # its keys, rope_freqs and names: llama.cpp's Gemma4Model, not written here yet
+        raise LocalLLMError("writing a GGUF from a Gemma 4 safetensors folder is not supported yet"
+                            " (llama.cpp's convert_hf_to_gguf.py converts it; localllm loads the folder as it is)")
     hp = read_json(folder / "config.json")
     arch = gguf_arch(cfg.arch)
     model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
