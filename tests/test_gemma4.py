@@ -251,3 +251,28 @@ def test_expected_shapes_match_the_model(files, case):
     with torch.device("meta"):
         model = Transformer(cfg)
     assert {gguf_name(n): tuple(t.shape) for n, t in model.state_dict().items()} == expected_shapes(cfg)
+
+
+@pytest.mark.parametrize("case", ["dense", "e2b", "moe"])
+def test_quantize_folder_writes_the_converters_gguf(files, tokens, tmp_path, case):
+    """`localllm quantize FOLDER --type F32` writes what tiny_gemma4 writes as llama.cpp's converter
+    (the same gemma4.* keys and values, tensor names, shapes), and it loads to the folder's logits."""
+    import gguf as gg
+    from cli_helpers import invoke_quantize
+
+    folder, f32, _ = files(case)
+    out = tmp_path / "fromhf.gguf"
+    result = invoke_quantize(folder, out, "--type", "F32")
+    assert result.exit_code == 0, result.stderr
+
+    def contents(path):
+        r = gg.GGUFReader(str(path))
+        meta = {f.name: f.contents() for f in r.fields.values() if f.name.startswith("gemma4.")}
+        return meta, {t.name: tuple(t.shape.tolist()) for t in r.tensors}
+
+    ours, theirs = contents(out), contents(f32)
+    assert ours[0].keys() == theirs[0].keys()
+    for key, value in theirs[0].items():
+        assert ours[0][key] == pytest.approx(value), key
+    assert ours[1] == theirs[1]
+    assert_close(run(out, tokens), run(folder, tokens), tol=1e-5)
