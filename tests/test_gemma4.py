@@ -276,3 +276,20 @@ def test_quantize_folder_writes_the_converters_gguf(files, tokens, tmp_path, cas
         assert ours[0][key] == pytest.approx(value), key
     assert ours[1] == theirs[1]
     assert_close(run(out, tokens), run(folder, tokens), tol=1e-5)
+
+
+def test_gguf_with_kv_shared_layers_k_v(files, tokens, tmp_path):
+    """A GGUF converted from a checkpoint that stores k/v projections and k norms for its KV-shared
+    layers (llama.cpp loads them as not required) loads, ignoring them, to the same logits."""
+    folder, _, _ = files("e2b")
+    spec = g4.CASES["e2b"]
+    rng = np.random.default_rng(0)
+    extra = {}
+    for i in range(spec.n_layers - spec.n_kv_shared, spec.n_layers):
+        d = spec.head_dim if spec.layer_types[i] == g4.S else spec.global_head_dim
+        kv = spec.n_kv_heads * d
+        extra |= {f"blk.{i}.attn_k.weight": rng.standard_normal((kv, spec.dim)).astype(np.float32),
+                  f"blk.{i}.attn_v.weight": rng.standard_normal((kv, spec.dim)).astype(np.float32),
+                  f"blk.{i}.attn_k_norm.weight": rng.standard_normal(d).astype(np.float32)}
+    path = g4.write_gguf(spec, folder, tmp_path / "stray.gguf", extra=extra)
+    assert_close(run(path, tokens), run(folder, tokens), tol=1e-4)

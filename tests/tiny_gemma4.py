@@ -147,8 +147,10 @@ def gguf_tensors(spec: Gemma4Spec, state: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
-def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: tm.Q = tm.Q.F32) -> Path:
-    """The GGUF of the HF folder's weights (folder: write_hf_folder's)."""
+def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: tm.Q = tm.Q.F32,
+               extra: dict[str, np.ndarray] | None = None) -> Path:
+    """The GGUF of the HF folder's weights (folder: write_hf_folder's); extra: more tensors written
+    (a converted checkpoint that stored k/v for its KV-shared layers has them)."""
     from safetensors.torch import load_file
 
     state = load_file(str(folder / "model.safetensors"))
@@ -192,7 +194,7 @@ def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: tm.Q = tm.Q.F3
     w.add_file_type(tm.GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
     tm.add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for name, data in gguf_tensors(spec, state).items():
+    for name, data in (gguf_tensors(spec, state) | (extra or {})).items():
         raw = tm.encode_tensor(data, qtype) if name != "rope_freqs.weight" else (data, tm.Q.F32)
         tm._add_tensor(w, name, *raw)
     w.write_header_to_file()
