@@ -413,21 +413,29 @@ def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
 
 # ---- Hugging Face safetensors input
 
+# Architectures whose safetensors folders this command converts (hf_metadata writes their keys; the
+# others need keys and tensor changes of their own, e.g. Gemma's sliding window and norm offset).
+HF_SOURCE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     from safetensors import safe_open
 
     cfg, _ = check_hf_folder(folder)  # config.json and every tensor header, as the loader checks them
     if cfg.arch == "gemma4":
         return _gemma4_hf_source(folder, cfg, tokenizer_from)
+    if cfg.arch not in HF_SOURCE_ARCHS:
+        raise LocalLLMError(f"{folder}: quantizing a {cfg.arch} safetensors folder is not supported (supported:"
+                            f" {', '.join(HF_SOURCE_ARCHS)}); quantize its GGUF instead")
     hp = read_json(folder / "config.json")
     arch = gguf_arch(cfg.arch)
     model = ModelShape(arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
     files = safetensors_files(folder)
     tensors: list[SourceTensor] = []
-    if cfg.rope_scaling is not None:
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "llama3":  # linear: metadata (hf_metadata)
         freqs = torch.from_numpy(converter_rope_freqs(hp, cfg.head_dim))
         tensors.append(_memory_tensor("rope_freqs.weight", freqs))
-    for path, key, name in hf_tensor_names(folder):
+    for path, key, name in hf_tensor_names(folder, cfg):
         with safe_open(str(path), framework="pt") as f:
             sl = f.get_slice(key)
             tensors.append(_hf_tensor(path, key, name, tuple(sl.get_shape()), sl.get_dtype(), arch, cfg))

@@ -14,7 +14,7 @@ with the quantized weights, fp32 scales (cpu_quant.cpp, cpu_tiles.cpp); for a pr
 tile-group serves 4 rows of x. llama.cpp rounds x to int8, which is about 1.5x faster for long
 prompts but moves greedy output off the fp32 reference where the top two logits are close; int16
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
-weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
+weights. Untiled weights (Q2_K, Q3_K, MXFP4, dense) of long prompts: decoded to fp32 (bit-identical to
 dequantize_torch) one matrix at a time for torch's fp32 GEMM.
 A whole decode step (T = 1) runs in C++ without returning to Python: localllm/backends/cpu.py.
 MPS (Apple) keeps the file's blocks and runs the torch fallback (dequantize_torch's ops run there).
@@ -89,7 +89,7 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-# Weights kept as GGUF blocks (Q2_K, Q3_K) or dense take the integer products up to this many rows
+# Weights kept as GGUF blocks (Q2_K, Q3_K, MXFP4) or dense take the integer products up to this many rows
 # of x; more (a long prompt) decode the weight to fp32 for torch's GEMM. Tiles always take them.
 QMATVEC_MAX_ROWS = 64
 CFLAGS = ("-O3", "-march=native", "-fopenmp")

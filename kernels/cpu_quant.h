@@ -1,8 +1,9 @@
 // GGUF block formats read in place by the CPU kernels: every format is seen as groups of 32 weights
 //     w[e] = s[h] * (u[e] - o) + m[h],   h = e / 16 (the group's two halves), u[e] an unsigned byte,
 // so one integer dot product (u8 weights widened to int16 x int16 activations: VNNI vpdpwssd, or AVX2 vpmaddwd)
-// serves Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K. The blocks stay as the file
-// stores them (memory-mapped); only the 6-bit K-quant scales are unpacked, per group, in registers.
+// serves Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and MXFP4 (its E2M1 codes looked up
+// as integers). The blocks stay as the file stores them (memory-mapped); only the 6-bit K-quant scales
+// are unpacked, per group, in registers.
 //
 // Exactness: s and m are computed in fp32 in the order of the torch decoders (d * sc first, then the
 // min term), so s * (u - o) + m equals dequantize_torch's value bit for bit (tests/test_cpu_kernels.py).
@@ -23,7 +24,7 @@ namespace lq {
 // ggml type ids (gguf.GGMLQuantizationType).
 enum QType : int {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, MXFP4 = 39,
 };
 
 struct Group {
@@ -156,6 +157,28 @@ template <> struct Fmt<Q5_1> {
     g.u = _mm256_or_si256(nibbles16(b + 8), high);
     g.s[0] = g.s[1] = f16(b);
     g.m[0] = g.m[1] = f16(b + 2);
+  }
+};
+
+// MXFP4: byte 0 e, bytes 1..16 nibble codes (quantize/formats/mx_types.py). The codes' values (E2M1
+// doubled: 0 1 2 3 4 6 8 12 and negatives) plus 12 are looked up as bytes, so u - 12 is the value;
+// s = 2^(e - 128) built from its bits as ggml_e8m0_to_fp32_half. s * (u - 12) is then the decoder's
+// one product d * value, bit for bit.
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float d;
+  std::memcpy(&d, &bits, 4);
+  return d;
+}
+
+template <> struct Fmt<MXFP4> {
+  static constexpr int block = 32, bytes = 17, o = 12;
+  static constexpr bool has_min = false;
+  static void group(const uint8_t* b, int, Group& g) {
+    const __m256i values = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                            12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    g.u = _mm256_shuffle_epi8(values, nibbles16(b + 1));
+    g.s[0] = g.s[1] = e8m0_half(b[0]);
   }
 };
 

@@ -41,7 +41,7 @@ constexpr TileKind tile_kind(int qtype) {
     case 12: return {4, true, true, false, 0};     // Q4_K
     case 13: return {5, true, true, false, 0};     // Q5_K
     case 14: return {8, true, false, true, 32};    // Q6_K
-    default: return {0, false, false, false, 0};   // Q2_K, Q3_K, dense: not tiled
+    default: return {0, false, false, false, 0};   // Q2_K, Q3_K, MXFP4, dense: not tiled
   }
 }
 

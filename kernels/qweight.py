@@ -12,6 +12,7 @@ the decoded values are those of `quantize.dequantize_torch` bit for bit:
 | Q4_K | qs (N, K/2), d, dmin fp16 (N, K/256), sc, mn uint8 (N, K/32) (the 6-bit scales unpacked) |
 | Q5_K | as Q4_K, plus qh uint8 (N, K/8) |
 | Q6_K | ql (N, K/2), qh (N, K/4), sc int8 (N, K/16), d fp16 (N, K/256) |
+| MXFP4 | qs uint8 (N, K/2) (as Q4_0's), e uint8 (N, K/32) (the E8M0 exponent byte) |
 | others (Q5_0, Q5_1, Q2_K, Q3_K) | raw uint8 (N, row bytes): decoded to dense before each product |
 
 Q4_K/Q5_K store 16 instead of 12 scale bytes per 256 values (4.625 instead of 4.5 bits per weight).

@@ -34,16 +34,17 @@ from .triton_base import INTERPRET, PDL, pdl_wait
 from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
-DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = range(7)
-FMT_OF = {Q.Q8_0: Q8_0, Q.Q4_0: Q4_0, Q.Q4_1: Q4_1, Q.Q4_K: Q4_K, Q.Q5_K: Q5_K, Q.Q6_K: Q6_K}
-WIDTH = {DENSE: 16, Q8_0: 16, Q4_0: 16, Q4_1: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16}
+DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, MXFP4 = range(8)
+FMT_OF = {Q.Q8_0: Q8_0, Q.Q4_0: Q4_0, Q.Q4_1: Q4_1, Q.Q4_K: Q4_K, Q.Q5_K: Q5_K, Q.Q6_K: Q6_K, Q.MXFP4: MXFP4}
+WIDTH = {DENSE: 16, Q8_0: 16, Q4_0: 16, Q4_1: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, MXFP4: 16}
 assert set(FMT_OF) == KERNEL_TYPES
 # Field order passed as pointers P0..P5 (unused ones repeat P0): each type's Format.gemv (quantize/formats).
 FIELDS = {DENSE: ("w",), **{fmt: FORMATS[t].gemv for t, fmt in FMT_OF.items()}}
 # (rows per program BN, groups per iteration G, warps) per format for the product: the best of a
 # sweep at 8B shapes on Hopper (docs/PERFORMANCE.md).
 CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),
-           Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4)}
+           Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4),
+           MXFP4: (2, 32, 2)}  # MXFP4: Q4_0's, its layout's twin (not swept)
 if INTERPRET:  # the interpreter pays per program, not per element: few large programs
     CONFIGS = {fmt: (64, 8, 4) for fmt in CONFIGS}
 
@@ -53,6 +54,17 @@ def _f32(q, bias: tl.constexpr):
     """Exact float(q) - bias for int32 0 <= q < 2^23, without the slow int->float conversion:
     the bits 0x4B000000 | q are the float 2^23 + q."""
     return (q | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def _e2m1(q):
+    """Exact float of an MXFP4 code q (int32 0..15): E2M1 doubled, 0 1 2 3 4 6 8 12 for magnitudes
+    m = q & 7 (m < 2: m, else (2 + (m & 1)) << ((m >> 1) - 1)), negative for q >= 8; code 8 is +0,
+    as gguf's int8 table gives it (quantize/mxfp4.KVALUES)."""
+    m = q & 7
+    mag = tl.where(m < 2, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0))
+    v = tl.where(q >= 8, -mag, mag)
+    return _f32(v + 12, 12.0)
 
 
 @triton.jit
@@ -112,6 +124,14 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, row
         hi = ((d * sc_hi) * 0.0625) * _f32(qh, 0.0) - dmin * m_hi
         clo = 64 * g[:, None] + w[None, :]
         chi = clo + 32
+    elif FMT == 7:  # MXFP4: x = d * value(q), d = 2^(e - 128); nibbles as Q4_0's
+        qs = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
+        e = tl.load(P1 + r * S1 + gg, mask=mask, other=0).to(tl.int32)
+        d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
+        lo = d * _e2m1(qs & 15)
+        hi = d * _e2m1(qs >> 4)
+        clo = 32 * g[:, None] + w[None, :]
+        chi = clo + 16
     else:  # Q6_K: g = 8b + 4h + s; ql byte 16g + w holds columns 256b + 128h + 16s + w (+64 high nibble)
         ql = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
         b = gg // 8

@@ -1,4 +1,4 @@
-"""Integer-dot matrix-vector products for Q8_0, Q4_0, Q4_K and Q6_K weights (decode, few rows).
+"""Integer-dot matrix-vector products for Q8_0, Q4_0, Q4_K, Q6_K and MXFP4 weights (decode, few rows).
 
 x is first quantized to int8 per 32 values (quantize/act.py, Q8_0's rule, plus sums over 16 values;
 RMSNorm can be fused into that pass). Then every 32-bit word of weight quants meets a word of four
@@ -10,7 +10,7 @@ Reference each product must match, within fp32 summation order:
   dequantize_torch(W) @ dequantize_act(q_x, d_x)    (quantize/act.py),
 so the only error against W @ x is Q8_0's on the activations (tests/gpu/test_gpu_kernels.py).
 
-Units: a program takes BN rows and walks K in units (Q8_0/Q4_0: a 32-value block; Q4_K: a 64-value
+Units: a program takes BN rows and walks K in units (Q8_0/Q4_0/MXFP4: a 32-value block; Q4_K: a 64-value
 chunk of a super-block, whose low nibbles are sub-block 2u and high nibbles 2u + 1; Q6_K: a 128-value
 half of a super-block). The weights are block-major (QWeight.to_blocks): the threads of a warp take
 consecutive rows of the same units, so their 16-byte word loads form one contiguous run and the x
@@ -38,7 +38,7 @@ from .triton_gemv import row_rstd
 # Format.int_dot (quantize/formats).
 FIELDS = {t: FORMATS[t].int_dot.args for t in INT_DOT_TYPES}
 WORDS = ("qs", "ql", "qh")
-FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
+FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3, Q.MXFP4: 4}
 UNIT = {t: FORMATS[t].int_dot.unit for t in INT_DOT_TYPES}
 TYPES = INT_DOT_TYPES
 assert set(FMT) == TYPES
@@ -46,14 +46,16 @@ assert set(FMT) == TYPES
 # Q4_0 take 2 units a step instead of 4, which was faster in the whole decode step (BK 1, or BN 16 / 64
 # with BK 2, were slower; docs/PERFORMANCE.md). Every product is also split over K
 # (triton_epilogue.auto_split) so that enough warps stream.
-CONFIGS = {Q.Q8_0: (32, 2, 1), Q.Q4_0: (32, 2, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1)}
+CONFIGS = {Q.Q8_0: (32, 2, 1), Q.Q4_0: (32, 2, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1),
+           Q.MXFP4: (32, 2, 1)}  # MXFP4: Q4_0's (the same loads; not swept)
 if INTERPRET:  # the interpreter pays per program: few large ones
     CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
 # Products load their first PRELOAD steps' weights (BK units each) before their PDL wait, overlapping
 # the kernel before them (a quantizer or the attention's combine: while it runs, the next product's
 # first programs are resident and idle): 0, 1 or 2 per type, the fastest of each in the decode step.
-PRELOAD = {Q.Q8_0: 1, Q.Q4_0: 2, Q.Q4_K: 2, Q.Q6_K: 2}
+PRELOAD = {Q.Q8_0: 1, Q.Q4_0: 2, Q.Q4_K: 2, Q.Q6_K: 2, Q.MXFP4: 2}
 M4, M30 = tl.constexpr(0x0F0F0F0F), tl.constexpr(0x30303030)  # nibble and Q6_K high-bit masks
+B0, B01, B012 = tl.constexpr(0x01010101), tl.constexpr(0x03030303), tl.constexpr(0x07070707)  # per-byte bits
 
 
 @triton.jit
@@ -160,7 +162,7 @@ def _unit_w(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, m
     if FMT == 0:  # Q8_0: 8 words of int8 quants per block, its scale
         return (_ld(P0 + u3 * U0 + r3 * 8 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 8 + 4 + j, m3, EVEN),
                 _ld(P1 + u3 * U1 + r3, m3, EVEN))
-    elif FMT == 1:  # Q4_0: 4 words of nibbles per block, its scale
+    elif FMT == 1 or FMT == 4:  # Q4_0 / MXFP4: 4 words of nibbles per block, its scale (fp16 d / E8M0 e)
         return _ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN), _ld(P1 + u3 * U1 + r3, m3, EVEN)
     elif FMT == 2:  # Q4_K chunk u: 8 words, the super-block's d and dmin, sub-blocks 2u, 2u + 1's sc and mn
         sb = 2 * u3
@@ -178,6 +180,21 @@ def _unit_w(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, m
                 _ld(P3 + (g + 2) * U3 + r3, m3, EVEN), _ld(P3 + (g + 3) * U3 + r3, m3, EVEN),
                 _ld(P3 + (g + 4) * U3 + r3, m3, EVEN), _ld(P3 + (g + 5) * U3 + r3, m3, EVEN),
                 _ld(P3 + (g + 6) * U3 + r3, m3, EVEN), _ld(P3 + (g + 7) * U3 + r3, m3, EVEN))
+
+
+@triton.jit
+def _e2m1_bytes(c):
+    """int32 words of four MXFP4 codes (a byte each, 0..15) -> words of their int8 values (E2M1 doubled:
+    0 1 2 3 4 6 8 12, negative for codes >= 8, code 8 +0; quantize/mxfp4.KVALUES), computed within each
+    byte (no carries across): for the magnitude m = c & 7, m + (m >= 4 ? m & 3 : 0) + (m == 7 ? 2 : 0);
+    a nonzero value with the sign bit negated as (v ^ 0xFF) + 1."""
+    m = c & B012
+    big = ((m >> 2) & B0) * 255  # 0xFF where m >= 4
+    seven = m & (m >> 1) & (m >> 2) & B0
+    mag = m + (m & B01 & big) + (seven << 1)
+    nonzero = (mag | (mag >> 1) | (mag >> 2) | (mag >> 3)) & B0
+    neg = ((c >> 3) & nonzero) * 255
+    return (mag ^ neg) + (neg & B0)
 
 
 @triton.jit
@@ -213,6 +230,13 @@ def _unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN
             part = d * (s * sc).to(tl.float32) - dmin * (sx * mn).to(tl.float32)
             y += part * _ld(xd + sb, um3, EVEN)
         return y
+    elif FMT == 4:  # MXFP4: low nibbles values 0-15, high 16-31; w = 2^(e - 128) value(q)
+        w = W[0]
+        s = _dp4a(_e2m1_bytes(w & M4), _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
+        s = tl.sum(_dp4a(_e2m1_bytes((w >> 4) & M4), _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
+        e = W[1].to(tl.int32)
+        d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
+        return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
     else:  # Q6_K half u: w = d sc (q - 32)
         d = W[6].to(tl.float32)
         y = tl.zeros(d.shape, tl.float32)

@@ -1,7 +1,7 @@
 """Render chat templates with jinja2, with the semantics of transformers' `apply_chat_template`.
 
 The environment matches transformers' (sandboxed, trim_blocks, lstrip_blocks, loop controls, a `tojson`
-that does not HTML-escape, `raise_exception`, `strftime_now`), so the model's own template renders to
+that does not HTML-escape, `raise_exception`, `strftime_now`, a `namespace` without "_" attributes), so the model's own template renders to
 exactly the text transformers renders. Built-in templates serve `--chat-template NAME` and models
 without one. A template is code from the model file or the user: it renders within a time and size
 budget (template_budget.py, settings.TemplateSettings), and every failure in it is one error line.
@@ -79,6 +79,27 @@ class GenerationTag(Extension):
         return caller()
 
 
+class GuardedNamespace(jinja2.utils.Namespace):
+    """`namespace(...)` that refuses attribute names starting with "_", as transformers' does (its
+    chat-template sandbox fix): such a name raises the same SecurityError there and here."""
+
+    def __init__(*args, **kwargs):  # jinja's signature trick: `namespace(self=...)` stays a plain key
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _check_namespace_key(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        _check_namespace_key(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+
+def _check_namespace_key(name) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"a chat template cannot store the attribute {name!r} on a namespace")
+
+
 def _raise_exception(message: str):
     raise jinja2.exceptions.TemplateError(message)
 
@@ -94,6 +115,7 @@ def compile_template(source: str, limits: TemplateSettings = DEFAULT_TEMPLATE) -
     env.filters["tojson"] = env.checked_filter(_tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["namespace"] = GuardedNamespace
     if not isinstance(source, str):
         raise LocalLLMError(f"chat template is a {type(source).__name__}, expected text")
     if len(source) > limits.max_source_chars:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from . import gemma
 from .errors import LocalLLMError
 from .settings import DEFAULT_LIMITS, LoaderLimits
 
@@ -23,6 +24,8 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "mistral": dict(qkv_bias=False, qk_norm=False),
     "qwen2": dict(qkv_bias=True, qk_norm=False),
     "qwen3": dict(qkv_bias=False, qk_norm=True),
+    "gemma2": dict(qkv_bias=False, qk_norm=False),
+    "gemma3": dict(qkv_bias=False, qk_norm=True),
     "gemma4": dict(qkv_bias=False, qk_norm=True),  # read by gemma4.py (validate.py picks it), not here
 }
 
@@ -33,12 +36,15 @@ OWN_READERS = {"gemma4": "gemma4.py"}
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama 3.x "llama3" frequency scaling (the only kind we apply); factor 1 means none."""
+    """Rope frequency scaling; factor 1 means none. kind "llama3": Llama 3.x's banded divisors (the
+    fields below); kind "linear": every frequency divided by factor (HF "linear", GGUF
+    rope.scaling.type "linear": positions / factor). localllm/rope.py turns it into divisors."""
 
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_context: int = 8192
+    kind: str = "llama3"
 
 
 @dataclass(frozen=True)
@@ -246,7 +252,7 @@ def config_from_gguf(
     tokens = meta.get("tokenizer.ggml.tokens", [])
     vocab = f.int("vocab_size", 1, limits.max_vocab, len(tokens) if isinstance(tokens, list) and tokens else MISSING)
     # llama3 rope scaling travels in GGUF as the `rope_freqs.weight` tensor (per-frequency divisors),
-    # which the loader reads; nothing to take from the metadata here.
+    # which the loader reads; linear scaling as rope.scaling.type / rope.scaling.factor.
     cfg = ModelConfig(
         arch=arch,
         n_layers=f.int("block_count", 1, limits.max_layers),
@@ -260,26 +266,45 @@ def config_from_gguf(
         norm_eps=f.float("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=f.float("rope.freq_base", 10000.0),
         tied_output="output.weight" not in tensor_names,
+        rope_scaling=_gguf_rope_scaling(f),
         **fields,
     )
+    if arch in gemma.GEMMA_ARCHS:
+        cfg = replace(cfg, **gemma.gguf_fields(f, arch, cfg.n_layers, dim, n_heads, head_dim, limits.max_context))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
     check_shape_fields(cfg, names, "GGUF metadata", limits)
     return cfg
 
 
+def _gguf_rope_scaling(f: Fields) -> RopeScaling | None:
+    """rope.scaling.type "linear" with rope.scaling.factor (TextModel.set_gguf_parameters writes them
+    for HF rope_type "linear"); other types are read where their families are."""
+    if f.raw("rope.scaling.type", None) != "linear":
+        return None
+    factor = f.float("rope.scaling.factor", 1.0)
+    return None if factor == 1.0 else RopeScaling(factor=factor, kind="linear")
+
+
 def _hf_rope_scaling(cfg: dict[str, Any]) -> RopeScaling | None:
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not rs:
         return None
+    return hf_rope_scaling_dict(rs, "rope_scaling.")
+
+
+def hf_rope_scaling_dict(rs: Any, label: str) -> RopeScaling | None:
+    """One HF rope-parameters object ({"rope_type": ..., "factor": ...}) -> RopeScaling or None."""
     if not isinstance(rs, dict):
-        raise LocalLLMError(f"config.json 'rope_scaling' is {rs!r}, expected an object")
+        raise LocalLLMError(f"config.json {label.rstrip('.')!r} is {rs!r}, expected an object")
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default"):
         return None
+    f = Fields(rs, "config.json", label=label)
+    if kind == "linear":  # transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor
+        return RopeScaling(factor=f.float("factor"), kind="linear")
     if kind != "llama3":
-        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3)")
-    f = Fields(rs, "config.json", label="rope_scaling.")
+        raise LocalLLMError(f"unsupported rope scaling type {kind!r} (supported: llama3, linear)")
     scaling = RopeScaling(
         factor=f.float("factor"),
         low_freq_factor=f.float("low_freq_factor", 1.0),
@@ -295,6 +320,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     """A Hugging Face config.json value -> ModelConfig, every field type- and range-checked."""
     if not isinstance(cfg, dict):
         raise LocalLLMError(f"config.json holds a {type(cfg).__name__}, expected an object")
+    if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in gemma.HF_MODEL_TYPES:
+        cfg = gemma.hf_text_config(cfg)
     arch = cfg.get("model_type")
     if arch in OWN_READERS or arch == "gemma4_text":
         raise LocalLLMError(f"a {arch} config.json is read by localllm/gemma4.py (validate.check_hf_folder)")
@@ -322,6 +349,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         rope_scaling=_hf_rope_scaling(cfg),
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
+    if arch in gemma.GEMMA_ARCHS:
+        out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context, hf_rope_scaling_dict))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out

@@ -311,6 +311,9 @@ def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
     put(gguf.Keys.Attention.KEY_LENGTH, hp.get("head_dim"), V.UINT32)
     put(gguf.Keys.Attention.VALUE_LENGTH, hp.get("head_dim"), V.UINT32)
     kv[K.FILE_TYPE] = MetaValue(0, V.UINT32)  # set by the preset
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":  # TextModel.set_gguf_parameters
+        put(gguf.Keys.Rope.SCALING_TYPE, "linear", V.STRING)
+        put(gguf.Keys.Rope.SCALING_FACTOR, cfg.rope_scaling.factor, V.FLOAT32)
     if arch == "llama":
         put(gguf.Keys.LLM.VOCAB_SIZE, cfg.vocab_size, V.UINT32)
         put(gguf.Keys.Rope.DIMENSION_COUNT, cfg.head_dim, V.UINT32)

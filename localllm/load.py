@@ -15,13 +15,14 @@ from .config import ModelConfig
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .backends import runtime_class
-from .model import QEmbedding, Transformer, llama3_rope_factors
+from .model import QEmbedding, Transformer
 from .nonfinite import check_vectors
 from .registry import resolve_model
+from .rope import rope_factors
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import EMBEDDINGS, QuantizedTensor, gguf_name, gguf_state_dict, hf_state_dict
+from .weights import EMBEDDINGS, QuantizedTensor, add_norm_offset, gguf_name, gguf_state_dict, hf_state_dict
 
 
 @dataclass
@@ -85,7 +86,7 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, d
     with torch.device("meta"):
         model = Transformer(cfg, backend.ops)
     place_quantized(model, state, backend, layout, device, dtype)
-    state.setdefault("rope_freqs", llama3_rope_factors(cfg))
+    state.setdefault("rope_freqs", rope_factors(cfg))
     check_vectors(state)
     assign(model, state, cfg, device, dtype)
     model.eval()
@@ -128,6 +129,7 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     tok = load_hf_tokenizer(folder)
     state = hf_state_dict(folder, keys)
     types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
+    add_norm_offset(state, cfg)
     return cfg, state, types, tok
 
 

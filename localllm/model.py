@@ -29,7 +29,7 @@ from .attention import attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
 from .gemma4_moe import add_moe, moe_ffn
-from .rope import layer_ropes, llama3_rope_factors, rope_rotate, rope_table, rotary_dims
+from .rope import layer_ropes, llama3_rope_factors, rope_factors, rope_rotate, rope_table, rotary_dims
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
            "rmsnorm", "project_qkv", "glu_input", "glu", "rope_rotate", "llama3_rope_factors"]
@@ -262,7 +262,7 @@ class Transformer(nn.Module):
             self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
         # (R/2,) divisors of the global rope set's frequencies: ones, llama3 / linear / LongRoPE / YaRN
         # factors, or a GGUF rope_freqs tensor (rope.py).
-        self.register_buffer("rope_freqs", llama3_rope_factors(cfg), persistent=True)
+        self.register_buffer("rope_freqs", rope_factors(cfg), persistent=True)
 
     def output_weight(self) -> torch.Tensor | QWeight:
         return self.token_embd.weight if self.cfg.tied_output else self.output.w

@@ -72,4 +72,19 @@ def shape_preset(name: str) -> ModelConfig:
     fields = dict(shapes[name])
     if "rope_scaling" in fields:
         fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
-    return ModelConfig(**fields)
+    return ModelConfig(**layer_patterns(fields))
+
+
+def layer_patterns(fields: dict) -> dict:
+    """A preset's per-layer lists as tuples, and its patterns as per-layer tuples: `sliding_every = N`
+    (layer i attends globally iff (i + 1) % N == 0, the rest slide: Gemma 3's 5:1, gpt-oss's 1:1) and
+    `nope_every = N` (layer i has no rope iff (i + 1) % N == 0: SmolLM3)."""
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    layers = range(out["n_layers"])
+    if "sliding_every" in out:
+        every = out.pop("sliding_every")
+        out["sliding_layers"] = tuple((i + 1) % every != 0 for i in layers)
+    if "nope_every" in out:
+        every = out.pop("nope_every")
+        out["rope_layers"] = tuple((i + 1) % every != 0 for i in layers)
+    return out

@@ -54,6 +54,16 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     return factors.float()
 
 
+def rope_factors(cfg: ModelConfig) -> torch.Tensor:
+    """(R/2,) divisors of the global set from cfg.rope_scaling, by its kind: "linear" divides every
+    frequency by the factor (transformers' _compute_linear_scaling_rope_parameters: inv_freq / factor;
+    llama.cpp: freq_scale = 1 / rope.scaling.factor), "llama3" as llama3_rope_factors."""
+    rs = cfg.rope_scaling
+    if rs is not None and rs.kind == "linear":
+        return torch.full((rotary_dims(cfg) // 2,), float(rs.factor), device="cpu")
+    return llama3_rope_factors(cfg)
+
+
 def rope_table(positions: torch.Tensor, base: float, dims: int, divisors: torch.Tensor | None = None,
                factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """positions (T,) -> cos, sin (T, dims/2) fp32: angles pos * inv_freq / divisors, times factor."""

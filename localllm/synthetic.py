@@ -22,7 +22,8 @@ from localllm.quantize import quantize_tensor
 
 from .config import ModelConfig
 from .load import build_model
-from .model import Transformer, llama3_rope_factors
+from .model import Transformer
+from .rope import rope_factors
 from .runtime import Runtime
 from .weights import QuantizedTensor, gguf_name
 
@@ -88,7 +89,7 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
         if qtype in FALLBACK and shape[1] % 256:
             qtype = FALLBACK[qtype]
         if name == "rope_freqs":
-            state[name] = llama3_rope_factors(cfg)
+            state[name] = rope_factors(cfg)
         elif qtype is not None:
             state[name] = QuantizedTensor(qtype, source.get(shape[0], shape[1], qtype))
         elif name.endswith("norm.weight"):

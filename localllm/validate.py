@@ -61,7 +61,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (model.llama3_rope_factors)
+OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (rope.rope_factors)
 
 
 def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str,

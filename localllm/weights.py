@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -45,6 +45,24 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
 }
 _HF_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(\d+)") + "$"), v) for k, v in HF_NAMES.items()]
+
+# Architectures whose HF names come from gguf's TensorNameMap for their GGUF architecture (HF_NAMES
+# is Llama's table: there post_attention_layernorm is the MLP's input norm, ffn_norm; in Gemma it
+# is the attention output's norm, post_attention_norm, and pre_feedforward_layernorm is ffn_norm).
+TENSOR_MAP_ARCHS = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+# HF RMSNorm computes x * (1 + w) here; GGUF holds w + 1 (the converter adds 1 to every
+# `*norm.weight`): the HF loader adds it (add_norm_offset).
+NORM_PLUS_ONE_ARCHS = frozenset({"gemma2", "gemma3"})
+SKIP = ""  # hf_namer's answer for a checkpoint tensor the text model does not use
+
+# Gemma3ForConditionalGeneration checkpoints: the text model under language_model, named either as
+# save_pretrained writes it (language_model.model.*, language_model.lm_head.*) or as the module holds
+# it (model.language_model.*, lm_head.*); renamed as transformers' "llava" conversion and llama.cpp's
+# Gemma3Model do. The vision tower and the projector, which a text model does not use, are skipped
+# by their prefixes (both forms).
+MULTIMODAL_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                            ("language_model.lm_head.", "lm_head."))
+MULTIMODAL_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 # GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope.
 PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
@@ -137,6 +155,42 @@ def hf_name(name: str) -> str | None:
     return None
 
 
+def hf_namer(cfg: ModelConfig | None) -> Callable[[str], str | None]:
+    """checkpoint key -> GGUF name, SKIP (not a text-model weight) or None (unknown), for cfg's
+    architecture (None: HF_NAMES, the Llama family's table)."""
+    if cfg is not None and cfg.arch == "gemma4":  # gemma4.py: gguf's GEMMA4 table and the converter's extras
+        gemma4_map = hf_name_map(cfg.n_layers)
+        return lambda key: gemma4_hf_name(key, gemma4_map)
+    if cfg is None or cfg.arch not in TENSOR_MAP_ARCHS:
+        return hf_name
+    name_map = gguf.get_tensor_name_map(TENSOR_MAP_ARCHS[cfg.arch], cfg.n_layers)
+    multimodal = cfg.arch == "gemma3"
+
+    def mapped(key: str) -> str | None:
+        if multimodal and key.startswith(MULTIMODAL_SKIPPED):
+            return SKIP
+        for prefix, replacement in MULTIMODAL_TEXT_PREFIXES if multimodal else ():
+            if key.startswith(prefix):
+                key = replacement + key[len(prefix):]
+                break
+        if key == "lm_head.weight":  # Gemma 2's GGUF tensor list has no OUTPUT (tied); a stored head is used
+            return "output.weight"
+        out = name_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        return None if out == key else out  # TensorNameMap also maps GGUF names to themselves
+
+    return mapped
+
+
+def add_norm_offset(state: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """HF Gemma norm weights w -> w + 1 in fp32, the multiplier GGUF holds (the converter's
+    modify_tensors adds 1 to every `*norm.weight`; transformers' Gemma RMSNorm computes 1 + w.float())."""
+    if cfg.arch not in NORM_PLUS_ONE_ARCHS:
+        return
+    for name, t in state.items():
+        if name.endswith("norm.weight"):
+            state[name] = t.float() + 1
+
+
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
@@ -163,21 +217,20 @@ def index_shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def hf_tensor_names(folder: Path) -> Iterator[tuple[Path, str, str]]:
-    """(file, checkpoint key, GGUF name) of every tensor of a safetensors folder, by HF_NAMES."""
-    for path, key, name, _, _ in hf_tensor_headers(folder):
+def hf_tensor_names(folder: Path, cfg: ModelConfig | None = None) -> Iterator[tuple[Path, str, str]]:
+    """(file, checkpoint key, GGUF name) of every tensor of a safetensors folder, by hf_namer(cfg)."""
+    for path, key, name, _, _ in hf_tensor_headers(folder, cfg):
         yield path, key, name
 
 
-def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
-    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor, from the files' headers only.
-    cfg: the folder's config, for architectures whose names come from gguf's per-architecture table."""
+def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None
+                      ) -> Iterator[tuple[Path, str, str, tuple[int, ...], str]]:
+    """(file, checkpoint key, GGUF name, shape, dtype) of every tensor the text model uses, from the
+    files' headers only; names by hf_namer(cfg)."""
     from safetensors import SafetensorError, safe_open
 
-    lookup = hf_name
-    if cfg is not None and cfg.arch == "gemma4":
-        name_map = hf_name_map(cfg.n_layers)
-        lookup = lambda key: gemma4_hf_name(key, name_map)  # noqa: E731
+    namer = hf_namer(cfg)
+
     for path in safetensors_files(folder):
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -186,12 +239,10 @@ def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None) -> Iterator[
         except (SafetensorError, OSError, ValueError) as e:
             raise LocalLLMError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         for key, shape, dtype in entries:
-            name = lookup(key)
-            if name == "":  # a part of the checkpoint that is not the text model (gemma4's towers)
-                continue
+            name = namer(key)
             if name is None and not key.endswith("rotary_emb.inv_freq"):  # a cached buffer, not a weight
                 raise LocalLLMError(f"unknown tensor {key!r} in {path.name}")
-            if name is not None:
+            if name:  # None: the buffer above; SKIP: not the text model's
                 yield path, key, name, shape, dtype
 
 

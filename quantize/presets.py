@@ -5,6 +5,7 @@ default tensor type (llama_ftype_get_default_type); llama_tensor_get_type then c
 some tensors by name, layer and model shape. This module carries those rules for the presets below
 and the architectures localllm runs (llama, mistral, qwen2, qwen3). Not carried, because no model we
 run reaches them: the Falcon branches, the mixture-of-experts (n_expert) branches and the IQ* presets.
+MXFP4_MOE (gpt-oss's file type) has its own rule: expert tensors MXFP4, all else Q8_0 (mxfp4_moe_type).
 
 What the rules do, for our presets:
 - 1-D tensors, norms and a few others are never quantized (`allows_quantization`): they keep their
@@ -67,6 +68,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("Q4_0", FT.MOSTLY_Q4_0, Q.Q4_0),
     Preset("Q3_K_M", FT.MOSTLY_Q3_K_M, Q.Q3_K),
     Preset("Q2_K", FT.MOSTLY_Q2_K, Q.Q2_K),
+    Preset("MXFP4_MOE", FT.MOSTLY_MXFP4_MOE, Q.MXFP4),  # rule: mxfp4_moe_type
 )}
 
 # tensor_type_fallback: the type used when a row does not split into blocks of the chosen one.
@@ -74,9 +76,14 @@ FALLBACK: dict[Q, Q] = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: 
 LAST_RESORT = Q.F16
 
 
+# Other names of a preset: MXFP4 is the only type MXFP4_MOE introduces.
+ALIASES = {"MXFP4": "MXFP4_MOE"}
+
+
 def find_preset(name: str) -> Preset | None:
     """Case-insensitive, as llama-quantize reads its type argument."""
-    return PRESETS.get(name.upper())
+    name = name.upper()
+    return PRESETS.get(ALIASES.get(name, name))
 
 
 # ---- tensor categories (tensor_get_category): broad roles found by name
@@ -212,6 +219,16 @@ def rule_type(preset: Preset, name: str, cols: int, slot: Slot, tied: bool) -> Q
     return chosen
 
 
+def mxfp4_moe_type(name: str, shape: tuple[int, ...], tied: bool) -> Q:
+    """MXFP4_MOE (llama_tensor_get_type_impl's MOSTLY_MXFP4_MOE branches): the expert tensors, 3-D with
+    more than one expert (ne[2] > 1), take MXFP4; every other quantizable tensor Q8_0, output.weight
+    (or the tied token_embd.weight) included."""
+    cat = category(name)
+    if cat == OUTPUT or (tied and cat == TOKEN_EMBD):
+        return Q.Q8_0
+    return Q.MXFP4 if len(shape) == 3 and shape[0] > 1 else Q.Q8_0
+
+
 def fallback(t: Q, cols: int) -> Q:
     """The type actually used for rows of `cols` values (tensor_type_fallback)."""
     if t in FLOAT_TYPES or cols % gguf.GGML_QUANT_SIZES[t][0] == 0:
@@ -239,6 +256,8 @@ def preset_types(preset: Preset, tensors: list[tuple[str, tuple[int, ...]]], mod
     for k, (name, shape) in enumerate(tensors):
         if not allows_quantization(name, len(shape)):
             out.append(None)
+        elif preset.name == "MXFP4_MOE":
+            out.append(mxfp4_moe_type(name, shape, tied))
         else:
             out.append(rule_type(preset, name, shape[-1], slots[k], tied))
     return out

@@ -49,14 +49,14 @@ class TinyModels:
     def hf(self, case: str) -> Path:
         key = (case, "hf")
         if key not in self._made:
-            self._made[key] = tm.write_hf_folder(tm.CASES[case], self.root / case / "hf")
+            self._made[key] = tm.write_hf_folder(tm.case_spec(case), self.root / case / "hf")
         return self._made[key]
 
     def gguf(self, case: str, qtype: tm.Q = tm.Q.F32) -> Path:
         key = (case, qtype)
         if key not in self._made:
             path = self.root / case / f"tiny-{case}-{qtype.name}.gguf"
-            self._made[key] = tm.write_gguf(tm.CASES[case], path, qtype)
+            self._made[key] = tm.write_gguf(tm.case_spec(case), path, qtype)
         return self._made[key]
 
     def mixed_gguf(self) -> tuple[Path, dict]:

@@ -561,6 +561,44 @@ def test_qwen25_template_from_hf_folder(tmp_path):
     assert ours(tok, USER, probe) == theirs(hf, USER, probe) == "NODOCS"
 
 
+@pytest.fixture(scope="module")
+def gemma4():
+    """(our tokenizer, transformers' GemmaTokenizer) of llama.cpp's Gemma 4 vocab file, template included."""
+    from transformers import GemmaTokenizer
+
+    path = VOCAB_DIR / "ggml-vocab-gemma-4.gguf"
+    assert path.is_file(), f"vocab test data missing: {path}"
+    return load_tokenizer(str(path)), GemmaTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+# an earlier model turn with its thought channel: Gemma 4's template strips the thought
+THOUGHT = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "<|channel>thought\nAdd them.<channel|>4."},
+    {"role": "user", "content": "And 3+3?"},
+]
+
+
+def test_gemma4_template_from_gguf(gemma4):
+    """Gemma 4's own template (in the vocab GGUF): text and ids equal transformers'; one BOS, the
+    template's, though the vocabulary forces add_bos on (that is for plain prompts)."""
+    tok, hf = gemma4
+    template = tok.chat_template
+    assert template and template == hf.chat_template and "<|turn>" in template
+    assert tok.add_bos
+    assert_same(tok, hf, template, {**CONVERSATIONS, "thought": THOUGHT})
+    assert ours(tok, THOUGHT) == (
+        "<bos><|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n4.<turn|>\n<|turn>user\nAnd 3+3?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>"
+    )
+    for name, messages in {**CONVERSATIONS, "thought": THOUGHT}.items():
+        ids = chat_prompt(tok, template, messages)[1]
+        expected = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+        assert ids == expected, name
+        assert ids.count(tok.bos_id) == 1 and ids[0] == tok.bos_id, name
+        assert ids[-4:] == tok.encode("<|channel>thought\n<channel|>", parse_special=True)[-4:], name
+
+
 # ---- bar 2: one BOS, template tokens special, message text never ------------------------------
 
 def test_llama3_one_bos_and_specials_parsed(tmp_path):

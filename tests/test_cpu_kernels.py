@@ -28,7 +28,7 @@ from localllm.settings import DEFAULT_CPU, SamplingSettings
 from localllm.quantize import dequantize_torch, quantize_tensor
 
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.F16, Q.BF16, Q.F32]
 DENSE = (Q.F16, Q.BF16, Q.F32)
 
 
@@ -68,11 +68,12 @@ def test_blocks_and_tiles_decode_and_multiply_like_the_reference(qtype):
         assert rel(qlinear(x, w), xr.double() @ ref.double().T) < 2e-6
 
 
-def test_torch_fallback_reads_the_file_blocks():
+@pytest.mark.parametrize("qtype", [Q.Q5_1, Q.MXFP4], ids=lambda t: t.name)
+def test_torch_fallback_reads_the_file_blocks(qtype):
     """Without the kernels (no compiler, or MPS) the file's blocks are decoded by dequantize_torch."""
     g = torch.Generator().manual_seed(5)
-    raw = torch.as_tensor(quantize_tensor(torch.randn(40, 64, generator=g), Q.Q5_1)).view(torch.uint8).reshape(40, -1)
-    w, ref = BlockQWeight.from_blocks(raw, Q.Q5_1, torch.float32), dequantize_torch(raw, Q.Q5_1)
+    raw = torch.as_tensor(quantize_tensor(torch.randn(40, 64, generator=g), qtype)).view(torch.uint8).reshape(40, -1)
+    w, ref = BlockQWeight.from_blocks(raw, qtype, torch.float32), dequantize_torch(raw, qtype)
     tokens, x = torch.tensor([[3, 39, 3]]), torch.randn(2, 64, generator=g)
     assert w.ext is None and torch.equal(embed(w, tokens), ref[tokens])
     assert rel(qlinear(x, w), x.double() @ ref.double().T) < 1e-6

@@ -11,7 +11,8 @@ config.json of the identical safetensors folder (`config=`), and we also check t
 our safetensors load of the same weights (the safetensors load is itself checked against transformers):
 - qwen3: the loader does not read `qwen3.attention.key_length`, so head_dim != dim / heads fails;
 - llama3 rope scaling: the loader ignores the `rope_freqs.weight` tensor, which is where GGUF carries
-  the scaling; the HF side gets it from config.json's rope_scaling {"rope_type": "llama3", ...}.
+  the scaling; the HF side gets it from config.json's rope_scaling {"rope_type": "llama3", ...};
+- linear rope scaling: the loader ignores rope.scaling.type / rope.scaling.factor.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ TOL = 1e-3
 BATCH, T = 2, 16
 FORMATS = ["gguf-F32", "gguf-Q8_0", "safetensors"]
 # Architectures whose GGUF transformers can only load with the HF config (see the module docstring).
-GGUF_NEEDS_HF_CONFIG = {"qwen3", "llama3"}
+GGUF_NEEDS_HF_CONFIG = {"qwen3", "llama3", "llama_linear"}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,13 @@ def test_llama3_rope_scaling_matters(tiny, tokens):
     assert (our_logits(path, tokens) - unscaled).abs().max() > 0.05
 
 
+def test_linear_rope_scaling_matters(tiny, tokens):
+    path, kwargs = checkpoint(tiny, "llama_linear", "safetensors")
+    cfg = AutoConfig.from_pretrained(str(path))
+    cfg.rope_parameters = {"rope_type": "default", "rope_theta": tm.CASES["llama_linear"].rope_theta}
+    assert (our_logits(path, tokens) - hf_logits(dict(kwargs, config=cfg), tokens)).abs().max() > 0.05
+
+
 def test_bf16_checkpoint_is_stored_as_bf16(tiny):
     from safetensors import safe_open
 
@@ -149,7 +157,7 @@ def mixed(tiny):
 
 
 def test_mixed_type_model_weights_are_exact(mixed):
-    """Each matrix of a model whose 2-D tensors span all 13 types equals gguf's decoding of its raw
+    """Each matrix of a model whose 2-D tensors span all 14 types equals gguf's decoding of its raw
     data (q/k compared after re-applying the converter's permutation to our un-permuted weight).
     On the CPU the matrices stay quantized (kernels/cpu.py): their decoding is what is compared."""
     _, raw, lm = mixed

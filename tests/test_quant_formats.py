@@ -23,7 +23,8 @@ Q = gguf.GGMLQuantizationType
 FLOATS = [Q.F32, Q.F16, Q.BF16]
 LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
 K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-QUANTIZED = LEGACY + K_QUANTS
+MX = [Q.MXFP4]
+QUANTIZED = LEGACY + K_QUANTS + MX
 ALL = FLOATS + QUANTIZED
 
 
@@ -103,13 +104,55 @@ def test_bytes_decode_same_through_gguf_and_torch(name, qtype):
 
 
 @pytest.mark.parametrize("name", ["normal", "student_t", "zero_blocks", "tiny", "huge", "real"])
-@pytest.mark.parametrize("qtype", FLOATS + LEGACY, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", FLOATS + LEGACY + MX, ids=lambda t: t.name)
 def test_reference_rule_matches_gguf_quantize(name, qtype):
     x = tensors()[name]
     ours = encoded(name, qtype)
     theirs = np.asarray(gguf.quants.quantize(x, qtype)).view(np.uint8).reshape(ours.shape)
     if not np.array_equal(ours, theirs):
         assert rmse(x, dequantize(ours, qtype)) <= rmse(x, dequantize(theirs, qtype))
+
+
+def test_mxfp4_reference_rule_is_gguf_quantize_byte_for_byte():
+    """MXFP4 without importance: exactly gguf's (= llama.cpp's quantize_row_mxfp4_ref) bytes, on the
+    test tensors and on the hard cases of its rule: values halfway between two codes (ties: the lower
+    code), block maxima just below and at powers of two (the exponent's floor(log2)), zero blocks and
+    -0.0 (code 0, not 8)."""
+    rng = np.random.default_rng(3)
+    halves = (rng.integers(-26, 27, (64, 256)) * 0.25).astype(np.float32)
+    below_pow2 = np.ldexp(np.float32(1) - np.float32(2**-24), rng.integers(-100, 100, (64, 1))).astype(np.float32)
+    below_pow2 = below_pow2 * np.concatenate([np.ones((64, 1)), rng.uniform(-1, 1, (64, 255))], 1).astype(np.float32)
+    pow2 = np.ldexp(np.float32(1), rng.integers(-100, 100, (64, 256))).astype(np.float32)
+    signed_zero = np.zeros((2, 64), np.float32)
+    signed_zero[0, ::2] = -0.0
+    signed_zero[1, :32] = -0.0
+    signed_zero[1, 32:] = rng.standard_normal(32)
+    cases = dict(tensors(), halves=halves, below_pow2=below_pow2, pow2=pow2, signed_zero=signed_zero)
+    for name, x in cases.items():
+        ours = quantize_tensor(torch.from_numpy(x), Q.MXFP4)
+        theirs = np.asarray(gguf.quants.quantize(x, Q.MXFP4)).view(np.uint8).reshape(ours.shape)
+        np.testing.assert_array_equal(ours, theirs, err_msg=name)
+
+
+def test_mxfp4_from_hugging_face_blocks_decodes_as_transformers():
+    """gpt-oss's checkpoint layout (*_blocks, *_scales) repacked as GGUF MXFP4 rows: gguf's decoding
+    equals transformers' dequantization (convert_moe_packed_tensors), -0.0 for code 8 aside."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from localllm.quantize.mxfp4 import from_hf_blocks
+
+    g = torch.Generator().manual_seed(4)
+    experts, rows, groups = 3, 8, 4
+    blocks = torch.randint(0, 256, (experts, rows, groups, 16), dtype=torch.uint8, generator=g)
+    scales = torch.randint(100, 140, (experts, rows, groups), dtype=torch.uint8, generator=g)
+    scales[0, 0, 0], scales[0, 0, 1] = 0, 1  # the subnormal scales
+    raw = from_hf_blocks(blocks, scales)
+    assert raw.shape == (experts, rows, groups * 17)
+    ours = gguf.quants.dequantize(raw.reshape(experts * rows, -1).numpy(), Q.MXFP4).reshape(experts, rows, -1)
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2)  # (E, rows, K)
+    np.testing.assert_array_equal(ours, theirs.numpy())  # (-0.0 == 0.0)
+    with pytest.raises(ValueError):
+        from_hf_blocks(blocks[..., :8], scales)
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
@@ -132,7 +175,7 @@ def test_torch_decoder_reads_arbitrary_blocks():
 def test_bits_per_weight():
     assert {t: bits_per_weight(t) for t in ALL} == {
         Q.F32: 32, Q.F16: 16, Q.BF16: 16, Q.Q8_0: 8.5, Q.Q4_0: 4.5, Q.Q4_1: 5, Q.Q5_0: 5.5, Q.Q5_1: 6,
-        Q.Q2_K: 2.625, Q.Q3_K: 3.4375, Q.Q4_K: 4.5, Q.Q5_K: 5.5, Q.Q6_K: 6.5625,
+        Q.Q2_K: 2.625, Q.Q3_K: 3.4375, Q.Q4_K: 4.5, Q.Q5_K: 5.5, Q.Q6_K: 6.5625, Q.MXFP4: 4.25,
     }
     assert set(ALL) == SUPPORTED_TYPES
 

@@ -138,6 +138,88 @@ def test_plan_70b_attn_v_and_gqa():
     assert plan_types(llama_tensors(4), "Q2_K", ModelShape("llama", 4, 32, 16))["blk.0.attn_v.weight"] == Q.Q3_K
 
 
+def gpt_oss_tensors(n_layers: int = 2, dim=64, heads=4, kv_heads=2, head_dim=16, ffn=96, experts=4, vocab=256):
+    """(name, numpy shape) of a gpt-oss model as convert_hf_to_gguf writes it (names: gguf's tables),
+    biases and attention sinks included; experts stacked into 3-D tensors (n_expert, rows, cols)."""
+    arch = gguf.MODEL_ARCH.GPT_OSS
+    name = {t: gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch]}
+    T = gguf.MODEL_TENSOR
+    out = [(name[T.TOKEN_EMBD] + ".weight", (vocab, dim))]
+    for i in range(n_layers):
+        def n(t, suffix="weight"):
+            return name[t].format(bid=i) + "." + suffix
+        q, kv = heads * head_dim, kv_heads * head_dim
+        out += [(n(T.ATTN_NORM), (dim,)), (n(T.ATTN_Q), (q, dim)), (n(T.ATTN_Q, "bias"), (q,)),
+                (n(T.ATTN_K), (kv, dim)), (n(T.ATTN_K, "bias"), (kv,)), (n(T.ATTN_V), (kv, dim)),
+                (n(T.ATTN_V, "bias"), (kv,)), (n(T.ATTN_OUT), (dim, q)), (n(T.ATTN_OUT, "bias"), (dim,)),
+                (n(T.ATTN_SINKS), (heads,)), (n(T.ATTN_POST_NORM), (dim,)),
+                (n(T.FFN_GATE_INP), (experts, dim)), (n(T.FFN_GATE_INP, "bias"), (experts,)),
+                (n(T.FFN_GATE_EXP), (experts, ffn, dim)), (n(T.FFN_GATE_EXP, "bias"), (experts, ffn)),
+                (n(T.FFN_UP_EXP), (experts, ffn, dim)), (n(T.FFN_UP_EXP, "bias"), (experts, ffn)),
+                (n(T.FFN_DOWN_EXP), (experts, dim, ffn)), (n(T.FFN_DOWN_EXP, "bias"), (experts, dim))]
+    return out + [(name[T.OUTPUT_NORM] + ".weight", (dim,)), (name[T.OUTPUT] + ".weight", (vocab, dim))]
+
+
+def test_mxfp4_moe_plan_matches_llama_cpp():
+    """llama.cpp's MOSTLY_MXFP4_MOE: expert tensors (3-D, ne[2] > 1) MXFP4; every other quantizable
+    tensor Q8_0, output and token_embd included; norms, biases, sinks and the router kept."""
+    tensors = gpt_oss_tensors()
+    types = plan_types(tensors, "MXFP4_MOE", ModelShape("gpt-oss", 2, 4, 2))
+    for name, shape in tensors:
+        if "_exps.weight" in name:
+            want = Q.MXFP4
+        elif len(shape) == 1 or not name.endswith("weight") or "ffn_gate_inp" in name:
+            want = Q.F32 if len(shape) == 1 else Q.F16  # kept as stored (plan_types' sources)
+        else:
+            want = Q.Q8_0
+        assert types[name] == want, name
+    # a dense model: no experts, all Q8_0; one expert (ne[2] == 1) is not MoE either
+    assert set(plan_types(llama_tensors(2, dim=256, kv=64, ffn=512, vocab=512, tied=True), "MXFP4_MOE").values()) == {
+        Q.Q8_0, Q.F32}
+    assert plan_types([("blk.0.ffn_up_exps.weight", (1, 64, 64))], "MXFP4_MOE")["blk.0.ffn_up_exps.weight"] == Q.Q8_0
+    # rows that do not split into 32-value blocks: F16, as for the other 32-value types
+    assert plan_types([("blk.0.ffn_up_exps.weight", (4, 64, 48))], "MXFP4_MOE")["blk.0.ffn_up_exps.weight"] == Q.F16
+
+
+def test_mxfp4_cli_on_a_dense_model(small, tmp_path):
+    """`--type MXFP4` (llama-quantize's MXFP4_MOE) on a model without experts: Q8_0 everywhere
+    quantizable, general.file_type MOSTLY_MXFP4_MOE."""
+    out = tmp_path / "small-mxfp4.gguf"
+    result = invoke(small, out, "--type", "mxfp4")
+    assert result.exit_code == 0, result.stderr
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    assert {t.tensor_type for t in reader.tensors if len(t.shape) > 1} == {Q.Q8_0}
+
+
+def test_mxfp4_moe_file_reads_back_through_gguf(tmp_path):
+    """quantize's writer with the MXFP4_MOE plan of gpt-oss-shaped tensors: 3-D MXFP4 expert tensors the
+    gguf package reads back (type, shape, values = our encoder's decoded values), file type 38."""
+    from localllm.commands.quantize_cmd import Source, SourceTensor, write_source
+
+    g = torch.Generator().manual_seed(19)
+    values = {name: torch.randn(shape, generator=g) * 0.05 for name, shape in gpt_oss_tensors()}
+    tensors = [SourceTensor(TensorInfo(n, tuple(v.shape), Q.F32), lambda v=v: v, lambda idx, v=v: v.reshape(-1, v.shape[-1])[idx],
+                            None) for n, v in values.items()]
+    src = Source(tmp_path / "in.gguf", [tmp_path / "in.gguf"], "gpt-oss", ModelShape("gpt-oss", 2, 4, 2), tensors,
+                 dict, gguf.GGUF_DEFAULT_ALIGNMENT, None)
+    plan = preset_plan(PRESETS["MXFP4_MOE"], [t.info for t in tensors], src.model)
+    out = write_source(src, plan, PRESETS["MXFP4_MOE"], tmp_path / "out.gguf", "cpu", None, progress=False)
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE) == 38
+    read = {t.name: t for t in reader.tensors}
+    assert {r.name for r in plan if r.target == Q.MXFP4} == {n for n in values if "_exps.weight" in n}
+    for row in plan:
+        t = read[row.name]
+        assert t.tensor_type == row.target and tuple(reversed(t.shape.tolist())) == row.shape, row.name
+        x = values[row.name]
+        if row.target == Q.MXFP4:
+            want = dequantize_torch(quantize_tensor(x.reshape(-1, x.shape[-1]), Q.MXFP4), Q.MXFP4)
+            got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, x.shape[-1])
+            np.testing.assert_array_equal(got, want.numpy(), err_msg=row.name)
+            assert (want - x.reshape(want.shape)).norm() < 0.2 * x.norm()
+
+
 def test_imatrix_rule():
     names = [n for n, _ in llama_tensors(16)]
     types = preset_types(PRESETS["Q4_0"], llama_tensors(16), ModelShape("llama", 16, 32, 8), imatrix=True)

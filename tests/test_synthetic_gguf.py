@@ -35,7 +35,7 @@ def tokenizer() -> dict:
     return read_gguf_metadata(VOCAB, keep=lambda key: key.startswith("tokenizer."))
 
 
-@pytest.mark.parametrize("wtype", ["F16", "BF16", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("wtype", ["F16", "BF16", "Q8_0", "Q4_K_M", "MXFP4"])
 def test_written_file_reads_back_as_synthetic_state(tmp_path, monkeypatch, tokenizer, wtype):
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)  # K-quant encoding on the CPU is slow
     path = write_synthetic_gguf(TINY, wtype, tmp_path / f"tiny-{wtype}.gguf", tokenizer)
@@ -43,7 +43,8 @@ def test_written_file_reads_back_as_synthetic_state(tmp_path, monkeypatch, token
 
     reader = gguf.GGUFReader(path)
     file_type = reader.fields["general.file_type"]
-    assert int(file_type.parts[file_type.data[0]][0]) == gguf.LlamaFileType[f"MOSTLY_{wtype}"]
+    want_type = {"MXFP4": "MOSTLY_MXFP4_MOE"}.get(wtype, f"MOSTLY_{wtype}")  # llama-quantize's name
+    assert int(file_type.parts[file_type.data[0]][0]) == gguf.LlamaFileType[want_type]
     tokens = reader.fields["tokenizer.ggml.tokens"]
     assert [bytes(tokens.parts[i]) for i in tokens.data] == tokenizer["tokenizer.ggml.tokens"].value
     types = {t.name: t.tensor_type for t in reader.tensors}

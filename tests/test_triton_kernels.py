@@ -62,6 +62,18 @@ def test_dequantize_kernel_is_bit_exact(quantized):
     assert torch.equal(triton_gemv.dequantize(qw, torch.float32), dequantize_torch(raw, qtype))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # e = 255 times code 12: inf
+def test_mxfp4_dequantize_kernel_reads_every_exponent_and_code():
+    """Random MXFP4 blocks: every E8M0 byte (0 and 1 the subnormal scales, 255 overflowing to inf in
+    the codes' products as in gguf) and every E2M1 code (8: +0) decode to gguf's values, same bits."""
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (64, 17 * 8), dtype=torch.uint8, generator=g)
+    raw.view(64, 8, 17)[:, :, 0] = torch.arange(64 * 8, dtype=torch.int32).reshape(64, 8).remainder(256).to(torch.uint8)
+    got = triton_gemv.dequantize(QWeight.from_raw(raw, Q.MXFP4), torch.float32)
+    want = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), Q.MXFP4).astype("float32"))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def test_dequantize_kernel_bf16_is_the_rounded_reference(quantized):
     """Within one bf16 step: the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest
     (tests/gpu/test_gpu_kernels.py checks the GPU's bf16 values for equality)."""

@@ -22,6 +22,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from localllm.kernels import triton_q8  # noqa: E402
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
@@ -61,6 +63,21 @@ def test_quantize_act_kernel_matches_reference(norm):
         assert rel(d, dr) < 1e-6
     else:
         assert torch.equal(q, qr) and torch.equal(d, dr) and torch.equal(s, sr)
+
+
+@triton.jit
+def _e2m1_words_kernel(inp, out, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out + i, triton_q8._e2m1_bytes(tl.load(inp + i)))
+
+
+def test_mxfp4_code_bytes_are_the_e2m1_table():
+    """Every word of four MXFP4 codes (16^4) -> its four int8 values, gguf's MXFP4.kvalues (code 8: 0)."""
+    codes = torch.cartesian_prod(*[torch.arange(16)] * 4).to(torch.uint8).contiguous()  # (65536, 4)
+    out = torch.empty(codes.shape[0], dtype=torch.int32)
+    _e2m1_words_kernel[(1,)](codes.view(torch.int32).reshape(-1), out, N=codes.shape[0])
+    want = torch.tensor(gguf.quants.MXFP4.kvalues, dtype=torch.int8)[codes.long()]
+    assert torch.equal(out.view(torch.int8).reshape(-1, 4), want)
 
 
 @pytest.fixture(scope="module", params=sorted(INT_DOT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
@@ -145,7 +162,7 @@ def test_quantize_act_glu_reads_and_clears_the_sums():
     assert not sums.any()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.MXFP4])
 def test_partial_unit_steps_read_nothing_past_k(qtype):
     """K = 576 (SmolLM2): 18 blocks, not a multiple of the units per step. x's buffers continue past K
     with NaN scales and random words: a product that read them would be NaN or wrong."""

@@ -31,8 +31,10 @@ Q = gguf.GGMLQuantizationType
 # HF config "architectures" entry and GGUF architecture per HF model_type. Llama.cpp's converter
 # registers MistralForCausalLM under LlamaModel, so a Mistral GGUF says `llama`.
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM"}
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+             "gemma3_text": "gemma3"}
+GEMMA = ("gemma2", "gemma3_text")
 GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                   Q.F16: gguf.LlamaFileType.MOSTLY_F16}
 
@@ -58,6 +60,15 @@ class TinySpec:
     shards: int = 1
     seed: int = 0
     name: str = field(default="", compare=False)
+    # Gemma 2 / 3 (config.json keys of the same names; None: the key is written as null)
+    sliding_window: int | None = None
+    query_pre_attn_scalar: int | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    rope_local_theta: float = 10000.0  # Gemma 3's sliding layers (llama.cpp's fixed value: GGUF can't say another)
+    # Gemma 3 only: the Gemma3ForConditionalGeneration folder (text model under model.language_model,
+    # plus a tiny SigLIP vision tower and projector), saved by transformers' save_pretrained
+    multimodal: bool = False
 
     @property
     def hd(self) -> int:
@@ -69,7 +80,11 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return self.arch in ("qwen3", "gemma3_text")
+
+    @property
+    def gemma(self) -> bool:
+        return self.arch in GEMMA
 
 
 # ---- tokenizer: a small byte-level BPE trained here, saved as tokenizer.json and as GGUF metadata
@@ -127,10 +142,12 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
 
     C, F, D, V = spec.dim, spec.ffn_dim, spec.hd, vocab_size()
     qd, kvd = spec.n_heads * D, spec.n_kv_heads * D
+    # Gemma's RMSNorm multiplies by 1 + w: its stored norm weights sit around 0, not 1
+    one = 0.0 if spec.gemma else 1.0
     w = {"model.embed_tokens.weight": randn(V, C, std=0.1)}
     for i in range(spec.n_layers):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = 1 + randn(C, std=0.1)
+        w[p + "input_layernorm.weight"] = one + randn(C, std=0.1)
         w[p + "self_attn.q_proj.weight"] = randn(qd, C, std=0.1)
         w[p + "self_attn.k_proj.weight"] = randn(kvd, C, std=0.1)
         w[p + "self_attn.v_proj.weight"] = randn(kvd, C, std=0.1)
@@ -140,13 +157,17 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
             w[p + "self_attn.k_proj.bias"] = randn(kvd, std=0.1)
             w[p + "self_attn.v_proj.bias"] = randn(kvd, std=0.05)
         if spec.qk_norm:
-            w[p + "self_attn.q_norm.weight"] = 1 + randn(D, std=0.1)
-            w[p + "self_attn.k_norm.weight"] = 1 + randn(D, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = 1 + randn(C, std=0.1)
+            w[p + "self_attn.q_norm.weight"] = one + randn(D, std=0.1)
+            w[p + "self_attn.k_norm.weight"] = one + randn(D, std=0.1)
+        # Llama: the MLP's input norm; Gemma: the attention output's norm (then pre_feedforward_layernorm)
+        w[p + "post_attention_layernorm.weight"] = one + randn(C, std=0.1)
+        if spec.gemma:
+            w[p + "pre_feedforward_layernorm.weight"] = randn(C, std=0.1)
+            w[p + "post_feedforward_layernorm.weight"] = randn(C, std=0.1)
         w[p + "mlp.gate_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.up_proj.weight"] = randn(F, C, std=0.1)
         w[p + "mlp.down_proj.weight"] = randn(C, F, std=0.08)
-    w["model.norm.weight"] = 1 + randn(C, std=0.1)
+    w["model.norm.weight"] = one + randn(C, std=0.1)
     if not spec.tied:
         w["lm_head.weight"] = randn(V, C, std=0.1)
     return {k: _storage_round(v, spec.storage_dtype) for k, v in w.items()}
@@ -183,6 +204,19 @@ def hf_config(spec: TinySpec) -> dict:
         cfg["sliding_window"] = None
     if spec.arch in ("qwen2", "qwen3"):
         cfg["use_sliding_window"] = False
+    if spec.gemma:
+        cfg |= gemma_hf_config(spec)
+    return cfg
+
+
+def gemma_hf_config(spec: TinySpec) -> dict:
+    """The Gemma2Config / Gemma3TextConfig keys beyond Llama's, as the released models spell them."""
+    cfg = {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "head_dim": spec.hd, "attention_bias": False,
+           "query_pre_attn_scalar": spec.query_pre_attn_scalar or spec.hd, "sliding_window": spec.sliding_window,
+           "attn_logit_softcapping": spec.attn_softcap, "final_logit_softcapping": spec.final_softcap,
+           "pad_token_id": 0}
+    if spec.arch == "gemma3_text":  # the 1B model's config.json spelling (pre rope_parameters)
+        cfg |= {"rope_local_base_freq": spec.rope_local_theta, "sliding_window_pattern": 6}
     return cfg
 
 
@@ -190,6 +224,8 @@ def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
+    if spec.multimodal:
+        return write_gemma3_multimodal(spec, folder)
     weights = make_weights(spec)
     dtype = getattr(torch, spec.storage_dtype)
     tensors = {k: v.to(dtype).contiguous() for k, v in weights.items()}
@@ -209,10 +245,40 @@ def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (folder / "config.json").write_text(json.dumps(hf_config(spec), indent=2))
+    write_tokenizer_files(spec, folder)
+    return folder
+
+
+def write_tokenizer_files(spec: TinySpec, folder: Path) -> None:
     (folder / "tokenizer.json").write_text(tokenizer_json())
     tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": SPECIAL_TOKENS[BOS_ID],
                "eos_token": SPECIAL_TOKENS[EOS_ID], "add_bos_token": False, "model_max_length": spec.context_length}
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+
+
+# A tiny SigLIP tower (2 x 2 patches of 14 pixels) and projector (4 image tokens): present in the
+# checkpoint as in a real Gemma 3 4B+ one, unused by text-only input.
+TINY_VISION = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+               "vision_use_head": False}
+
+
+def write_gemma3_multimodal(spec: TinySpec, folder: Path) -> Path:
+    """The spec's text weights inside a Gemma3ForConditionalGeneration, saved by save_pretrained
+    (as checkpoint names: language_model.model.*, vision_tower.*, multi_modal_projector.*)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = replace(spec, multimodal=False)
+    cfg = Gemma3Config(text_config=hf_config(text), vision_config=dict(TINY_VISION), mm_tokens_per_image=4,
+                       tie_word_embeddings=spec.tied, bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    torch.manual_seed(spec.seed)
+    model = Gemma3ForConditionalGeneration(cfg)
+    state = {k.replace("model.", "model.language_model.", 1): v for k, v in make_weights(text).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
+    assert all(k.startswith(("model.vision_tower.", "model.multi_modal_projector.", "lm_head.")) for k in missing)
+    model.save_pretrained(str(folder))
+    write_tokenizer_files(text, folder)
     return folder
 
 
@@ -256,6 +322,8 @@ def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
         base, suffix = hf.rsplit(".", 1)
         name = name_map.get_name(base)
         assert name is not None, hf
+        if spec.gemma and hf.endswith("norm.weight"):  # Gemma2Model / Gemma3Model.modify_tensors
+            t = t + 1
         data = t.numpy()
         if arch == "llama" and base.endswith("q_proj"):
             data = permute_qk(data, spec.n_heads)
@@ -265,6 +333,18 @@ def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
     if spec.rope_scaling and spec.rope_scaling.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_freqs(spec)
     return out
+
+
+def add_gemma_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
+    """Gemma2Model / Gemma3Model.set_gguf_parameters (conversion/gemma.py) beyond the common keys."""
+    if spec.arch == "gemma2":
+        w.add_attn_logit_softcapping(spec.attn_softcap)
+        w.add_final_logit_softcapping(spec.final_softcap)
+        w.add_sliding_window(spec.sliding_window)
+        return
+    if spec.final_softcap:
+        w.add_final_logit_softcapping(spec.final_softcap)
+    w.add_sliding_window(spec.sliding_window)
 
 
 def encode_tensor(data: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
@@ -315,11 +395,18 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
     w.add_feed_forward_length(spec.ffn_dim)
     w.add_head_count(spec.n_heads)
     w.add_head_count_kv(spec.n_kv_heads)
-    w.add_rope_freq_base(spec.rope_theta)
+    if arch != "gemma2":  # Gemma2Model.set_gguf_parameters writes no rope base (llama.cpp: 10000)
+        w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
     if spec.head_dim is not None:  # TextModel.set_gguf_parameters writes these only for explicit head_dim
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
+    rs = spec.rope_scaling or {}
+    if rs.get("rope_type") == "linear" and arch != "gemma2":  # TextModel.set_gguf_parameters (Gemma 3:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)  # its full_attention rope)
+        w.add_rope_scaling_factor(rs["factor"])
+    if spec.gemma:
+        add_gemma_metadata(w, spec)
     w.add_file_type(GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
     if arch == "llama":
         w.add_vocab_size(vocab_size())
@@ -397,13 +484,13 @@ def write_raw_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q]]) -> Path
 
 # ---- a model whose 2-D tensors use every tensor type the runtime reads
 
-ALL_TYPES = [Q[n] for n in "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split()]
-# Rows of 256 values so that K-quant super-blocks fit; 2 layers give 16 matrices for 13 types.
+ALL_TYPES = [Q[n] for n in "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K MXFP4".split()]
+# Rows of 256 values so that K-quant super-blocks fit; 2 layers give 16 matrices for 14 types.
 MIXED = TinySpec("llama", dim=256, ffn_dim=256, n_heads=4, n_kv_heads=2, seed=6)
 
 
 def mixed_type_raw(spec: TinySpec, seed: int = 0) -> dict[str, tuple[np.ndarray, Q]]:
-    """GGUF name -> (raw data, type): the i-th 2-D tensor takes ALL_TYPES[i % 13]; the model's own
+    """GGUF name -> (raw data, type): the i-th 2-D tensor takes ALL_TYPES[i % 14]; the model's own
     (already permuted) weights encoded where gguf can quantize the type, random blocks for K-quants."""
     rng = np.random.default_rng(seed)
     two_d = [(name, data) for name, data in gguf_tensors(spec).items() if data.ndim == 2]
@@ -430,6 +517,34 @@ CASES: dict[str, TinySpec] = {
     "llama3": TinySpec("llama", tied=True, rope_theta=10000.0, seed=5, rope_scaling={
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}),
+    # Llama 2 style linear rope scaling ("rope_type": "linear", GGUF rope.scaling.type / factor).
+    "llama_linear": TinySpec("llama", seed=9, rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
 # The same qwen2 weights rounded to bf16 and stored as bf16.
 CASES["qwen2_bf16"] = replace(CASES["qwen2"], storage_dtype="bfloat16")
+
+# Families beyond the Llama layer (issue 19), looked up with CASES by case_spec.
+FAMILY_CASES: dict[str, TinySpec] = {}
+# Gemma 2: post norms, gelu-tanh, head_dim 32 != dim / heads (as in the real 2304 / 8 vs 256),
+# every other layer sliding with a window of 5 (the prompts are 16 long), soft-caps low enough
+# (attention scores 2.0, logits 3.0) that they change the logits, tied output.
+FAMILY_CASES["gemma2"] = TinySpec("gemma2", n_layers=4, head_dim=32, tied=True, norm_eps=1e-6,
+                                  sliding_window=5, attn_softcap=2.0, final_softcap=3.0, seed=7)
+# The same with query_pre_attn_scalar != head_dim (the 27B models'): GGUF can't say it (llama.cpp
+# derives the scale from the block count), so safetensors only.
+FAMILY_CASES["gemma2_qscale"] = replace(FAMILY_CASES["gemma2"], query_pre_attn_scalar=24)
+# Gemma 3 (4B style): q/k norm, 6 layers (5 sliding with window 5, the 6th global), rope bases 1e6
+# (global) and 1e4 (sliding), linear rope scaling 4 on the global layer, no soft-caps, tied output.
+FAMILY_CASES["gemma3"] = TinySpec("gemma3_text", n_layers=6, head_dim=32, tied=True, norm_eps=1e-6,
+                                  sliding_window=5, rope_theta=1e6, seed=8,
+                                  rope_scaling={"rope_type": "linear", "factor": 4.0})
+# The same weights rounded to bf16 and stored as bf16 (the norm offset is added in fp32, as
+# transformers' 1 + w.float()).
+FAMILY_CASES["gemma3_bf16"] = replace(FAMILY_CASES["gemma3"], storage_dtype="bfloat16")
+# The same weights in a Gemma3ForConditionalGeneration checkpoint (safetensors only: the converter
+# writes the text model's GGUF, the same file as gemma3's).
+FAMILY_CASES["gemma3_mm"] = replace(FAMILY_CASES["gemma3"], multimodal=True)
+
+
+def case_spec(case: str) -> TinySpec:
+    return CASES[case] if case in CASES else FAMILY_CASES[case]

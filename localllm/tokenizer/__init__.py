@@ -1,4 +1,5 @@
-"""Tokenizers: GGUF vocabularies (SentencePiece-BPE "llama", byte-level BPE "gpt2") and HF model folders.
+"""Tokenizers: GGUF vocabularies (SentencePiece-BPE "llama", byte-level BPE "gpt2", Gemma 4's
+SentencePiece-style BPE "gemma4") and HF model folders.
 
     tok = load_gguf_tokenizer(open_gguf(path).metadata)
     ids = tok.encode("Hello", add_bos=tok.add_bos)
@@ -14,7 +15,6 @@ from typing import Any
 from ..errors import LocalLLMError
 from .base import StreamDecoder, Tokenizer
 from .bpe import BpeTokenizer
-from .gemma4 import Gemma4Tokenizer
 from .hf import load_hf_tokenizer
 from .pretok import PRE_TOKENIZERS
 from .meta import optional_bool, optional_int, optional_text, typed_list
@@ -52,8 +52,9 @@ def load_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
             add_bos=optional_bool(metadata, KEY + "add_bos_token", True),
             **common,
         )
-    if model == "gpt2":
-        pre = optional_text(metadata, KEY + "pre") or "default"
+    if model in ("gpt2", "gemma4"):
+        # llama.cpp: the "gemma4" model is BPE with the pre-tokenizer "gemma4", whatever the file says
+        pre = "gemma4" if model == "gemma4" else optional_text(metadata, KEY + "pre") or "default"
         pretok = PRE_TOKENIZERS.get(pre)
         if pretok is None:
             raise LocalLLMError(f"unknown pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
@@ -63,20 +64,15 @@ def load_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
             raise LocalLLMError("the GGUF has a BPE vocabulary without merges (tokenizer.ggml.merges)")
         if pre in ("chatglm-bpe", "glm4"):
             common["bos_id"] = None
-        default_add_bos = bool(pretok.add_bos)
+        add_bos = optional_bool(metadata, KEY + "add_bos_token", bool(pretok.add_bos))
         return BpeTokenizer(
             tokens, types, merges, pre_name=pre, pretok=pretok,
-            add_bos=optional_bool(metadata, KEY + "add_bos_token", default_add_bos),
+            add_bos=add_bos or pretok.force_add_bos,
             **common,
         )
-    if model == "gemma4":
-        merges = typed_list(metadata, KEY + "merges", "text")
-        if merges is None:
-            raise LocalLLMError("the GGUF has a BPE vocabulary without merges (tokenizer.ggml.merges)")
-        return Gemma4Tokenizer(tokens, types, merges, add_bos=optional_bool(metadata, KEY + "add_bos_token", True),
-                               **common)
     raise LocalLLMError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
-                        "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE), 'gemma4' (Gemma 4 BPE)")
+                        "supported: 'llama' (SentencePiece BPE), 'gpt2' (byte-level BPE), "
+                        "'gemma4' (SentencePiece-style BPE)")
 
 
 def _phi3_rstrip_ids(metadata: dict[str, Any], tokens: list[str], types) -> list[int]:

@@ -27,7 +27,8 @@ TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 
 # Token texts that end a turn when they exist as control tokens (see llama.cpp's special_eog_ids).
-STOP_TOKEN_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>", "<end_of_turn>")
+STOP_TOKEN_NAMES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>", "<end_of_turn>",
+                    "<eos>", "<turn|>", "<|tool_response>")  # the last three: Gemma 4
 
 _ASCII_SPACE = " \t\n\v\f\r"  # C isspace(), used by llama.cpp for lstrip/rstrip of special tokens
 
@@ -80,6 +81,10 @@ class Tokenizer:
         stops = {i for i in (self.eos_id, *(self._checked_id(e) for e in extra)) if i is not None}
         for name in STOP_TOKEN_NAMES:
             tid = self._to_id.get(name)
+            if tid is not None and self._types[tid] == TOKEN_USER_DEFINED:
+                # llama.cpp makes such a token control (Gemma 4's user-defined <|tool_response>):
+                # parsed only with parse_special, not printed by decode
+                self._types[tid] = TOKEN_CONTROL
             if tid is not None and self._types[tid] == TOKEN_CONTROL:
                 stops.add(tid)
         return frozenset(stops)

@@ -7,11 +7,15 @@ which in turn matches the model's own HF tokenizer.json:
   also how the GGUF stores the vocabulary and the "a b" merges;
 - merges are applied by rank (lowest first, ties leftmost); with ignore_merges (Llama 3) a piece that
   is itself a token is taken whole.
+SentencePiece-style BPE (Gemma 4, `PreTokenizer.byte_encode` False) differs only in the alphabet:
+spaces become "\u2581" (`escape_spaces`), merges run over the raw characters, and a character
+without a token is written as <0xNN> byte tokens (the library's byte_fallback, as llama.cpp does).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -24,6 +28,9 @@ from tokenizers import decoders, models, pre_tokenizers
 from ..errors import LocalLLMError
 from .base import Tokenizer
 from .pretok import PreTokenizer
+
+SPACE = "\u2581"  # "▁", SentencePiece's escaped space
+NEWLINE_RUN = re.compile("\n+")
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -77,12 +84,15 @@ def build_bpe_model(tokens: Sequence[str], merges: Sequence[str], pretok: PreTok
             pairs.append(pair)
     with library_errors("bad BPE vocabulary (tokenizer.ggml.tokens / merges)"):  # the library's own check
         model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pretok.ignore_merges,
-                           fuse_unk=False, byte_fallback=False)
+                           fuse_unk=False, byte_fallback=not pretok.byte_encode)
     hf = HFTokenizer(model)
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pretok.regexes]
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
-    hf.decoder = decoders.ByteLevel()
+    if pretok.byte_encode:
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+        hf.decoder = decoders.ByteLevel()
+    else:
+        hf.pre_tokenizer = pre_tokenizers.Sequence(splits)
     return hf
 
 
@@ -142,10 +152,30 @@ class BpeTokenizer(Tokenizer):
     ) -> None:
         super().__init__(tokens, token_types, **kwargs)
         self.pre = pre_name
+        self._pretok = pretok
         self._hf = build_bpe_model(self._tokens, merges, pretok)
 
     def _encode_text(self, text: str, after_special: bool) -> list[int]:
-        return library_encode(self._hf, text)
+        if self._pretok.escape_spaces:
+            text = text.replace(" ", SPACE)
+        if not self._pretok.whole_newline_runs:
+            return library_encode(self._hf, text)
+        # newline runs that are tokens stay whole; the text between them goes to the merges
+        ids: list[int] = []
+        pos = 0
+        for run in NEWLINE_RUN.finditer(text):
+            tid = self._to_id.get(run.group())
+            if tid is not None:
+                if run.start() > pos:
+                    ids += library_encode(self._hf, text[pos:run.start()])
+                ids.append(tid)
+                pos = run.end()
+        if pos < len(text):
+            ids += library_encode(self._hf, text[pos:])
+        return ids
 
     def _normal_piece(self, tid: int) -> bytes:
+        if not self._pretok.byte_encode:
+            text = self._tokens[tid]
+            return (text.replace(SPACE, " ") if self._pretok.escape_spaces else text).encode("utf-8")
         return byte_level_decode(self._tokens[tid])

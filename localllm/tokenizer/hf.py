@@ -59,15 +59,18 @@ def _ids(value: Any) -> list[int]:
 
 
 def _chat_template(folder: Path, tok_cfg: dict[str, Any]) -> str | None:
+    """The folder's default chat template, found where transformers' AutoTokenizer finds it:
+    chat_template.jinja first (it replaces tokenizer_config.json's "chat_template"), then
+    tokenizer_config.json (a string, or a list of named templates), then chat_template.json."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return read_utf8_file(jinja, "chat template")
     tpl = tok_cfg.get("chat_template")
     if isinstance(tpl, list):  # [{"name": "default", "template": "..."}, ...]
         named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
         tpl = named.get("default") or next(iter(named.values()), None)
     if isinstance(tpl, str) and tpl:
         return tpl
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return read_utf8_file(jinja, "chat template")
     tpl = _read_json(folder / "chat_template.json").get("chat_template")
     return tpl if isinstance(tpl, str) and tpl else None
 

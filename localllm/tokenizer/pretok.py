@@ -19,6 +19,15 @@ class PreTokenizer:
     regexes: tuple[str, ...]
     ignore_merges: bool = False  # llama.cpp `ignore_merges`: a whole word found in the vocab is one token
     add_bos: bool | None = None  # llama.cpp's default for add_bos when the GGUF does not say
+    force_add_bos: bool = False  # llama.cpp sets add_bos whatever the GGUF says (its Gemma 4 workaround)
+    # SentencePiece-style BPE (llama.cpp `byte_encode = false`, `escape_whitespaces`): the vocabulary
+    # holds raw UTF-8 characters with spaces written "\u2581", a character without a token becomes
+    # <0xNN> byte tokens, instead of GPT-2's byte alphabet.
+    byte_encode: bool = True
+    escape_spaces: bool = False
+    # llama.cpp's Gemma 4 fix (PR 21343): a piece made only of newlines that is itself a token is
+    # taken whole instead of being merged
+    whole_newline_runs: bool = False
 
 
 def _chars(ranges: list[tuple[int, int]]) -> str:
@@ -105,6 +114,9 @@ _LLAMA3 = PreTokenizer((LLAMA3,), ignore_merges=True, add_bos=True)
 _GPT2 = PreTokenizer((GPT2_HF,))
 _DIGITS_GPT2 = PreTokenizer((r"\p{N}", GPT2_HF))  # starcoder family: single digits, then GPT-2
 _QWEN2 = PreTokenizer((QWEN2,))
+# Gemma 4 (llama.cpp GEMMA4): no word splitting, only runs of newlines apart from everything else.
+_GEMMA4 = PreTokenizer((r"[^\n]+|[\n]+",), force_add_bos=True, byte_encode=False, escape_spaces=True,
+                       whole_newline_runs=True)
 
 # name -> pre-tokenizer; several names share one entry exactly as in llama.cpp's name chain.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
@@ -114,6 +126,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(["dbrx", "smaug-bpe"], PreTokenizer((LLAMA3,))),
     "chatglm-bpe": PreTokenizer((LLAMA3,)),
     "glm4": PreTokenizer((LLAMA3,)),
+    "gemma4": _GEMMA4,
     "deepseek-llm": PreTokenizer(DEEPSEEK_LLM),
     "deepseek-coder": PreTokenizer(DEEPSEEK_CODER),
     "deepseek-v3": PreTokenizer(DEEPSEEK3),
