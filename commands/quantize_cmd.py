@@ -44,7 +44,8 @@ from localllm.quantize.presets import PRESETS, ModelShape, Preset, allows_quanti
 from localllm.quantize.partial import remove_stale_partials
 from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
-from localllm.config import ModelConfig, read_json
+from localllm.config import Fields, ModelConfig, read_json
+from localllm.config_phi3 import hf_rope_tensors
 from localllm.device import encoder_device
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
@@ -56,7 +57,7 @@ from localllm.quantize_checks import (
     check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
 )
 from localllm.validate import check_gguf, check_hf_folder
-from localllm.weights import gguf_tensor, hf_tensor_names, safetensors_files
+from localllm.weights import PERMUTED_QK_ARCHS, gguf_tensor, hf_tensor_names, safetensors_files
 
 Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
@@ -415,7 +416,7 @@ def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
 
 # Architectures whose safetensors folders this command converts (hf_metadata writes their keys; the
 # others need keys and tensor changes of their own, e.g. Gemma's sliding window and norm offset).
-HF_SOURCE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+HF_SOURCE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3")
 
 
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
@@ -435,6 +436,9 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "llama3":  # linear: metadata (hf_metadata)
         freqs = torch.from_numpy(converter_rope_freqs(hp, cfg.head_dim))
         tensors.append(_memory_tensor("rope_freqs.weight", freqs))
+    # LongRoPE's divisor sets (phi3), long then short as Phi3MiniModel.generate_extra_tensors yields them
+    longrope = hf_rope_tensors(Fields(hp, "config.json"), cfg)
+    tensors += [_memory_tensor(name, longrope[name]) for name in sorted(longrope)]
     for path, key, name in hf_tensor_names(folder, cfg):
         with safe_open(str(path), framework="pt") as f:
             sl = f.get_slice(key)
@@ -487,9 +491,9 @@ def _hf_tensor(path: Path, key: str, name: str, shape: tuple[int, ...], dtype: s
     def read() -> torch.Tensor:
         with safe_open(str(path), framework="pt") as f:
             w = f.get_tensor(key).float()
-        if arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+        if arch in PERMUTED_QK_ARCHS and name.endswith(("attn_q.weight", "attn_q.bias")):
             w = permute_qk(w, cfg.n_heads)
-        elif arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+        elif arch in PERMUTED_QK_ARCHS and name.endswith(("attn_k.weight", "attn_k.bias")):
             w = permute_qk(w, cfg.n_kv_heads)
         return w
 

@@ -60,31 +60,40 @@ struct Decoder {
   std::vector<at::Tensor> keep;
   lq::ModelW m;
 
-  // dims: dim, ffn, H, Hkv, D. mats: per layer q k v o gate up down, then embd, out (as qmatmul
-  // takes them; F32 weights viewed as bytes); qtypes, Ns, Ks and tiled alike. vecs: per layer
-  // attn_norm ffn_norm q_norm k_norm bq bk bv (empty when absent), then output_norm.
-  Decoder(std::vector<int64_t> dims, double eps, std::vector<at::Tensor> mats, std::vector<int64_t> qtypes,
-          std::vector<int64_t> Ns, std::vector<int64_t> Ks, std::vector<bool> tiled, std::vector<at::Tensor> vecs) {
+  // dims: dim, ffn, H, Hkv, D, rot. scalars: eps, embed_scale, attn_scale, attn_softcap, final_softcap
+  // (0: none). mats: per layer q k v o gate up down, then embd, out (as qmatmul takes them; F32 weights
+  // viewed as bytes); qtypes, Ns, Ks and tiled alike. vecs: per layer attn_norm ffn_norm q_norm k_norm
+  // bq bk bv post_attention_norm post_ffw_norm bo sinks (empty when absent), then output_norm.
+  // layers: per layer rope set (-1: none), window (0: all keys), activation (lq::Act).
+  Decoder(std::vector<int64_t> dims, std::vector<double> scalars, std::vector<at::Tensor> mats,
+          std::vector<int64_t> qtypes, std::vector<int64_t> Ns, std::vector<int64_t> Ks, std::vector<bool> tiled,
+          std::vector<at::Tensor> vecs, std::vector<int64_t> layers) {
+    constexpr size_t NM = 7, NV = 11, NL = 3;  // per layer: matrices, vectors, layer ints
     keep = mats;
     keep.insert(keep.end(), vecs.begin(), vecs.end());
-    m.dim = dims[0], m.ffn = dims[1], m.H = dims[2], m.Hkv = dims[3], m.D = dims[4];
-    m.eps = static_cast<float>(eps);
-    const size_t L = (mats.size() - 2) / 7;
+    m.dim = dims[0], m.ffn = dims[1], m.H = dims[2], m.Hkv = dims[3], m.D = dims[4], m.rot = dims[5];
+    m.eps = static_cast<float>(scalars[0]), m.embed_scale = static_cast<float>(scalars[1]);
+    m.attn_scale = static_cast<float>(scalars[2]), m.attn_softcap = static_cast<float>(scalars[3]);
+    m.final_softcap = static_cast<float>(scalars[4]);
+    const size_t L = (mats.size() - 2) / NM;
     for (size_t l = 0; l < L; l++) {
       auto M = [&](size_t i) {
-        const size_t j = 7 * l + i;
+        const size_t j = NM * l + i;
         return mat(mats[j], qtypes[j], Ns[j], Ks[j], tiled[j]);
       };
-      auto V = [&](size_t i) { return ptr_or_null(vecs[7 * l + i]); };
-      lq::LayerW w{M(0), M(1), M(2), M(3), M(4), M(5), M(6), V(0), V(1), V(2), V(3), V(4), V(5), V(6)};
+      auto V = [&](size_t i) { return ptr_or_null(vecs[NV * l + i]); };
+      lq::LayerW w{M(0), M(1), M(2), M(3), M(4), M(5), M(6), V(0), V(1), V(2), V(3),
+                   V(4), V(5), V(6), V(7), V(8), V(9), V(10)};
+      w.rope = static_cast<int>(layers[NL * l]), w.window = layers[NL * l + 1];
+      w.act = static_cast<int>(layers[NL * l + 2]);
       m.layers.push_back(w);
     }
-    m.embd = mat(mats[7 * L], qtypes[7 * L], Ns[7 * L], Ks[7 * L], tiled[7 * L]);
-    m.out = mat(mats[7 * L + 1], qtypes[7 * L + 1], Ns[7 * L + 1], Ks[7 * L + 1], tiled[7 * L + 1]);
-    m.out_norm = vecs[7 * L].data_ptr<float>();
+    m.embd = mat(mats[NM * L], qtypes[NM * L], Ns[NM * L], Ks[NM * L], tiled[NM * L]);
+    m.out = mat(mats[NM * L + 1], qtypes[NM * L + 1], Ns[NM * L + 1], Ks[NM * L + 1], tiled[NM * L + 1]);
+    m.out_norm = vecs[NV * L].data_ptr<float>();
   }
 
-  // k, v: (L, 1, Hkv, S, D) fp32 cache; cos, sin: (D/2,) rope rows of pos -> logits (V,).
+  // k, v: (L, 1, Hkv, S, D) fp32 cache; cos, sin: (n sets, rot/2) rope rows of pos -> logits (V,).
   at::Tensor step(int64_t token, int64_t pos, at::Tensor& k, at::Tensor& v, const at::Tensor& cos,
                   const at::Tensor& sin, int64_t threads) {
     at::Tensor logits = at::empty({m.out.N}, at::kFloat);
@@ -102,7 +111,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("dequantize", &dequantize);
   mod.def("repack", &repack);
   pybind11::class_<Decoder>(mod, "Decoder")
-      .def(pybind11::init<std::vector<int64_t>, double, std::vector<at::Tensor>, std::vector<int64_t>,
-                          std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, std::vector<at::Tensor>>())
+      .def(pybind11::init<std::vector<int64_t>, std::vector<double>, std::vector<at::Tensor>, std::vector<int64_t>,
+                          std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, std::vector<at::Tensor>,
+                          std::vector<int64_t>>())
       .def("step", &Decoder::step);
 }

@@ -1,6 +1,8 @@
 // The decode step of cpu_decode.h. Reference: localllm/model.py Transformer.forward for one token
-// (RMSNorm in fp32, neox rope, causal attention with grouped kv heads, SiLU GLU, fp32 residual);
-// tests/test_cpu_kernels.py checks its logits against that forward and greedy output for 64 tokens.
+// (RMSNorm in fp32, neox rope on the first rot dims (rope.rope_rotate), causal attention with grouped
+// kv heads, scale, soft cap, window and sinks as attention.attend, SiLU or tanh-GELU GLU, Gemma's post
+// norms, fp32 residual); tests/test_cpu_kernels.py and tests/test_cpu_families.py check its logits
+// against that forward and greedy output for 64 tokens.
 #include "cpu_decode.h"
 
 #include <omp.h>
@@ -11,6 +13,7 @@
 #include <utility>
 
 #include "cpu_quant.h"
+#include "cpu_vmath.h"
 
 namespace lq {
 namespace {
@@ -45,9 +48,10 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return hsum(acc);
 }
 
-// x' (first half, second half) = (x1 cos - x2 sin, x2 cos + x1 sin): model.rope_rotate.
-void rope(float* x, int64_t D, const float* cos, const float* sin) {
-  const int64_t h = D / 2;
+// The first R dims: x' (first half, second half) = (x1 cos - x2 sin, x2 cos + x1 sin), the rest
+// unchanged: rope.rope_rotate.
+void rope(float* x, int64_t R, const float* cos, const float* sin) {
+  const int64_t h = R / 2;
   for (int64_t i = 0; i < h; i++) {
     const float a = x[i], b = x[i + h];
     x[i] = a * cos[i] - b * sin[i];
@@ -86,21 +90,59 @@ void add_bias(float* y, const float* b, int64_t n) {
   if (b) for (int64_t i = 0; i < n; i++) y[i] += b[i];
 }
 
-// One query head over cache rows [0, pos]: softmax(q k^T / sqrt(D)) v.
-void attend(const float* q, const float* kc, const float* vc, int64_t pos, int64_t D, float* scores, float* out) {
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): torch's F.gelu(approximate="tanh").
+constexpr float GELU_BETA = 0.7978845608028654f, GELU_KAPPA = 0.044715f;
+
+inline float gelu_tanh(float g) {
+  return 0.5f * g * (1.f + std::tanh(GELU_BETA * (g + GELU_KAPPA * g * g * g)));
+}
+
+// The GLU's product input: act(gate) * up, written over gate.
+void glu(int act, float* gate, const float* up, int64_t F) {
+  if (act == GELU_TANH) {
+    const __m256 beta = _mm256_set1_ps(GELU_BETA), kappa = _mm256_set1_ps(GELU_KAPPA), half = _mm256_set1_ps(0.5f);
+    int64_t i = 0;
+    for (; i + 8 <= F; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 inner = _mm256_mul_ps(beta, _mm256_fmadd_ps(_mm256_mul_ps(kappa, g), _mm256_mul_ps(g, g), g));
+      const __m256 t = _mm256_add_ps(_mm256_set1_ps(1.f), tanh8(inner));
+      _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, g), t), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < F; i++) gate[i] = gelu_tanh(gate[i]) * up[i];
+  } else {
+    for (int64_t i = 0; i < F; i++) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  }
+}
+
+// c tanh(x / c) over n values (attention scores, final logits).
+void softcap(float* x, int64_t n, float c) {
+  const __m256 vc = _mm256_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(vc, tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), vc))));
+  for (; i < n; i++) x[i] = c * std::tanh(x[i] / c);
+}
+
+// One query head over cache rows [t0, pos]: softmax(cap(scale q k^T), sink) v (attention.attend; the
+// sink, when given, joins the softmax's denominator only).
+void attend(const float* q, const float* kc, const float* vc, int64_t t0, int64_t pos, int64_t D, float scale,
+            float cap, const float* sink, float* scores, float* out) {
   float mx = -INFINITY;
-  for (int64_t t = 0; t <= pos; t++) {
+  for (int64_t t = t0; t <= pos; t++) {
     scores[t] = dot(q, kc + t * D, D) * scale;
     mx = std::max(mx, scores[t]);
   }
-  float sum = 0.f;
-  for (int64_t t = 0; t <= pos; t++) {
+  if (cap > 0.f) {  // monotonic: the capped maximum is the cap of the maximum
+    softcap(scores + t0, pos + 1 - t0, cap);
+    mx = cap * std::tanh(mx / cap);
+  }
+  if (sink) mx = std::max(mx, *sink);
+  float sum = sink ? std::exp(*sink - mx) : 0.f;
+  for (int64_t t = t0; t <= pos; t++) {
     scores[t] = std::exp(scores[t] - mx);
     sum += scores[t];
   }
   for (int64_t d = 0; d < D; d++) out[d] = 0.f;
-  for (int64_t t = 0; t <= pos; t++) {
+  for (int64_t t = t0; t <= pos; t++) {
     const float p = scores[t] / sum;
     for (int64_t d = 0; d < D; d++) out[d] += p * vc[t * D + d];
   }
@@ -116,6 +158,8 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
   float *q = s.q.data(), *k = s.k.data(), *v = s.v.data(), *att = s.att.data();
   float *gate = s.gate.data(), *up = s.up.data();
   mat_dequantize(m.embd, token, token + 1, x);
+  if (m.embed_scale != 1.f) for (int64_t i = 0; i < C; i++) x[i] *= m.embed_scale;
+  const int64_t half = m.rot / 2;
   QX qx{};
 #pragma omp parallel num_threads(threads)
   {
@@ -132,13 +176,14 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
 #pragma omp single
       {
         add_bias(q, w.bq, H * D), add_bias(k, w.bk, Hkv * D), add_bias(v, w.bv, Hkv * D);
+        const float *lc = cos + w.rope * half, *ls = sin + w.rope * half;  // unread where w.rope < 0
         for (int64_t h = 0; h < H; h++) {
           if (w.q_norm) rmsnorm(q + h * D, w.q_norm, D, m.eps, q + h * D);
-          rope(q + h * D, D, cos, sin);
+          if (w.rope >= 0) rope(q + h * D, m.rot, lc, ls);
         }
         for (int64_t h = 0; h < Hkv; h++) {
           if (w.k_norm) rmsnorm(k + h * D, w.k_norm, D, m.eps, k + h * D);
-          rope(k + h * D, D, cos, sin);
+          if (w.rope >= 0) rope(k + h * D, m.rot, lc, ls);
           std::copy(k + h * D, k + (h + 1) * D, kc + (h * S + pos) * D);
           std::copy(v + h * D, v + (h + 1) * D, vc + (h * S + pos) * D);
         }
@@ -146,13 +191,17 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
 #pragma omp for schedule(static)
       for (int64_t h = 0; h < H; h++) {
         const int64_t hk = h / (H / Hkv);  // grouped-query attention: H / Hkv query heads per kv head
-        attend(q + h * D, kc + hk * S * D, vc + hk * S * D, pos, D, s.scores.data() + h * S, att + h * D);
+        const int64_t t0 = w.window > 0 ? std::max<int64_t>(0, pos - w.window + 1) : 0;
+        attend(q + h * D, kc + hk * S * D, vc + hk * S * D, t0, pos, D, m.attn_scale, m.attn_softcap,
+               w.sinks ? w.sinks + h : nullptr, s.scores.data() + h * S, att + h * D);
       }
 #pragma omp single
       quantize(att, H * D, s, qx);
       products({{&w.o, tmp}}, qx, att);
 #pragma omp single
       {
+        add_bias(tmp, w.bo, C);
+        if (w.post_attn_norm) rmsnorm(tmp, w.post_attn_norm, C, m.eps, tmp);
         for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
         rmsnorm(x, w.ffn_norm, C, m.eps, xn);
         quantize(xn, C, s, qx);
@@ -160,12 +209,15 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
       products({{&w.gate, gate}, {&w.up, up}}, qx, xn);
 #pragma omp single
       {
-        for (int64_t i = 0; i < F; i++) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+        glu(w.act, gate, up, F);
         quantize(gate, F, s, qx);
       }
       products({{&w.down, tmp}}, qx, gate);
 #pragma omp single
-      for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+      {
+        if (w.post_ffn_norm) rmsnorm(tmp, w.post_ffn_norm, C, m.eps, tmp);
+        for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+      }
     }
 #pragma omp single
     {
@@ -173,6 +225,12 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
       quantize(xn, C, s, qx);
     }
     products({{&m.out, logits}}, qx, xn);
+    if (m.final_softcap > 0.f) {
+      constexpr int64_t chunk = 256;
+      const int64_t V = m.out.N;
+#pragma omp for schedule(static)
+      for (int64_t i0 = 0; i0 < V; i0 += chunk) softcap(logits + i0, std::min(chunk, V - i0), m.final_softcap);
+    }
   }
 }
 

@@ -1,6 +1,9 @@
 // One whole decode step (every layer, batch 1, one token) in C++: what localllm/model.py's forward
 // computes for T = 1, with the linear products of cpu_quant.cpp and one OpenMP region per step, so
 // no Python or torch dispatch runs between the ~300 small operations of a token.
+// Beyond the Llama layer (issue 19's dense families: Gemma 2/3, Phi-3, SmolLM3) each layer carries its
+// own rope set, window and activation, and the model its scales and soft caps; every choice is made
+// once per layer or per head, never per element, so a Llama model runs the loops it ran before.
 #pragma once
 
 #include <cstdint>
@@ -10,17 +13,31 @@
 
 namespace lq {
 
-// Per layer, named as the GGUF tensors; null vectors are absent (no q/k norm, no bias).
+// The GLU's gate function (ModelConfig.activation).
+enum Act : int { SILU = 0, GELU_TANH = 1 };
+
+// Per layer, named as the GGUF tensors; null vectors are absent (no q/k norm, no bias, no post norm).
 struct LayerW {
   Mat q, k, v, o, gate, up, down;
   const float *attn_norm = nullptr, *ffn_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;  // Gemma: on sublayer outputs
+  const float *bo = nullptr;     // attn_output bias (C,)
+  const float *sinks = nullptr;  // one sink logit per query head (H,)
+  int rope = 0;                  // which of the step's rope rows rotates q and k; -1: none (NoPE layer)
+  int64_t window = 0;            // keys a query sees, itself included (sliding layers); 0: all
+  int act = SILU;
 };
 
 struct ModelW {
   int64_t dim = 0, ffn = 0, H = 0, Hkv = 0, D = 0;
+  int64_t rot = 0;  // leading dims of a head that rope rotates (partial rotary), even, <= D
   float eps = 0.f;
+  float embed_scale = 1.f;     // token embeddings times this
+  float attn_scale = 0.f;      // scores times this (the config's attn_scale or 1/sqrt(D))
+  float attn_softcap = 0.f;    // scores -> c tanh(scores / c); 0: none
+  float final_softcap = 0.f;   // logits -> c tanh(logits / c); 0: none
   Mat embd, out;  // out is embd when the output is tied
   const float* out_norm = nullptr;
   std::vector<LayerW> layers;
@@ -33,7 +50,7 @@ struct Cache {
 };
 
 // token at position pos (cache rows [0, pos) already filled) -> logits (V,); writes row pos of the
-// cache. cos, sin: the rope row of pos (D/2 each), from model.rope_tables.
+// cache. cos, sin: (n sets, rot/2) rows of pos, one per rope set a layer names (rope.layer_ropes).
 void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, const float* cos, const float* sin,
                  float* logits, int threads);
 

@@ -23,7 +23,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[3] if isinstance(self.k, torch.Tensor) else self.k[0].shape[2]
+        return self.k[0].shape[-2]  # k: one (L, ...) buffer, or a list of per-layer (B, Hkv, S, D) ones
 
     def rows(self, layer: int, end: int):
         """Views of rows [0, end) of the layer's keys and values (a KV-shared layer reads, never writes)."""

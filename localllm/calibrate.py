@@ -28,7 +28,8 @@ from .cache import KVCache, make_cache
 from .errors import LocalLLMError
 from .model import Linear, Transformer
 from .settings import DEFAULT_FILES
-from .weights import gguf_name, to_module_name
+from .fused import file_imatrix, file_shapes
+from .weights import ROPE_BUFFERS, gguf_name, to_module_name
 
 IMATRIX_FORMAT = "localllm-imatrix"
 IMATRIX_VERSION = 1
@@ -72,7 +73,7 @@ def model_tensors(model: Transformer) -> dict[str, tuple[int, ...]]:
     for n, m in model.named_modules():  # weights held quantized (CUDA) are no parameters
         if isinstance(m, Linear) and m.qweight is not None:
             out[gguf_name(n) + ".weight"] = tuple(m.qweight.shape)
-    return out
+    return file_shapes(model.cfg, out)  # as the checkpoint holds them (Phi-3's fused q|k|v, gate|up)
 
 
 def get_weight(model: Transformer, name: str) -> torch.nn.Parameter:
@@ -122,7 +123,7 @@ def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progres
         for h in hooks:
             h.remove()
         memo.clear()
-    return {name: (s / counts[name]).float().cpu() for name, s in sums.items()}
+    return file_imatrix(model.cfg, {name: (s / counts[name]).float().cpu() for name, s in sums.items()})
 
 
 def imatrix_meta(model: Transformer, n_chunks: int, **extra) -> dict:
@@ -174,7 +175,7 @@ def load_imatrix(path: str | Path, model: Transformer | Mapping[str, Sequence[in
 
 def _mismatch(saved: dict, expected: dict) -> str:
     """The first difference between two name -> shape tables, or ''."""
-    saved, expected = ({k: v for k, v in t.items() if not k.startswith("rope_freqs")} for t in (saved, expected))
+    saved, expected = ({k: v for k, v in t.items() if not k.startswith(ROPE_BUFFERS)} for t in (saved, expected))
     for name in sorted(set(saved) | set(expected)):
         if name not in expected:
             return f"the file has {name!r}, the model does not"

@@ -26,6 +26,8 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen3": dict(qkv_bias=False, qk_norm=True),
     "gemma2": dict(qkv_bias=False, qk_norm=False),
     "gemma3": dict(qkv_bias=False, qk_norm=True),
+    "phi3": dict(qkv_bias=False, qk_norm=False),  # Phi-3, 3.5, 4 (config_phi3.py)
+    "smollm3": dict(qkv_bias=False, qk_norm=False),
     "gemma4": dict(qkv_bias=False, qk_norm=True),  # read by gemma4.py (validate.py picks it), not here
 }
 
@@ -82,6 +84,9 @@ class ModelConfig:
     rope_layers: tuple[bool, ...] = ()
     rotary_dim: int | None = None  # dims of a head that rope rotates (Phi-4-mini: 3/4); None: head_dim
     rope_attn_factor: float = 1.0  # cos and sin of the global rope set times this (YaRN, LongRoPE)
+    # LongRoPE (config_phi3.py): the model holds rope_factors_short / rope_factors_long divisors and uses
+    # the long ones when the context in use (the KV cache's capacity) exceeds this; None: no LongRoPE
+    rope_original_context: int | None = None
     # mixture of experts (Mixtral, Qwen3-MoE, gpt-oss); n_experts 0 = a dense MLP in every layer
     n_experts: int = 0
     n_experts_used: int = 0
@@ -153,9 +158,14 @@ FAMILY_FIELDS = frozenset({
     "embed_scale", "activation", "swiglu_limit", "post_norms", "attn_scale", "attn_softcap", "final_softcap",
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
+    "rope_original_context",
     "head_dim_global", "n_kv_heads_global", "attn_k_eq_v", "attn_v_norm", "rope_partial_global",
     "n_kv_shared_layers", "double_wide_mlp", "per_layer_dim", "layer_out_scale", "moe_with_mlp",
 })
+
+
+# model_types whose transformers config ties the output to the embedding unless config.json says not
+TIED_BY_DEFAULT = frozenset({"smollm3"})
 
 
 def _arch_fields(arch: Any, key: str) -> dict[str, bool]:
@@ -271,6 +281,9 @@ def config_from_gguf(
     )
     if arch in gemma.GEMMA_ARCHS:
         cfg = replace(cfg, **gemma.gguf_fields(f, arch, cfg.n_layers, dim, n_heads, head_dim, limits.max_context))
+    from .config_phi3 import gguf_fields  # here: config_phi3 is called with this module's Fields
+
+    cfg = replace(cfg, **gguf_fields(arch, f, tensor_names, cfg.n_layers, head_dim, cfg.context_length))
     names = dict(n_heads=f"{arch}.attention.head_count", n_kv_heads=f"{arch}.attention.head_count_kv",
                  head_dim=f"{arch}.attention.key_length")
     check_shape_fields(cfg, names, "GGUF metadata", limits)
@@ -345,12 +358,15 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
         context_length=f.int("max_position_embeddings", 1, limits.max_context, 2048),
         norm_eps=f.float("rms_norm_eps", 1e-6),
         rope_theta=theta,
-        tied_output=f.bool("tie_word_embeddings", False),
-        rope_scaling=_hf_rope_scaling(cfg),
+        tied_output=f.bool("tie_word_embeddings", arch in TIED_BY_DEFAULT),
+        rope_scaling=None if arch == "phi3" else _hf_rope_scaling(cfg),  # phi3's is LongRoPE (config_phi3)
         **{**fields, "qkv_bias": f.bool("attention_bias", fields["qkv_bias"])},
     )
     if arch in gemma.GEMMA_ARCHS:
         out = replace(out, **gemma.hf_fields(f, arch, out.n_layers, dim, limits.max_context, hf_rope_scaling_dict))
+    from .config_phi3 import hf_fields  # here: config_phi3 is called with this module's Fields
+
+    out = replace(out, **hf_fields(arch, f, out.n_layers, out.head_dim, out.context_length))
     names = dict(n_heads="num_attention_heads", n_kv_heads="num_key_value_heads", head_dim="head_dim")
     check_shape_fields(out, names, "config.json", limits)
     return out

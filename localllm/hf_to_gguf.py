@@ -314,9 +314,27 @@ def hf_metadata(hp: dict, cfg, folder: Path, arch: str) -> dict[str, MetaValue]:
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":  # TextModel.set_gguf_parameters
         put(gguf.Keys.Rope.SCALING_TYPE, "linear", V.STRING)
         put(gguf.Keys.Rope.SCALING_FACTOR, cfg.rope_scaling.factor, V.FLOAT32)
-    if arch == "llama":
+    if arch in ("llama", "smollm3"):  # LlamaModel.set_gguf_parameters (SmolLM3Model is a LlamaModel)
         put(gguf.Keys.LLM.VOCAB_SIZE, cfg.vocab_size, V.UINT32)
         put(gguf.Keys.Rope.DIMENSION_COUNT, cfg.head_dim, V.UINT32)
+    if arch == "phi3":
+        kv |= {k.format(arch=arch): v for k, v in phi3_metadata(hp, cfg).items()}
+    return kv
+
+
+def phi3_metadata(hp: dict, cfg) -> dict[str, MetaValue]:
+    """Phi3MiniModel.set_gguf_parameters' own keys: the original context, the rotated dims, the sliding
+    window (0: none) and, with LongRoPE, its attention factor from max / original context as the
+    converter computes it (its rope_factors_short/long tensors: config_phi3.hf_rope_tensors)."""
+    from .config_phi3 import longrope_attn_factor
+
+    context = first_value(hp, "max_position_embeddings", "n_positions")
+    original = hp.get("original_max_position_embeddings") or context
+    kv = {gguf.Keys.Rope.SCALING_ORIG_CTX_LEN: MetaValue(original, V.UINT32),
+          gguf.Keys.Rope.DIMENSION_COUNT: MetaValue(cfg.rotary_dim or cfg.head_dim, V.UINT32),
+          gguf.Keys.Attention.SLIDING_WINDOW: MetaValue(hp.get("sliding_window") or 0, V.UINT32)}
+    if cfg.rope_original_context is not None:
+        kv[gguf.Keys.Rope.SCALING_ATTN_FACTOR] = MetaValue(longrope_attn_factor(context, original), V.FLOAT32)
     return kv
 
 

@@ -11,7 +11,8 @@ import torch
 from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
 from localllm.quantize.decode import dequantize_torch
 
-from .config import ModelConfig
+from .config import Fields, ModelConfig, read_json
+from .config_phi3 import hf_rope_tensors
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .backends import runtime_class
@@ -22,7 +23,8 @@ from .rope import rope_factors
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import EMBEDDINGS, QuantizedTensor, add_norm_offset, gguf_name, gguf_state_dict, hf_state_dict
+from .weights import (EMBEDDINGS, ROPE_BUFFERS, QuantizedTensor, add_norm_offset, gguf_name, gguf_state_dict,
+                      hf_state_dict, to_module_name)
 
 
 @dataclass
@@ -109,7 +111,7 @@ def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype
     for name, ref in expected.items():
         if tuple(state[name].shape) != tuple(ref.shape):
             raise LocalLLMError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(ref.shape)}")
-        keep_fp32 = name == "rope_freqs"
+        keep_fp32 = name in ROPE_BUFFERS
         state[name] = state[name].to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
     model.load_state_dict(state, assign=True, strict=True)
 
@@ -127,7 +129,9 @@ def read_gguf_model(f: GGUFFile, layout: str) -> tuple[ModelConfig, dict[str, to
 def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
     cfg, keys = check_hf_folder(folder)
     tok = load_hf_tokenizer(folder)
-    state = hf_state_dict(folder, keys)
+    state = hf_state_dict(folder, keys, cfg)
+    longrope = hf_rope_tensors(Fields(read_json(folder / "config.json"), "config.json"), cfg)  # LongRoPE divisors
+    state |= {to_module_name(n): t for n, t in longrope.items()}
     types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
     add_norm_offset(state, cfg)
     return cfg, state, types, tok

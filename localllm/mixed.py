@@ -31,6 +31,7 @@ from localllm.quantize.presets import LAST_RESORT, allows_quantization
 from .cache import KVCache, make_cache
 from .calibrate import collect_imatrix, roundtrip
 from .errors import LocalLLMError
+from .fused import fused_parts
 from .load import LoadedModel
 from .weights import to_module_name
 
@@ -149,9 +150,12 @@ def plan_mixed(
     params = dict(model.named_parameters())
     options = []
     for i, t in enumerate(todo):
-        name = _module_name(params, t.name)
+        names = [_module_name(params, n) for n in fused_parts(lm.config, t.name)]  # one, or a fused tensor's
+        w, f = params[names[0]].data, fisher[names[0]]
+        if len(names) > 1:
+            w, f = torch.cat([params[n].data for n in names]), torch.cat([fisher[n] for n in names])
         types = candidates(t.shape[-1])
-        loss = sampled_losses(params[name].data, fisher[name], imat.get(t.name), types)
+        loss = sampled_losses(w, f, imat.get(t.name), types)
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))

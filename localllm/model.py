@@ -263,6 +263,9 @@ class Transformer(nn.Module):
         # (R/2,) divisors of the global rope set's frequencies: ones, llama3 / linear / LongRoPE / YaRN
         # factors, or a GGUF rope_freqs tensor (rope.py).
         self.register_buffer("rope_freqs", rope_factors(cfg), persistent=True)
+        if cfg.rope_original_context is not None:  # LongRoPE's two divisor sets (config_phi3.py), from the file
+            for name in ("rope_factors_short", "rope_factors_long"):
+                self.register_buffer(name, torch.ones(rotary_dims(cfg) // 2, device="cpu"), persistent=True)
 
     def output_weight(self) -> torch.Tensor | QWeight:
         return self.token_embd.weight if self.cfg.tied_output else self.output.w
@@ -272,6 +275,15 @@ class Transformer(nn.Module):
         cfg = self.cfg
         return rope_table(positions, cfg.rope_theta, rotary_dims(cfg), self.rope_freqs, cfg.rope_attn_factor)
 
+    def rope_divisors(self, capacity: int) -> torch.Tensor:
+        """(R/2,) divisors of the global rope set for a KV cache of this capacity: with LongRoPE,
+        rope_freqs times the long factors when the capacity exceeds the original context, else the short
+        ones (llama.cpp's rule, llama_model::get_rope_factors: by the context in use, for all positions)."""
+        if self.cfg.rope_original_context is None:
+            return self.rope_freqs
+        long = capacity > self.cfg.rope_original_context
+        return self.rope_freqs * (self.rope_factors_long if long else self.rope_factors_short)
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) -> the fp32 residual stream (B, T, C). Gemma scales by sqrt(C) in the
         embedding's dtype first, as transformers does (its normalizer is a tensor of that dtype)."""
@@ -280,15 +292,16 @@ class Transformer(nn.Module):
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         return x.float()
 
-    def layer_inputs(self, start: int, T: int, device) -> list[tuple]:
+    def layer_inputs(self, start: int, T: int, device, capacity: int | None = None) -> list[tuple]:
         """Per layer (cos, sin, mask) for T tokens at positions [start, start + T): its rope set
-        (cos/sin None for a NoPE layer) and its attention mask (attention.attention_mask)."""
+        (cos/sin None for a NoPE layer) and its attention mask (attention.attention_mask). capacity:
+        the KV cache's (picks LongRoPE's set: rope_divisors); None: start + T."""
         cfg = self.cfg
         positions = torch.arange(start, start + T, device=device)
         if cfg.llama_layer:
             cos, sin = self.rope_tables(positions)
             return [(cos, sin, attention_mask(positions, start + T, None))] * cfg.n_layers
-        ropes = layer_ropes(cfg, positions, self.rope_freqs)
+        ropes = layer_ropes(cfg, positions, self.rope_divisors(capacity or start + T))
         full = attention_mask(positions, start + T, None)
         window = attention_mask(positions, start + T, cfg.sliding_window) if cfg.sliding_layers else None
         return [(*(rope or (None, None)), window if cfg.sliding(i) else full) for i, rope in enumerate(ropes)]
@@ -319,7 +332,8 @@ class Transformer(nn.Module):
         # The residual stream stays fp32 whatever the weights' dtype (fp16 would overflow on some models).
         x = self.embed(tokens)
         ple = self.per_layer_inputs(tokens, x)
-        for i, (blk, (cos, sin, mask)) in enumerate(zip(self.blk, self.layer_inputs(start, T, tokens.device))):
+        inputs = self.layer_inputs(start, T, tokens.device, cache.capacity)
+        for i, (blk, (cos, sin, mask)) in enumerate(zip(self.blk, inputs)):
             if ple is None:
                 x = blk(x, i, cache, start, cos, sin, mask)
             else:

@@ -90,6 +90,8 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
             qtype = FALLBACK[qtype]
         if name == "rope_freqs":
             state[name] = rope_factors(cfg)
+        elif name in ("rope_factors_short", "rope_factors_long"):  # LongRoPE divisors: plain rope
+            state[name] = torch.ones(shape, device=device)
         elif qtype is not None:
             state[name] = QuantizedTensor(qtype, source.get(shape[0], shape[1], qtype))
         elif name.endswith("norm.weight"):
@@ -162,3 +164,14 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
         return (data.view(torch.int16) if data.dtype == torch.bfloat16 else data).contiguous().cpu().numpy()
 
     return write_gguf(Path(out), arch, meta, slots, make_tensor, progress=progress)
+
+
+def quantize_embedding(state: dict, wtype: str) -> dict:
+    """state with token_embd.weight as a QuantizedTensor of wtype's block type (Q4_K_M: Q4_K), as
+    llama-quantize stores it: the CPU's one-call decoder reads the embedding's blocks (backends/cpu.py)."""
+    qtype = Q.Q4_K if wtype.upper() == "Q4_K_M" else Q[wtype.upper()]
+    emb = state["token_embd.weight"]
+    if qtype in FALLBACK and emb.shape[1] % 256:
+        qtype = FALLBACK[qtype]
+    blocks = torch.from_numpy(quantize_tensor(emb.float().cpu(), qtype)).to(emb.device)
+    return {**state, "token_embd.weight": QuantizedTensor(qtype, blocks)}

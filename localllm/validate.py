@@ -20,7 +20,9 @@ from pathlib import Path
 from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, config_from_gguf, config_from_hf, hf_config_json
+from .config_phi3 import ROPE_FACTOR_TENSORS
 from .errors import LocalLLMError
+from .fused import file_shapes
 from .gemma4 import gemma4_config_from_gguf, gemma4_config_from_hf, gemma4_expected_shapes, ignored_tensors
 from .gguf_file import GGUFFile
 from .rope import rotary_dims
@@ -58,10 +60,14 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer |= {"post_attention_norm.weight": (c,), "post_ffw_norm.weight": (c,)}
     for i in range(cfg.n_layers):
         out |= {f"blk.{i}.{name}": shape for name, shape in layer.items()}
+    if cfg.rope_original_context is not None:  # LongRoPE divisors (config_phi3.py)
+        out |= dict.fromkeys(ROPE_FACTOR_TENSORS, ((cfg.rotary_dim or d) // 2,))
     return out
 
 
-OPTIONAL = frozenset({"rope_freqs.weight"})  # absent: computed from the config (rope.rope_factors)
+# absent: computed from the config (rope.rope_factors); LongRoPE's from config.json for a HF
+# folder (config_phi3.hf_longrope), and a GGUF config has them only when the file holds both
+OPTIONAL = frozenset({"rope_freqs.weight", *ROPE_FACTOR_TENSORS})
 
 
 def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where: str,
@@ -69,7 +75,7 @@ def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where
     """shapes: GGUF tensor name -> torch shape (out, in), as the checkpoint holds them. Every expected
     tensor present with its shape, nothing else. names: GGUF name -> the checkpoint's own, for messages."""
     names = names or {}
-    expected = expected_shapes(cfg)
+    expected = file_shapes(cfg, expected_shapes(cfg))  # the checkpoint's layout (fused tensors: fused.py)
     ignored = ignored_tensors(cfg)
     shapes = {n: s for n, s in shapes.items() if n not in ignored}
     extra = [n for n in shapes if n not in expected]

@@ -21,6 +21,7 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError
+from .fused import split_rows
 from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
 
@@ -43,6 +44,9 @@ HF_NAMES: dict[str, str] = {
     "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+    # Phi-3's fused q|k|v and gate|up, as gguf's TensorNameMap names them (split at load: fused.py)
+    "model.layers.{i}.self_attn.qkv_proj.weight": "blk.{i}.attn_qkv.weight",
+    "model.layers.{i}.mlp.gate_up_proj.weight": "blk.{i}.ffn_up.weight",
 }
 _HF_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{i\}", r"(\d+)") + "$"), v) for k, v in HF_NAMES.items()]
 
@@ -64,8 +68,12 @@ MULTIMODAL_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_mode
                             ("language_model.lm_head.", "lm_head."))
 MULTIMODAL_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
-# GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope.
-PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
+# GGUF architectures whose q/k rows llama.cpp's converter permuted for interleaved rope (its SmolLM3Model
+# is a LlamaModel, whose modify_tensors permutes them).
+PERMUTED_QK_ARCHS = frozenset({"llama", "mistral", "smollm3"})
+
+# Whole-model 1-D rope tensors: held as buffers named without ".weight" (model.Transformer).
+ROPE_BUFFERS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
 
 # Lookup tables a backend may keep as blocks (QEmbedding); Gemma 4's per-layer embeddings are one.
 EMBEDDINGS = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
@@ -76,8 +84,8 @@ _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_nor
 
 def to_module_name(gguf_name: str) -> str:
     """blk.3.attn_q.weight -> blk.3.attn.attn_q.weight; rope_freqs.weight -> rope_freqs."""
-    if gguf_name == "rope_freqs.weight":
-        return "rope_freqs"
+    if gguf_name.removesuffix(".weight") in ROPE_BUFFERS:
+        return gguf_name.removesuffix(".weight")
     parts = gguf_name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[2] in _ATTN:
         parts.insert(2, "attn")
@@ -86,8 +94,8 @@ def to_module_name(gguf_name: str) -> str:
 
 def gguf_name(module_name: str) -> str:
     """Inverse of to_module_name: blk.3.attn.attn_q.weight -> blk.3.attn_q.weight (module names too)."""
-    if module_name == "rope_freqs":
-        return "rope_freqs.weight"
+    if module_name in ROPE_BUFFERS:
+        return module_name + ".weight"
     parts = module_name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[2] == "attn":
         del parts[2]
@@ -143,8 +151,15 @@ def gguf_state_dict(
                 w = QuantizedTensor(w.qtype, unpermute_qk(w.data, heads))
             else:
                 w = unpermute_qk(w, heads)
-        out[to_module_name(name)] = w
+        out |= {to_module_name(n): part for n, part in split_fused(cfg, name, w)}
     return out
+
+
+def split_fused(cfg: ModelConfig, name: str, w):
+    """fused.split_rows for a dense tensor or a QuantizedTensor (its raw rows split alike)."""
+    if isinstance(w, QuantizedTensor):
+        return [(n, QuantizedTensor(w.qtype, rows)) for n, rows in split_rows(cfg, name, w.data)]
+    return split_rows(cfg, name, w)
 
 
 def hf_name(name: str) -> str | None:
@@ -246,8 +261,9 @@ def hf_tensor_headers(folder: Path, cfg: ModelConfig | None = None
                 yield path, key, name, shape, dtype
 
 
-def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]]) -> dict[str, torch.Tensor]:
-    """keys: GGUF name -> (file, checkpoint key), as validated (validate.check_hf_tensors)."""
+def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """keys: GGUF name -> (file, checkpoint key), as validated (validate.check_hf_tensors); fused
+    checkpoint tensors split into ours (fused.py)."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
@@ -256,7 +272,8 @@ def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str]]) -> dict[str, 
             with safe_open(str(path), framework="pt") as f:
                 # A copy that owns its memory: tensors viewing safetensors' mapping were never freed
                 # after generation ran on them (13 mappings and ~5 MB kept per load of the tiny model).
-                out[to_module_name(name)] = f.get_tensor(key).clone()
+                w = f.get_tensor(key).clone()
         except (SafetensorError, OSError) as e:
             raise LocalLLMError(f"cannot read tensor {key!r} from {path}: {e}") from None
+        out |= {to_module_name(n): part for n, part in split_rows(cfg, name, w)}
     return out

@@ -31,10 +31,13 @@ Q = gguf.GGMLQuantizationType
 # HF config "architectures" entry and GGUF architecture per HF model_type. Llama.cpp's converter
 # registers MistralForCausalLM under LlamaModel, so a Mistral GGUF says `llama`.
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+            "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+            "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-             "gemma3_text": "gemma3"}
+             "gemma3_text": "gemma3", "phi3": "phi3", "smollm3": "smollm3"}
 GEMMA = ("gemma2", "gemma3_text")
+# GGUF architectures whose q/k rows the converter permutes (its LlamaModel and subclasses: SmolLM3Model)
+PERMUTED_GGUF_ARCHS = ("llama", "smollm3")
 GGUF_FILE_TYPE = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                   Q.F16: gguf.LlamaFileType.MOSTLY_F16}
 
@@ -69,6 +72,12 @@ class TinySpec:
     # Gemma 3 only: the Gemma3ForConditionalGeneration folder (text model under model.language_model,
     # plus a tiny SigLIP vision tower and projector), saved by transformers' save_pretrained
     multimodal: bool = False
+    # phi3 (Phi-3 / 3.5 / 4): fused qkv_proj and gate_up_proj always; these set its options
+    partial_rotary: float | None = None  # Phi-4-mini's partial_rotary_factor
+    # sliding_window: Gemma's field above (config.json sliding_window; Phi-3-mini: 2047)
+    longrope_original: int | None = None  # LongRoPE: original_max_position_embeddings, random factors
+    # smollm3: every n-th layer NoPE (config.json no_rope_layer_interval; llama.cpp's GGUF: always 4)
+    nope_interval: int | None = None
 
     @property
     def hd(self) -> int:
@@ -85,6 +94,20 @@ class TinySpec:
     @property
     def gemma(self) -> bool:
         return self.arch in GEMMA
+
+    @property
+    def rotary_dims(self) -> int:
+        """Rotated dims of a head: transformers' int(head_dim * partial_rotary_factor)."""
+        return int(self.hd * (self.partial_rotary or 1.0))
+
+    def longrope_factors(self) -> tuple[list[float], list[float]]:
+        """(short, long) LongRoPE divisors, one per rotated pair: different sets of realistic ranges
+        (Phi-3's short ones ~1-2, long ones growing to ~tens), drawn from the seed."""
+        g = torch.Generator().manual_seed(self.seed + 100)
+        n = self.rotary_dims // 2
+        short = 1 + torch.rand(n, generator=g)
+        long = torch.cumsum(1 + 3 * torch.rand(n, generator=g), 0)
+        return [round(float(x), 4) for x in short], [round(float(x), 4) for x in long]
 
 
 # ---- tokenizer: a small byte-level BPE trained here, saved as tokenizer.json and as GGUF metadata
@@ -170,7 +193,19 @@ def make_weights(spec: TinySpec) -> dict[str, torch.Tensor]:
     w["model.norm.weight"] = one + randn(C, std=0.1)
     if not spec.tied:
         w["lm_head.weight"] = randn(V, C, std=0.1)
+    if spec.arch == "phi3":
+        w = fuse_phi3(w, spec.n_layers)
     return {k: _storage_round(v, spec.storage_dtype) for k, v in w.items()}
+
+
+def fuse_phi3(w: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """Phi-3's checkpoint layout: q|k|v rows in self_attn.qkv_proj, gate|up rows (gate first, as
+    Phi3MLP chunks them) in mlp.gate_up_proj."""
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.qkv_proj.weight"] = torch.cat([w.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        w[p + "mlp.gate_up_proj.weight"] = torch.cat([w.pop(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")])
+    return w
 
 
 # ---- Hugging Face folder
@@ -204,6 +239,11 @@ def hf_config(spec: TinySpec) -> dict:
         cfg["sliding_window"] = None
     if spec.arch in ("qwen2", "qwen3"):
         cfg["use_sliding_window"] = False
+    if spec.arch == "phi3":
+        cfg |= phi3_config(spec)
+    if spec.arch == "smollm3":
+        cfg |= {"no_rope_layer_interval": spec.nope_interval or 4, "use_sliding_window": False, "pad_token_id": None,
+                "attention_bias": False, "mlp_bias": False}
     if spec.gemma:
         cfg |= gemma_hf_config(spec)
     return cfg
@@ -220,13 +260,27 @@ def gemma_hf_config(spec: TinySpec) -> dict:
     return cfg
 
 
-def write_hf_folder(spec: TinySpec, folder: Path) -> Path:
+def phi3_config(spec: TinySpec) -> dict:
+    """The keys a Phi-3 / 3.5 / 4-mini config.json adds: original length at the top level, LongRoPE in
+    rope_scaling {"type": "longrope", short_factor, long_factor}, partial_rotary_factor, sliding_window."""
+    cfg = {"pad_token_id": None, "sliding_window": spec.sliding_window,
+           "original_max_position_embeddings": spec.longrope_original or spec.context_length}
+    if spec.partial_rotary is not None:
+        cfg["partial_rotary_factor"] = spec.partial_rotary
+    if spec.longrope_original is not None:
+        short, long = spec.longrope_factors()
+        cfg["rope_scaling"] = {"type": "longrope", "short_factor": short, "long_factor": long}
+    return cfg
+
+
+def write_hf_folder(spec: TinySpec, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """weights: HF name -> fp32 tensor written instead of make_weights(spec) (same names and shapes)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     if spec.multimodal:
         return write_gemma3_multimodal(spec, folder)
-    weights = make_weights(spec)
+    weights = make_weights(spec) if weights is None else weights
     dtype = getattr(torch, spec.storage_dtype)
     tensors = {k: v.to(dtype).contiguous() for k, v in weights.items()}
     names = list(tensors)
@@ -325,13 +379,17 @@ def gguf_tensors(spec: TinySpec) -> dict[str, np.ndarray]:
         if spec.gemma and hf.endswith("norm.weight"):  # Gemma2Model / Gemma3Model.modify_tensors
             t = t + 1
         data = t.numpy()
-        if arch == "llama" and base.endswith("q_proj"):
+        if arch in PERMUTED_GGUF_ARCHS and base.endswith("q_proj"):
             data = permute_qk(data, spec.n_heads)
-        elif arch == "llama" and base.endswith("k_proj"):
+        elif arch in PERMUTED_GGUF_ARCHS and base.endswith("k_proj"):
             data = permute_qk(data, spec.n_kv_heads)
         out[f"{name}.{suffix}"] = data
     if spec.rope_scaling and spec.rope_scaling.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_freqs(spec)
+    if arch == "phi3" and spec.longrope_original is not None:  # Phi3MiniModel.generate_extra_tensors
+        short, long = spec.longrope_factors()
+        out["rope_factors_long.weight"] = np.array(long, dtype=np.float32)
+        out["rope_factors_short.weight"] = np.array(short, dtype=np.float32)
     return out
 
 
@@ -380,6 +438,18 @@ def add_tokenizer(w: gguf.GGUFWriter) -> None:
     w.add_add_bos_token(False)
 
 
+def add_phi3_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
+    """What Phi3MiniModel.set_gguf_parameters / generate_extra_tensors add: the original context, the
+    rotated dims int(partial * dim) // heads, the sliding window (0 for none), LongRoPE's attention factor."""
+    original = spec.longrope_original or spec.context_length
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_dimension_count(int((spec.partial_rotary or 1.0) * spec.dim) // spec.n_heads)
+    w.add_sliding_window(spec.sliding_window or 0)
+    if spec.longrope_original is not None:
+        scale = spec.context_length / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+
+
 def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
                raw: dict[str, tuple[np.ndarray, Q]] | None = None) -> Path:
     """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model)."""
@@ -408,9 +478,11 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
     if spec.gemma:
         add_gemma_metadata(w, spec)
     w.add_file_type(GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
-    if arch == "llama":
+    if arch in ("llama", "smollm3"):  # LlamaModel.set_gguf_parameters (SmolLM3Model inherits it)
         w.add_vocab_size(vocab_size())
         w.add_rope_dimension_count(spec.hd)
+    if arch == "phi3":
+        add_phi3_metadata(w, spec)
     add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, data in gguf_tensors(spec).items():
@@ -548,3 +620,17 @@ FAMILY_CASES["gemma3_mm"] = replace(FAMILY_CASES["gemma3"], multimodal=True)
 
 def case_spec(case: str) -> TinySpec:
     return CASES[case] if case in CASES else FAMILY_CASES[case]
+
+
+# Phi-3 / Phi-4 (`phi3`) and SmolLM3 cases (tests/test_phi3_smollm3.py).
+PHI_CASES: dict[str, TinySpec] = {
+    # Phi-3-mini 128k style: fused tensors, LongRoPE (short != long factors) with an original context of 8
+    # (the tests' 16-token prompts run the long set, 8-token ones the short set), a sliding window of 5.
+    "phi3": TinySpec("phi3", seed=7, longrope_original=8, sliding_window=5),
+    # Phi-4-mini shaped: partial rotary 0.75 (rotated dims 12 of head_dim 16), LongRoPE, tied, no window.
+    "phi4mini": TinySpec("phi3", seed=8, partial_rotary=0.75, longrope_original=8, tied=True),
+    # SmolLM3: tied, 4 layers with the 4th NoPE (llama.cpp's fixed step, so the GGUF says the same).
+    "smollm3": TinySpec("smollm3", n_layers=4, tied=True, rope_theta=5e5, seed=9, nope_interval=4),
+    # SmolLM3 with every 2nd layer NoPE: config.json only (llama.cpp's GGUF cannot say it), untied.
+    "smollm3_nope2": TinySpec("smollm3", n_layers=4, seed=10, nope_interval=2),
+}

@@ -5,8 +5,9 @@
     mps   runtime.Runtime   the portable torch backend (also the reference the others are tested against)
 
 A config whose layers are not the Llama layer (ModelConfig.llama_layer False: Gemma, Phi-3, MoE, ...)
-runs the model's torch forward on every device: the CPU keeps the file's blocks (their C++ products),
-CUDA its QWeights (the Triton products), without the fast decoders, which implement the Llama layer only.
+runs the model's torch forward on CUDA (its QWeights, the Triton products, without CUDA graphs). The
+CPU's C++ decoder also implements the dense families' fields (backends/cpu.py cpp_covers: Gemma 2/3,
+Phi-3, SmolLM3); other configs (MoE) run the torch forward on the file's blocks (their C++ products).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) ->
 
         return CudaRuntime if llama else CudaEagerRuntime
     if kind == "cpu":
-        from .cpu import CpuEagerRuntime, CpuRuntime
+        from .cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
 
-        return CpuRuntime if llama else CpuEagerRuntime
+        return CpuRuntime if cpp_covers(cfg) else CpuEagerRuntime
     return Runtime

@@ -5,25 +5,53 @@ A GGUF file's quantized tensors stay as its blocks, repacked for the C++ product
 and the dense tensors beside them are fp32 (the kernels compute in fp32). One-token steps of a
 batch-1 fp32 cache go through the C++ decoder when the extension is built and every linear weight is
 a BlockQWeight the C++ products read (or a dense fp32 matrix); everything else (prompts, batches,
-dense models) runs the portable torch forward. Both give the same results up to the int8 activation
+dense models) runs the portable torch forward. Both give the same results up to the int16 activation
 rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
+
+The decoder runs the Llama layer and the dense families' fields (cpp_covers: Gemma 2/3, Phi-3,
+SmolLM3; tests/test_cpu_families.py): per layer its rope set (rope.layer_ropes, the tables the forward
+uses), window and activation, and the model's scales and soft caps. Other configs (MoE, gpt-oss's
+clamped GLU) run the torch forward on the same blocks (CpuEagerRuntime).
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 import torch
 
 from localllm.kernels.cpu import BlockQWeight, args, load_extension, pack_for_cpu, runs_in_cpp
 
 from ..cache import KVCache
+from ..config import FAMILY_FIELDS, ModelConfig
 from ..model import QEmbedding, Transformer
+from ..rope import layer_ropes, rotary_dims
 from ..runtime import Runtime
 from ..settings import DEFAULT_CPU
+from ..weights import to_module_name
 
 LINEARS = ("attn.attn_q", "attn.attn_k", "attn.attn_v", "attn.attn_output", "ffn_gate", "ffn_up", "ffn_down")
-VECTORS = ("attn_norm.weight", "ffn_norm.weight", "attn.attn_q_norm.weight", "attn.attn_k_norm.weight",
-           "attn.attn_q.bias", "attn.attn_k.bias", "attn.attn_v.bias")
+# Per layer, as GGUF names (to_module_name places them in the model): what cpu_bind.cpp's Decoder takes.
+VECTORS = ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+           "attn_q.bias", "attn_k.bias", "attn_v.bias", "post_attention_norm.weight", "post_ffw_norm.weight",
+           "attn_output.bias", "attn_sinks.weight")
 NONE = torch.empty(0)  # an absent norm or bias
+# The issue-19 fields the C++ decoder implements (cpu_decode.h); a config that sets any other one (MoE,
+# gpt-oss's clamped GLU, fields added later) runs the torch forward (CpuEagerRuntime).
+CPP_FIELDS = frozenset({
+    "embed_scale", "activation", "post_norms", "attn_scale", "attn_softcap", "final_softcap", "attn_out_bias",
+    "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers", "rotary_dim",
+    "rope_attn_factor",
+})
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.activation -> lq::Act
+
+
+def cpp_covers(cfg: ModelConfig | None) -> bool:
+    """True when the C++ decoder implements every layer of cfg (None: a Llama-layer model)."""
+    if cfg is None:
+        return True
+    changed = {f.name for f in fields(cfg) if f.name in FAMILY_FIELDS and getattr(cfg, f.name) != f.default}
+    return changed <= CPP_FIELDS and cfg.activation in ACTIVATIONS
 
 
 def as_matrix(w) -> tuple | None:
@@ -41,19 +69,57 @@ def fp32_vector(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.contiguous() if t.dtype == torch.float32 else None
 
 
+def submodule(blk, name: str):
+    """blk's module `name`, None where the layer has none (an MoE layer's MLP)."""
+    try:
+        return blk.get_submodule(name)
+    except AttributeError:
+        return None
+
+
 def model_tensors(model: Transformer) -> tuple[list, list] | None:
     """Matrices (per layer LINEARS, then embedding and output) and vectors (per layer VECTORS, then
-    output_norm) in the order the C++ Decoder takes, or None when one of them does not fit."""
+    output_norm) in the order the C++ Decoder takes, or None when one of them does not fit or the
+    model has a parameter the decoder would not read."""
     params = dict(model.named_parameters())
-    mats, vecs = [], []
+    mats, vecs, read = [], [], {"token_embd.weight", "output.weight", "output_norm.weight"}
     for i, blk in enumerate(model.blk):
-        mats += [as_matrix(blk.get_submodule(n).w) for n in LINEARS]
-        vecs += [fp32_vector(params.get(f"blk.{i}.{n}")) for n in VECTORS]
+        for n in LINEARS:
+            linear = submodule(blk, n)
+            mats.append(as_matrix(linear.w) if linear is not None else None)
+            read.add(f"blk.{i}.{n}.weight")
+        names = [to_module_name(f"blk.{i}.{n}") for n in VECTORS]
+        vecs += [fp32_vector(params.get(n)) for n in names]
+        read.update(names)
     mats += [as_matrix(model.token_embd.weight), as_matrix(model.output_weight())]
     vecs.append(fp32_vector(model.output_norm.weight))
-    if any(m is None for m in mats) or any(v is None for v in vecs):
+    if any(m is None for m in mats) or any(v is None for v in vecs) or set(params) - read:
         return None
     return mats, vecs
+
+
+def rope_sets(model: Transformer, positions: torch.Tensor) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Per layer the index of its rope set (-1: none), and cos, sin (T, sets, R/2) of the sets the
+    layers share (rope.layer_ropes, the forward's tables)."""
+    per_layer = layer_ropes(model.cfg, positions, model.rope_freqs)
+    sets: list = []
+    for r in per_layer:
+        if r is not None and not any(r is s for s in sets):
+            sets.append(r)
+    index = [-1 if r is None else next(j for j, s in enumerate(sets) if s is r) for r in per_layer]
+    half = rotary_dims(model.cfg) // 2
+    if not sets:
+        empty = torch.zeros(positions.shape[0], 1, half)
+        return index, empty, empty
+    return index, *(torch.stack([s[k] for s in sets], 1).contiguous() for k in (0, 1))
+
+
+def layer_ints(model: Transformer, rope_index: list[int]) -> list[int]:
+    """Per layer: rope set, window (0: every key), activation, as cpu_bind.cpp's Decoder takes them."""
+    cfg, out = model.cfg, []
+    for i in range(cfg.n_layers):
+        out += [rope_index[i], (cfg.sliding_window or 0) if cfg.sliding(i) else 0, ACTIVATIONS[cfg.activation]]
+    return out
 
 
 class CpuDecoder:
@@ -61,14 +127,17 @@ class CpuDecoder:
         self.model, self.ext = model, ext
         cfg = model.cfg
         mats, vecs = model_tensors(model)
-        dims = [cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim]
-        self.native = ext.Decoder(dims, cfg.norm_eps, *([m[i] for m in mats] for i in range(5)), vecs)
-        self.rope = (torch.empty(0, cfg.head_dim // 2),) * 2  # cos, sin: (positions, D/2)
+        dims = [cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rotary_dims(cfg)]
+        scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+        scalars = [cfg.norm_eps, cfg.embed_scale, scale, cfg.attn_softcap or 0.0, cfg.final_softcap or 0.0]
+        index, *self.rope = rope_sets(model, torch.arange(0))
+        self.native = ext.Decoder(dims, scalars, *([m[i] for m in mats] for i in range(5)), vecs,
+                                  layer_ints(model, index))
 
     def rope_rows(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """model.rope_tables for positions [0, capacity), computed once per cache size."""
+        """cos, sin (positions, sets, R/2) for positions [0, capacity), computed once per cache size."""
         if self.rope[0].shape[0] < capacity:
-            self.rope = tuple(t.contiguous() for t in self.model.rope_tables(torch.arange(capacity)))
+            self.rope = rope_sets(self.model, torch.arange(capacity))[1:]
         return self.rope
 
     def step(self, token: int, pos: int, cache: KVCache) -> torch.Tensor:
@@ -87,7 +156,10 @@ def cache_fits(cache: KVCache) -> bool:
 def build_decoder(model: Transformer) -> CpuDecoder | None:
     """The model's C++ decoder, or None where it does not fit: only models that keep the file's blocks
     (a quantized GGUF on the CPU); dense ones stay on the torch forward."""
-    if model.cfg.head_dim % 8 or not isinstance(model.token_embd, QEmbedding) or model_tensors(model) is None:
+    cfg = model.cfg
+    if not cpp_covers(cfg) or cfg.head_dim % 8 or rotary_dims(cfg) % 2 or rotary_dims(cfg) > cfg.head_dim:
+        return None
+    if not isinstance(model.token_embd, QEmbedding) or model_tensors(model) is None:
         return None
     ext = load_extension(DEFAULT_CPU.cache_dir)
     return CpuDecoder(model, ext) if ext is not None else None
