@@ -182,13 +182,15 @@ def _rope_current_row(src, k_ptr, v_ptr, kv, p, cos, sin, j, H, HKV, k, v, rows,
 
 
 @triton.jit
-def _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE: tl.constexpr):
+def _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE: tl.constexpr, softcap=0.0, SOFTCAP: tl.constexpr = False):
     """One online-softmax step of q (GP, D) over a tile of cache rows k, v (S, D) (those where valid)
-    -> (m_i, l_i, acc) updated."""
+    -> (m_i, l_i, acc) updated. SOFTCAP: scores -> softcap tanh(scores / softcap) (Gemma 2)."""
     if IEEE:
         scores = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         scores = tl.dot(q, tl.trans(k))
+    if SOFTCAP:  # tanh(y) = 1 - 2 / (exp(2 y) + 1): exact limits at +-inf
+        scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
     scores = tl.where(valid[None, :], scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     p = tl.exp(scores - m_new[:, None])
@@ -202,9 +204,10 @@ def _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, scale,
-                             NSPLIT, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                             CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr, ONE: tl.constexpr,
-                             PDL: tl.constexpr):
+                             NSPLIT, softcap, window, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                             BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
+                             ONE: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr = False,
+                             WINDOW: tl.constexpr = False):
     """Program (kv head j, chunk c, row r): the GROUP query heads of kv head j of row r (as in
     _attn_partial_kernel) over its cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] at once -> ws
     rows as _attn_partial_kernel's. Each k, v row is loaded
@@ -212,7 +215,8 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     rounded to the cache dtype for that product, as prefill's SDPA takes it.
     ROPE: q_ptr is the q|k|v accumulator (B T, (H + 2 Hkv) D) (rope_store's input, one kernel fewer):
     the program rotates its q heads itself and writes the current tokens' k, v rows of its chunk, then
-    reads them back after a barrier. ONE (plain decoding, T = 1; CHUNK == BLOCK_S: one tile): the
+    reads them back after a barrier. SOFTCAP, WINDOW (not with ROPE): soft-capped scores, and only the
+    last `window` positions up to the row's own (sliding-window layers). ONE (plain decoding, T = 1; CHUNK == BLOCK_S: one tile): the
     chunk's earlier rows, written by earlier steps, are loaded before the PDL wait (while the q|k|v
     products still run) and the current row joins the tile from registers; so are the rope angles.
     (Merging a verify pass's T rows from registers cost it more than the read back, and letting the
@@ -260,13 +264,20 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
         else:
             q = (tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
                  * scale).to(ty)
-        for s0 in range(c * CHUNK, n, BLOCK_S):
+        lo = 0
+        first = c * CHUNK
+        if WINDOW:  # rows before lo are out of the window; start at the tile that holds lo
+            lo = pos0 + r % T + 1 - window
+            first += tl.maximum(lo - c * CHUNK, 0) // BLOCK_S * BLOCK_S
+        for s0 in range(first, n, BLOCK_S):
             rows = s0 + tl.arange(0, BLOCK_S)
             valid = rows < n
+            if WINDOW:
+                valid = valid & (rows >= lo)
             offs = kv + rows[:, None] * D + d[None, :]
             k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
             v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
-            m_i, l_i, acc = _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE)
+            m_i, l_i, acc = _attn_tile(q, k, v, valid, m_i, l_i, acc, IEEE, softcap, SOFTCAP)
     base = ws_ptr + (heads * NSPLIT + c) * (D + 2)
     tl.store(base[:, None] + d[None, :], acc, mask=gmask[:, None])
     tl.store(base + D, m_i, mask=gmask)
@@ -275,9 +286,11 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
 
 @triton.jit
 def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, qkv_ptr, NSPLIT, HEADS, D: tl.constexpr,
-                         NS: tl.constexpr, QUANT: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
+                         NS: tl.constexpr, QUANT: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr,
+                         sink_ptr=None, SINKS: tl.constexpr = False):
     """Program (head, token r): out[r, head] = sum_c w_c acc_c / sum_c w_c l_c with w_c = exp(m_c - max m)
-    (empty chunks: m = -inf). QUANT: also quantize.act's int8 form of the rounded out (head h is
+    (empty chunks: m = -inf). SINKS: the head's sink logit s joins the softmax (gpt-oss): max over m and
+    s, and exp(s - max) added to the denominator. QUANT: also quantize.act's int8 form of the rounded out (head h is
     D / 32 whole blocks of row r). CLEAR: zero heads h, h + H, .. < HEADS of row r of the q|k|v
     accumulator the fused-rope partials read (for the next step's products)."""
     pdl_start(PDL)
@@ -293,10 +306,17 @@ def _attn_combine_kernel(ws_ptr, out_ptr, q_ptr, d_ptr, s_ptr, qkv_ptr, NSPLIT, 
     base = ws_ptr + (h * NSPLIT + c) * (D + 2)
     m = tl.load(base + D, mask=valid, other=float("-inf"))
     l = tl.load(base + D + 1, mask=valid, other=0.0)
-    wgt = tl.exp(m - tl.max(m, 0))
+    top = tl.max(m, 0)
+    if SINKS:
+        sink = tl.load(sink_ptr + tl.program_id(0)).to(tl.float32)
+        top = tl.maximum(top, sink)
+    wgt = tl.exp(m - top)
     d = tl.arange(0, D)
     acc = tl.load(base[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    out = (tl.sum(acc * wgt[:, None], 0) / tl.sum(l * wgt, 0)).to(out_ptr.dtype.element_ty)
+    denom = tl.sum(l * wgt, 0)
+    if SINKS:
+        denom += tl.exp(sink - top)
+    out = (tl.sum(acc * wgt[:, None], 0) / denom).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + h * D + d, out)
     if QUANT:
         b = tl.program_id(0) * (D // 32) + tl.arange(0, D // 32)
@@ -326,7 +346,8 @@ def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, he
 
 
 def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = None, quantize: bool = False,
-                     gqa: bool = True, tokens: int = 1, rope: tuple | None = None):
+                     gqa: bool = True, tokens: int = 1, rope: tuple | None = None, scale: float | None = None,
+                     softcap: float | None = None, window: int | None = None, sinks: torch.Tensor | None = None):
     """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
     to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
     dtype; with quantize, also its int8 form (kernels.triton_q8.quantize_act's (q, d, s), for an
@@ -334,7 +355,9 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = No
     at its position computes it.
     rope = (qkv, inv_freq, D): rope_store fused in (q None): qkv the contiguous (B T, (H + 2 Hkv) D)
     accumulator of q|k|v sums (int64 fixed point), rotated and its k, v rows written into the caches
-    as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16) and 16 <= chunk <= 64."""
+    as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16) and 16 <= chunk <= 64.
+    The variants of attention.attend (GQA kernel, without rope): scale (None: 1/sqrt(D)); softcap;
+    window (keys pos - window < j <= pos); sinks (H,) fp32 per-head sink logits."""
     k_cache, v_cache = _batched(k_cache), _batched(v_cache)
     t = tokens * k_cache.shape[0]  # rows
     chunk = chunk or CHUNK
@@ -344,23 +367,28 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = No
         h = qkv.shape[1] // d - 2 * n_kv
     else:
         h, d = q.shape[0] // t, q.shape[1]
+    variant = softcap is not None or window is not None or sinks is not None
+    assert not variant or (rope is None and gqa and d >= 16 and chunk >= 16), "variants take the GQA kernel"
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
     nsplit = triton.cdiv(k_cache.shape[2], chunk)
     strides = (k_cache.stride(1), k_cache.stride(0), tokens)
     ws = torch.empty((t * h, nsplit, d + 2), dtype=torch.float32, device=k_cache.device)
     if gqa and d >= 16 and chunk >= 16:  # one program per kv head and chunk, its query heads on tensor cores
         group = h // n_kv
         _attn_partial_gqa_kernel[(n_kv, nsplit, t)](
-            rope[0] if rope else q, k_cache, v_cache, ws, pos, rope[1] if rope else ws, *strides, 1.0 / math.sqrt(d),
-            nsplit, GROUP=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk,
-            IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None, ONE=tokens == 1, PDL=PDL, num_warps=4,
+            rope[0] if rope else q, k_cache, v_cache, ws, pos, rope[1] if rope else ws, *strides, scale,
+            nsplit, float(softcap or 0.0), int(window or 0), GROUP=group, GP=max(16, triton.next_power_of_2(group)),
+            D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None,
+            ONE=tokens == 1, PDL=PDL, SOFTCAP=softcap is not None, WINDOW=window is not None, num_warps=4,
             launch_pdl=PDL)
     else:
-        _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, 1.0 / math.sqrt(d), nsplit,
+        _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, scale, nsplit,
                                           GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,
                                           num_warps=4, launch_pdl=PDL)
     out = torch.empty((t, h * d), dtype=k_cache.dtype, device=k_cache.device)
     xq = act_buffers(t, h * d, k_cache.device) if quantize else (out, out, out)
     _attn_combine_kernel[(h, t)](ws, out, *xq, rope[0] if rope else out, nsplit, h + 2 * n_kv, D=d,
                                NS=triton.next_power_of_2(nsplit), QUANT=quantize, CLEAR=rope is not None, PDL=PDL,
+                               sink_ptr=sinks if sinks is not None else ws, SINKS=sinks is not None,
                                num_warps=4, launch_pdl=PDL)
     return (out, xq) if quantize else out

@@ -17,31 +17,39 @@ import triton
 import triton.language as tl
 
 from .triton_base import PDL, pdl_start
-from .triton_epilogue import FIXED_ONE, from_fixed_jit
+from .triton_epilogue import FIXED_ONE, from_fixed_jit, gate_act
 
 
 @triton.jit
-def _embed_fixed_kernel(tok_ptr, emb_ptr, x_ptr, C, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r."""
+def _embed_fixed_kernel(tok_ptr, emb_ptr, x_ptr, C, scale, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                        SCALE: tl.constexpr = False):
+    """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r. SCALE: times scale, rounded
+    to the embedding's dtype (model.Transformer.embed: Gemma's sqrt(C))."""
     pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < C
     tok = tl.load(tok_ptr + r).to(tl.int64)
-    v = tl.load(emb_ptr + tok * C + c, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(emb_ptr + tok * C + c, mask=mask, other=0.0)
+    if SCALE:
+        v = (v.to(tl.float32) * scale).to(emb_ptr.dtype.element_ty)
+    v = v.to(tl.float32)
     tl.store(x_ptr + r.to(tl.int64) * C + c, (v * FIXED_ONE).to(tl.int64), mask=mask)
 
 
-def embed_fixed(tokens: torch.Tensor, emb: torch.Tensor, x: torch.Tensor, block: int = 1024) -> None:
-    """x (T, C) int64 <- to_fixed(emb[tokens]) (tokens (T,) int64, emb (V, C) dense)."""
+def embed_fixed(tokens: torch.Tensor, emb: torch.Tensor, x: torch.Tensor, block: int = 1024,
+                scale: float = 1.0) -> None:
+    """x (T, C) int64 <- to_fixed(emb[tokens] * scale) (tokens (T,) int64, emb (V, C) dense; scale
+    rounded to emb's dtype, the product too, as Transformer.embed computes it)."""
     t, c = x.shape
     assert x.dtype == torch.int64 and x.is_contiguous() and emb.is_contiguous() and emb.shape[1] == c
-    _embed_fixed_kernel[(t, triton.cdiv(c, block))](tokens, emb, x, c, BLOCK=block, PDL=PDL, num_warps=4,
-                                                   launch_pdl=PDL)
+    scale_t = float(torch.tensor(scale, dtype=emb.dtype))  # the dtype's value of scale, as the reference's
+    _embed_fixed_kernel[(t, triton.cdiv(c, block))](tokens, emb, x, c, scale_t, BLOCK=block, PDL=PDL,
+                                                   SCALE=scale != 1.0, num_warps=4, launch_pdl=PDL)
 
 
 @triton.jit
-def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr, GELU: tl.constexpr = False):
     """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r. The (gate, up) pairs are
     read and cleared as one contiguous run of 2 BLOCK sums (a stride-2 int64 load / store pair lost
     some of its zero stores on the GPU: the stale sums leaked into the next step; docs/PERFORMANCE.md)."""
@@ -54,18 +62,19 @@ def _glu_rows_kernel(acc_ptr, out_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr
     tl.store(src, tl.zeros_like(v), mask=e < 2 * F)
     ACT: tl.constexpr = out_ptr.dtype.element_ty
     gate, up = tl.split(tl.reshape(from_fixed_jit(v).to(ACT).to(tl.float32), (BLOCK, 2)))
-    silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
+    silu = gate_act(gate, GELU).to(ACT).to(tl.float32)
     i = j * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + r * F + i, (silu * up).to(ACT), mask=i < F)
 
 
-def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024) -> torch.Tensor:
-    """acc (T, 2F) int64 fixed-point gate/up sums, interleaved -> silu(gate) * up (T, F) of dtype;
-    acc is zeroed."""
+def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024, gelu: bool = False) -> torch.Tensor:
+    """acc (T, 2F) int64 fixed-point gate/up sums, interleaved -> silu(gate) * up (T, F) of dtype
+    (gelu: gelu_tanh(gate) * up, model.glu's "gelu_tanh"); acc is zeroed."""
     t, f = acc.shape[0], acc.shape[1] // 2
     assert acc.dtype == torch.int64 and acc.is_contiguous()
     out = torch.empty((t, f), dtype=dtype, device=acc.device)
-    _glu_rows_kernel[(t, triton.cdiv(f, block))](acc, out, f, BLOCK=block, PDL=PDL, num_warps=4, launch_pdl=PDL)
+    _glu_rows_kernel[(t, triton.cdiv(f, block))](acc, out, f, BLOCK=block, PDL=PDL, GELU=gelu, num_warps=4,
+                                                launch_pdl=PDL)
     return out
 
 

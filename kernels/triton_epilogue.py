@@ -42,6 +42,17 @@ def from_fixed(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def gate_act(gate, GELU: tl.constexpr):
+    """A GLU's gate function on fp32 values: silu, or GELU: torch's F.gelu(approximate="tanh")
+    (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) = 1 - 2 / (exp(2y) + 1))."""
+    if GELU:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        return 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+    else:
+        return gate / (1.0 + tl.exp(-gate))
+
+
+@triton.jit
 def from_fixed_jit(v):
     """Values loaded from an accumulator (fp32 sums, or int64 fixed-point) -> fp32."""
     if v.dtype == tl.int64:

@@ -31,7 +31,7 @@ from localllm.quantize.formats import FORMATS
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
 from .triton_base import INTERPRET, PDL, pdl_trigger, pdl_wait
-from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
+from .triton_epilogue import epilogue, from_fixed_jit, gate_act, part_out, plan, split_finish
 from .triton_gemv import row_rstd
 
 # Weight fields per type (P0..P4; word fields viewed as int32) and values per unit: each type's
@@ -73,7 +73,7 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 @triton.jit
 def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, eps, NORM: tl.constexpr,
                       GLU: tl.constexpr, BLOCKS: tl.constexpr, RSTD_BLOCK: tl.constexpr, WHOLE: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, GELU: tl.constexpr = False):
     """Row m, 32-value blocks [BLOCKS * j, BLOCKS * (j + 1)) of x (grid: (M, blocks / BLOCKS)) -> q, d, s
     as quantize.act.quantize_act of x; NORM: of x * rstd(x) * norm weight, in fp32 (WHOLE: the program
     holds the whole row and takes rstd from the values it loaded, one pass over x instead of two,
@@ -92,7 +92,7 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
     pdl_wait(PDL)
     if GLU:
         src = x_ptr + m * x_stride + 2 * cols
-        v = _glu_values(src, bm[:, None], act_ptr.dtype.element_ty)
+        v = _glu_values(src, bm[:, None], act_ptr.dtype.element_ty, GELU)
     else:
         v = from_fixed_jit(tl.load(x_ptr + m * x_stride + cols, mask=bm[:, None], other=0))
     if NORM:
@@ -105,7 +105,7 @@ def _quant_act_kernel(x_ptr, nw_ptr, act_ptr, q_ptr, d_ptr, s_ptr, K, x_stride, 
 
 
 @triton.jit
-def _glu_values(src, mask, ACT: tl.constexpr):
+def _glu_values(src, mask, ACT: tl.constexpr, GELU: tl.constexpr = False):
     """silu(gate) * up of the interleaved (gate, up) sums at src, src + 1 (fp32, or int64 fixed point)
     where mask, every op rounded to ACT as model.py's modules round it; the sums are cleared (zeros)
     for the next accumulation. Loads bypass L1 (.cg): other programs' atomics wrote the sums."""
@@ -113,7 +113,7 @@ def _glu_values(src, mask, ACT: tl.constexpr):
     up = from_fixed_jit(tl.load(src + 1, mask=mask, other=0, cache_modifier=".cg")).to(ACT).to(tl.float32)
     tl.store(src, tl.zeros(gate.shape, src.dtype.element_ty), mask=mask)
     tl.store(src + 1, tl.zeros(up.shape, src.dtype.element_ty), mask=mask)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(ACT).to(tl.float32)
+    silu = gate_act(gate, GELU).to(ACT).to(tl.float32)
     return (silu * up).to(ACT).to(tl.float32)
 
 
@@ -376,12 +376,13 @@ WHOLE_ROW_WARPS = 8
 
 
 def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                 glu_dtype: torch.dtype | None = None, blocks: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 glu_dtype: torch.dtype | None = None, blocks: int = 16,
+                 gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q int8 (M, K), d fp32 (M, K / 32), s int32 (M, K / 16)): quantize.act.quantize_act
     of x, or of RMSNorm(x) (x * rstd * weight in fp32) with norm_weight. glu_dtype: x is instead the
     (M, 2K) sums of interleaved gate/up rows (gemv_q8 into a zeroed buffer; fp32, or int64 fixed
     point: triton_epilogue.FIXED_ONE), the values are silu(gate) * up rounded to glu_dtype as the
-    modules round them, and x is zeroed as it is read."""
+    modules round them (gelu: gelu_tanh(gate) * up), and x is zeroed as it is read."""
     x = x if glu_dtype is not None else x.contiguous()
     m, k = x.shape[0], x.shape[1] // (2 if glu_dtype is not None else 1)
     assert glu_dtype is None or (x.dtype in (torch.float32, torch.int64) and x.stride(1) == 1)
@@ -394,7 +395,7 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
     _quant_act_kernel[grid](x, norm_weight if norm_weight is not None else x, act_ref, q, d, s, k, x.stride(0), eps,
                             NORM=norm_weight is not None, GLU=glu_dtype is not None, BLOCKS=blocks,
                             RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), WHOLE=blocks * 32 >= k,
-                            PDL=PDL, num_warps=warps, launch_pdl=PDL)
+                            PDL=PDL, GELU=gelu, num_warps=warps, launch_pdl=PDL)
     return q, d, s
 
 

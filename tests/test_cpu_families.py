@@ -153,14 +153,15 @@ def test_a_parameter_the_decoder_would_not_read_keeps_the_torch_forward():
     assert build_decoder(rt.model) is None
 
 
-@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("case", ["gemma2", "gemma3", "phi3", "phi4mini", "smollm3"])
 def test_family_gguf_decode_steps_match_reference(tiny, case):
-    """A family's GGUF file through the loader (config from its metadata, Gemma norms as stored):
-    one C++ call per token gives the dense load's logits, past the sliding window of 5."""
+    """A family's GGUF file through the loader (config from its metadata, Gemma norms as stored, Phi-3's
+    fused tensors split, LongRoPE's long set for a cache of 12 > 8 positions): one C++ call per token
+    gives the dense load's logits, past the sliding windows of 5."""
     path = str(tiny.gguf(case, gguf.GGMLQuantizationType.Q8_0))
     rt = load_model(path, "cpu").runtime
     ref = load_model(path, "cpu", torch.float32, keep_quantized=False).model
-    assert rt.cfg.sliding_layers and not rt.cfg.llama_layer
+    assert not rt.cfg.llama_layer
     hooked_reference(ref, rt.model)
     tokens = torch.randint(0, rt.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
     cache, ref_cache = rt.new_cache(12), make_cache(rt.cfg, 12)

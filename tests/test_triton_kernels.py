@@ -15,7 +15,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
 for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_dense", "triton_q8", "triton_decode",
-              "triton_attention", "triton_prefill"):
+              "triton_attention", "triton_prefill", "triton_rope"):
     if f"localllm.kernels.{_name}" in sys.modules:
         importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 
@@ -241,9 +241,9 @@ def quantize_inputs_like(ref: torch.nn.Module, fast: torch.nn.Module) -> None:
         ref.output_norm.register_forward_hook(lambda _m, _args, y: through_int8(y))
 
 
-def graph_model(state: dict):
+def graph_model(state: dict, cfg: ModelConfig = TINY):
     """The weights as the CUDA backend loads them (QWeights, q|k|v and gate/up fused), on the CPU."""
-    model = build_model(TINY, dict(state), "cpu", torch.float32, keep_quantized=True).model
+    model = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=True).model
     fuse(model)
     return model
 

@@ -619,7 +619,10 @@ FAMILY_CASES["gemma3_mm"] = replace(FAMILY_CASES["gemma3"], multimodal=True)
 
 
 def case_spec(case: str) -> TinySpec:
-    return CASES[case] if case in CASES else FAMILY_CASES[case]
+    for table in (CASES, FAMILY_CASES, PHI_CASES):
+        if case in table:
+            return table[case]
+    raise KeyError(case)
 
 
 # Phi-3 / Phi-4 (`phi3`) and SmolLM3 cases (tests/test_phi3_smollm3.py).

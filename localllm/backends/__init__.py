@@ -5,9 +5,10 @@
     mps   runtime.Runtime   the portable torch backend (also the reference the others are tested against)
 
 A config whose layers are not the Llama layer (ModelConfig.llama_layer False: Gemma, Phi-3, MoE, ...)
-runs the model's torch forward on CUDA (its QWeights, the Triton products, without CUDA graphs). The
-CPU's C++ decoder also implements the dense families' fields (backends/cpu.py cpp_covers: Gemma 2/3,
-Phi-3, SmolLM3); other configs (MoE) run the torch forward on the file's blocks (their C++ products).
+runs where its backend's fast path covers it, else the model's torch forward: CUDA's decode step and
+graphs implement the dense families' fields (backends/cuda.py covers: Gemma 2/3, Phi-3, SmolLM3, gpt-oss's
+attention), and so does the CPU's C++ decoder (backends/cpu.py cpp_covers); other configs (MoE) run the
+torch forward on the file's blocks (their C++ products) or on QWeights (the Triton products).
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from ..runtime import Runtime
 def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) -> type[Runtime]:
     """The backend for a model of cfg on device (cfg None: a Llama-layer model)."""
     kind = torch.device(device).type
-    llama = cfg is None or cfg.llama_layer
     if kind == "cuda":
-        from .cuda import CudaEagerRuntime, CudaRuntime  # Triton is imported only where it runs
+        from .cuda import CudaEagerRuntime, CudaRuntime, covers  # Triton is imported only where it runs
 
-        return CudaRuntime if llama else CudaEagerRuntime
+        return CudaRuntime if cfg is None or covers(cfg) else CudaEagerRuntime
     if kind == "cpu":
         from .cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
 

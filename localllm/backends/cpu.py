@@ -41,7 +41,7 @@ NONE = torch.empty(0)  # an absent norm or bias
 CPP_FIELDS = frozenset({
     "embed_scale", "activation", "post_norms", "attn_scale", "attn_softcap", "final_softcap", "attn_out_bias",
     "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers", "rotary_dim",
-    "rope_attn_factor",
+    "rope_attn_factor", "rope_original_context",
 })
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.activation -> lq::Act
 
@@ -98,10 +98,10 @@ def model_tensors(model: Transformer) -> tuple[list, list] | None:
     return mats, vecs
 
 
-def rope_sets(model: Transformer, positions: torch.Tensor) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+def rope_sets(model: Transformer, positions: torch.Tensor, capacity: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """Per layer the index of its rope set (-1: none), and cos, sin (T, sets, R/2) of the sets the
-    layers share (rope.layer_ropes, the forward's tables)."""
-    per_layer = layer_ropes(model.cfg, positions, model.rope_freqs)
+    layers share (rope.layer_ropes with the divisors of a cache of this capacity: the forward's tables)."""
+    per_layer = layer_ropes(model.cfg, positions, model.rope_divisors(capacity))
     sets: list = []
     for r in per_layer:
         if r is not None and not any(r is s for s in sets):
@@ -130,14 +130,17 @@ class CpuDecoder:
         dims = [cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rotary_dims(cfg)]
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
         scalars = [cfg.norm_eps, cfg.embed_scale, scale, cfg.attn_softcap or 0.0, cfg.final_softcap or 0.0]
-        index, *self.rope = rope_sets(model, torch.arange(0))
+        index, *self.rope = rope_sets(model, torch.arange(0), 0)
+        self.rope_capacity = 0
         self.native = ext.Decoder(dims, scalars, *([m[i] for m in mats] for i in range(5)), vecs,
                                   layer_ints(model, index))
 
     def rope_rows(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (positions, sets, R/2) for positions [0, capacity), computed once per cache size."""
-        if self.rope[0].shape[0] < capacity:
-            self.rope = rope_sets(self.model, torch.arange(capacity))[1:]
+        """cos, sin (positions, sets, R/2) for positions [0, capacity), computed once per cache size
+        (LongRoPE's divisors depend on it)."""
+        if self.rope_capacity != capacity:
+            self.rope = rope_sets(self.model, torch.arange(capacity), capacity)[1:]
+            self.rope_capacity = capacity
         return self.rope
 
     def step(self, token: int, pos: int, cache: KVCache) -> torch.Tensor:

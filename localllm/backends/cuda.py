@@ -11,6 +11,8 @@ Each op computes what model.py's reference op computes, within rounding (tests/g
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from localllm.kernels.linear import linear
@@ -19,7 +21,8 @@ from localllm.kernels.triton_epilogue import MAX_ROWS
 from localllm.kernels.triton_prefill import rmsnorm_rows, rope_cache, silu_mul
 
 from ..cache import KVCache
-from ..model import Linear, Ops, Transformer, project_qkv
+from ..config import ModelConfig
+from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from .cuda_graph import GraphDecoder
 
@@ -70,7 +73,7 @@ def fuse(model: Transformer) -> None:
 def cuda_qkv(attn, x, layer: int, cache: KVCache, start: int, cos, sin):
     """project_qkv with rope and the cache writes in one Triton kernel (kernels/triton_prefill.py), the
     three products as one where fused. A cache of another dtype than x takes the reference op."""
-    if cache.k.dtype != x.dtype:
+    if cache.k.dtype != x.dtype or not attn.cfg.llama_layer:  # the families' rope sets: the reference op
         return project_qkv(attn, x, layer, cache, start, cos, sin)
     cfg, (B, T, _) = attn.cfg, x.shape
     if attn.fused_qkv is not None:
@@ -86,7 +89,13 @@ def cuda_qkv(attn, x, layer: int, cache: KVCache, start: int, cos, sin):
 
 
 def cuda_mlp_in(blk, h: torch.Tensor) -> torch.Tensor:
-    """silu(gate(h)) * up(h) by one Triton kernel, over the fused gate/up product's interleaved pairs."""
+    """silu(gate(h)) * up(h) by one Triton kernel, over the fused gate/up product's interleaved pairs
+    (other activations: model.glu on the same pairs)."""
+    if blk.cfg.activation != "silu":
+        if blk.fused_gate_up is None:
+            return glu_input(blk, h)
+        y = linear(h, blk.fused_gate_up)
+        return glu(blk.cfg, y[..., 0::2], y[..., 1::2])
     if blk.fused_gate_up is not None:
         return silu_mul(linear(h, blk.fused_gate_up))
     return silu_mul(blk.ffn_gate(h), blk.ffn_up(h))
@@ -142,6 +151,21 @@ class PrefillGraph:
 
 
 # ---- the runtime
+
+# The fields of the families beyond the Llama layer that the decode step's kernels implement
+# (cuda_graph.GraphDecoder's family path); a config setting any other (experts) runs CudaEagerRuntime.
+GRAPH_FIELDS = {"embed_scale": 1.0, "post_norms": False, "attn_scale": None, "attn_softcap": None,
+                "final_softcap": None, "attn_out_bias": False, "attn_sinks": False, "sliding_window": None,
+                "sliding_layers": (), "rope_theta_local": None, "rope_layers": (), "rotary_dim": None,
+                "rope_attn_factor": 1.0, "rope_original_context": None, "activation": "silu"}
+
+
+def covers(cfg: ModelConfig) -> bool:
+    """CudaRuntime runs cfg: the Llama layer, or only GRAPH_FIELDS' variants of it, with power-of-two
+    heads of >= 16 dims (the attention kernels' tiles)."""
+    d = cfg.head_dim
+    return (replace(cfg, **GRAPH_FIELDS).llama_layer and cfg.activation in ("silu", "gelu_tanh")
+            and (cfg.llama_layer or (d >= 16 and d & (d - 1) == 0)))
 
 
 class CudaRuntime(Runtime):

@@ -35,12 +35,14 @@ from localllm.kernels.linear import fused_linear
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight
 from localllm.kernels.triton_attention import decode_attention, rope_store
 from localllm.kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, greedy_state
-from localllm.kernels.triton_epilogue import COUNTERS, from_fixed
+from localllm.kernels.triton_epilogue import COUNTERS, from_fixed, to_fixed
 from localllm.kernels.triton_prefill import rmsnorm_rows
 from localllm.kernels.triton_q8 import quantize_act
+from localllm.kernels.triton_rope import rope_store_family
 
 from ..cache import KVCache
 from ..model import Transformer
+from ..rope import rotary_dims
 
 
 def int_dot(w) -> bool:
@@ -49,11 +51,25 @@ def int_dot(w) -> bool:
 
 
 class LayerWeights:
-    def __init__(self, blk):
+    def __init__(self, blk, inv_freq: torch.Tensor | None, window: int | None):
         a = blk.attn
         self.attn, self.blk = a, blk
         self.qkv, self.qkv_bias = a.fused_qkv if a.fused_qkv is not None else (None, None)
         self.gate_up = blk.fused_gate_up
+        self.inv_freq = inv_freq  # (R/2,) fp32 of the layer's rope set; None: a NoPE layer
+        self.window = window  # a sliding layer's window, else None
+        self.sinks = a.attn_sinks.weight.float().contiguous() if a.attn_sinks is not None else None
+
+
+def inv_freqs(model: Transformer, device, capacity: int) -> list[torch.Tensor | None]:
+    """Per layer the inverse frequencies (R/2,) fp32 of its rope set (rope.layer_ropes' sets: global
+    with the divisors of a cache of this capacity (Transformer.rope_divisors: LongRoPE's set), local
+    base for sliding layers where set), None for NoPE layers."""
+    cfg, r = model.cfg, rotary_dims(model.cfg)
+    exponent = torch.arange(0, r, 2, dtype=torch.int64, device=device).float() / r
+    glob = (1.0 / (cfg.rope_theta**exponent) / model.rope_divisors(capacity).float()).contiguous()
+    local = glob if cfg.rope_theta_local is None else (1.0 / (cfg.rope_theta_local**exponent)).contiguous()
+    return [None if not cfg.has_rope(i) else local if cfg.sliding(i) else glob for i in range(cfg.n_layers)]
 
 
 class GraphDecoder:
@@ -73,9 +89,13 @@ class GraphDecoder:
         assert not greedy or tokens == 1, "greedy ids are the next step's input: one token a step"
         self.greedy = greedy
         dev = cache.k.device
-        self.layers = [LayerWeights(b) for b in model.blk]
-        exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=dev).float() / cfg.head_dim
-        self.inv_freq = (1.0 / (cfg.rope_theta**exponent) / model.rope_freqs.float()).contiguous()
+        # the Llama layer's kernels, or the families' variants (post norms, gelu, windows, soft-caps,
+        # sinks, rope per layer: backends/cuda.py's covers)
+        self.family = not cfg.llama_layer
+        freqs = inv_freqs(model, dev, cache.capacity)
+        self.layers = [LayerWeights(b, freqs[i], cfg.sliding_window if cfg.sliding(i) else None)
+                       for i, b in enumerate(model.blk)]
+        self.inv_freq = freqs[0]
         self.act = model.token_embd.weight.dtype
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -127,6 +147,8 @@ class GraphDecoder:
             qkv = torch.cat((q, k, v), -1)
             self.qkv_acc.zero_()
         kc, vc = self.cache.k[i], self.cache.v[i]  # (B, Hkv, S, D)
+        if self.family:
+            return self._family_attention(x, qkv, kc, vc, L)
         if qkv is self.qkv_acc and cfg.head_dim >= 16:
             # the attention rotates q, k and stores k, v itself (and clears the accumulator)
             q, rope = None, (qkv, self.inv_freq, cfg.head_dim)
@@ -142,32 +164,64 @@ class GraphDecoder:
         att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw)
         return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
 
+    def _family_attention(self, x, qkv, kc, vc, L: LayerWeights) -> torch.Tensor:
+        """The attention of a layer beyond the Llama layer: rope of its own set (kernels/triton_rope.py),
+        attention.attend's variants, attn_output's bias, and the post-attention norm."""
+        cfg, a = self.cfg, L.attn
+        q = rope_store_family(qkv.contiguous(), kc, vc, self.pos, L.inv_freq, cfg.n_heads, cfg.n_kv_heads,
+                              cfg.head_dim, rotary_dims(cfg), cfg.rope_attn_factor, clear=qkv is self.qkv_acc)
+        kw = dict(tokens=self.tokens, scale=cfg.attn_scale, softcap=cfg.attn_softcap, window=L.window, sinks=L.sinks)
+        d32 = cfg.head_dim // 32
+        bias = a.attn_output.bias
+        if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
+            att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, **kw)
+            kw = {"xq": xq}
+        else:
+            att, kw = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw), {}
+        if L.blk.post_attention_norm is None:
+            return self._lin(att, a.attn_output.w, bias=bias, residual=x, split=None, inplace=True, **kw)
+        h = self._lin(att, a.attn_output.w, bias=bias, **kw)
+        return self._add_normed(x, h, L.blk.post_attention_norm.weight)
+
+    def _add_normed(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x (the int64 fixed-point residual) += RMSNorm(h) (Gemma's post norms, in the weight's dtype
+        as model.rmsnorm rounds it)."""
+        x.add_(to_fixed(rmsnorm_rows(h, weight, self.cfg.norm_eps)))
+        return x
+
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
+        gelu = self.cfg.activation == "gelu_tanh"
+        kw = {}
         if L.gate_up is not None:
             # gate/up sums split over K into the accumulator; silu(gate) * up is formed (and the
             # accumulator cleared) by glu_rows, or by the kernel that quantizes an integer-dot down
             # projection's input.
             self._lin(x, L.gate_up, norm=norm, residual=self.gu_acc, inplace=True, split=None)
             if int_dot(b.ffn_down.w):
-                xq = quantize_act(self.gu_acc, glu_dtype=self.act)
-                return self._lin(x, b.ffn_down.w, residual=x, split=None, inplace=True, xq=xq)
-            a = glu_rows(self.gu_acc, self.act)
+                a, kw = x, {"xq": quantize_act(self.gu_acc, glu_dtype=self.act, gelu=gelu)}
+            else:
+                a = glu_rows(self.gu_acc, self.act, gelu=gelu)
         else:
             gate, up = (self._lin(x, m.w, norm=norm) for m in (b.ffn_gate, b.ffn_up))
-            a = F.silu(gate) * up
-        return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True)
+            a = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
+        if b.post_ffw_norm is None:
+            return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True, **kw)
+        return self._add_normed(x, self._lin(a, b.ffn_down.w, **kw), b.post_ffw_norm.weight)
 
     def _step(self) -> torch.Tensor:
         """tokens (T,) at positions pos.. -> logits (T, V) fp32; advances pos. Static inputs only."""
         m = self.model
         x = self.x  # (T, C) the residual stream, int64 fixed point
-        embed_fixed(self.token, m.token_embd.weight, x)
+        embed_fixed(self.token, m.token_embd.weight, x, scale=self.cfg.embed_scale)
         for i, L in enumerate(self.layers):
             x = self._attention(x, i, L)
             x = self._ffn(x, L)
         logits = self._lin(x, m.output_weight(), norm=(m.output_norm.weight, self.cfg.norm_eps),
                            out_dtype=torch.float32)
+        if self.cfg.final_softcap is not None:  # Transformer.head's soft-cap
+            c = self.cfg.final_softcap
+            logits = torch.tanh(logits / c) * c
         if self.greedy:  # the ids into self.token, and pos advanced by the same kernel
             greedy_ids(logits, self.token, self.best, self.count, self.pos, self.tokens)
         else:
