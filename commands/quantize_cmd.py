@@ -424,6 +424,8 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     from safetensors import safe_open
 
     cfg, _ = check_hf_folder(folder)  # config.json and every tensor header, as the loader checks them
+    if cfg.arch == "gemma4":
+        return _gemma4_hf_source(folder, cfg, tokenizer_from)
     if cfg.arch not in HF_SOURCE_ARCHS:
         raise LocalLLMError(f"{folder}: quantizing a {cfg.arch} safetensors folder is not supported (supported:"
                             f" {', '.join(HF_SOURCE_ARCHS)}); quantize its GGUF instead")
@@ -451,6 +453,30 @@ def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
         tok_kv = hf_tokenizer_metadata(folder, cfg.vocab_size)
     return Source(folder, files, arch, model, tensors, lambda: hf_metadata(hp, cfg, folder, arch) | tok_kv,
                   gguf.GGUF_DEFAULT_ALIGNMENT, cfg)
+
+
+def _gemma4_hf_source(folder: Path, cfg, tokenizer_from: str | Path | None) -> Source:
+    """A Gemma 4 folder as llama.cpp's Gemma4Model converts it (localllm/gemma4_gguf.py): its keys, its
+    names (gguf's GEMMA4 table), rope_freqs for the full layers; KV-shared layers' stored k/v dropped."""
+    from safetensors import safe_open
+
+    from localllm.gemma4 import ignored_tensors
+    from localllm.gemma4_gguf import gemma4_metadata, gemma4_rope_freqs
+    from localllm.hf_to_gguf import hf_tokenizer_metadata
+    from localllm.weights import hf_tensor_headers
+
+    ignored = ignored_tensors(cfg)
+    tensors = [_memory_tensor("rope_freqs.weight", gemma4_rope_freqs(cfg))]
+    for path, key, name, shape, _ in hf_tensor_headers(folder, cfg):
+        if name not in ignored:
+            with safe_open(str(path), framework="pt") as f:
+                dtype = f.get_slice(key).get_dtype()
+            tensors.append(_hf_tensor(path, key, name, shape, dtype, "gemma4", cfg))
+    tok_kv = (tokenizer_metadata(Path(tokenizer_from), cfg.vocab_size) if tokenizer_from is not None
+              else hf_tokenizer_metadata(folder, cfg.vocab_size))
+    model = ModelShape("gemma4", cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    return Source(folder, safetensors_files(folder), "gemma4", model, tensors,
+                  lambda: gemma4_metadata(cfg, folder) | tok_kv, gguf.GGUF_DEFAULT_ALIGNMENT, cfg)
 
 
 SAFETENSORS_DTYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16}

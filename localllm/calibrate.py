@@ -25,6 +25,7 @@ import torch
 from localllm.quantize.partial import make_partial, remove_stale_partials
 
 from .cache import KVCache, make_cache
+from .errors import LocalLLMError
 from .model import Linear, Transformer
 from .settings import DEFAULT_FILES
 from .fused import file_imatrix, file_shapes
@@ -115,7 +116,7 @@ def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progres
     try:
         cache = _device_cache(model, max(len(c) for c in chunks))
         for i, chunk in enumerate(chunks):
-            model(torch.tensor([list(chunk)], device=cache.k.device), cache, 0)
+            model(torch.tensor([list(chunk)], device=model.output_norm.weight.device), cache, 0)
             if progress:
                 progress("imatrix", i + 1, len(chunks))
     finally:
@@ -235,6 +236,8 @@ def _head(model: Transformer, x: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def reference_outputs(model: Transformer, chunks: Sequence[Sequence[int]]) -> Reference:
     """One forward pass per chunk of the unperturbed model (reusable across measure_sensitivity calls)."""
+    if model.cfg.per_layer_dim:  # _blocks runs layers without Transformer.per_layer_inputs
+        raise LocalLLMError("sensitivity measurement does not support per-layer embeddings (Gemma 4 E2B/E4B) yet")
     dev = model.token_embd.weight.device
     cache = _device_cache(model, max(len(c) for c in chunks))
     ref = Reference([], [], [], [], [])

@@ -34,7 +34,12 @@ ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen3_moe": dict(qkv_bias=False, qk_norm=True),
     "gpt-oss": dict(qkv_bias=True, qk_norm=False),
     "gpt_oss": dict(qkv_bias=True, qk_norm=False),
+    "gemma4": dict(qkv_bias=False, qk_norm=True),  # read by gemma4.py (validate.py picks it), not here
 }
+
+
+# Architectures whose configs have a reader of their own (it imports this module): arch -> file.
+OWN_READERS = {"gemma4": "gemma4.py"}
 
 
 @dataclass(frozen=True)
@@ -102,12 +107,50 @@ class ModelConfig:
     # "softmax": top-k of softmax(router logits) (Mixtral, Qwen3-MoE); "topk_softmax": top-k of the
     # logits, softmax over those k (gpt-oss) (localllm/moe.py route)
     moe_gating: str = "softmax"
+    # --- Gemma 4 (gemma4.py reads them from config.json / GGUF): layers of two shapes, shared caches, PLE
+    head_dim_global: int | None = None  # head dim of the non-sliding layers (global_head_dim); None: head_dim
+    n_kv_heads_global: int | None = None  # kv heads of the non-sliding layers; None: n_kv_heads
+    attn_k_eq_v: bool = False  # non-sliding layers have no attn_v: values are the key projection
+    attn_v_norm: bool = False  # values RMS-normalised (no weight) before the cache
+    # fraction of the global rope set's frequencies that rotate ("proportional" rope: the others are 0,
+    # the exponent still over the whole head; GGUF's rope_freqs carries it as divisors 1e30)
+    rope_partial_global: float = 1.0
+    n_kv_shared_layers: int = 0  # the last N layers read the cache of the last earlier layer of their kind
+    double_wide_mlp: bool = False  # KV-shared layers have an MLP of 2 * ffn_dim
+    per_layer_dim: int = 0  # per-layer embeddings (PLE): width of each layer's input; 0 = none
+    layer_out_scale: bool = False  # each layer's output (residual included) times a learned scalar
+    moe_with_mlp: bool = False  # experts beside the dense MLP, with their own norms (Gemma 4: gemma4_moe.py)
 
     def sliding(self, layer: int) -> bool:
         return bool(self.sliding_layers) and self.sliding_layers[layer]
 
     def has_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
+
+    def layer_head_dim(self, layer: int) -> int:
+        """Head dim of this layer (Gemma 4: global_head_dim on non-sliding layers)."""
+        return self.head_dim_global if self.head_dim_global and not self.sliding(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_global if self.n_kv_heads_global and not self.sliding(layer) else self.n_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose cache rows this layer attends to: itself, or for one of the last
+        n_kv_shared_layers the last earlier layer of its kind (sliding or not), as transformers'
+        Gemma4TextConfig.kv_sharing_modes and llama.cpp's n_layer_kv_from_start pick it."""
+        first = self.n_layers - self.n_kv_shared_layers
+        if layer < first:
+            return layer
+        return max(j for j in range(first) if self.sliding(j) == self.sliding(layer))
+
+    def layer_ffn_dim(self, layer: int) -> int:
+        return 2 * self.ffn_dim if self.double_wide_mlp and self.kv_source(layer) != layer else self.ffn_dim
+
+    @property
+    def uniform_kv(self) -> bool:
+        """Every layer has its own cache of one shape (one (L, B, Hkv, S, D) buffer serves)."""
+        return not self.n_kv_shared_layers and self.head_dim_global in (None, self.head_dim) and \
+            self.n_kv_heads_global in (None, self.n_kv_heads)
 
     @property
     def llama_layer(self) -> bool:
@@ -130,6 +173,8 @@ FAMILY_FIELDS = frozenset({
     "attn_out_bias", "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers",
     "rotary_dim", "rope_attn_factor", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_norm_topk", "moe_bias",
     "rope_original_context", "moe_gating",
+    "head_dim_global", "n_kv_heads_global", "attn_k_eq_v", "attn_v_norm", "rope_partial_global",
+    "n_kv_shared_layers", "double_wide_mlp", "per_layer_dim", "layer_out_scale", "moe_with_mlp",
 })
 
 
@@ -219,6 +264,8 @@ def config_from_gguf(
     arch = meta.get("general.architecture")
     if arch is None:
         raise LocalLLMError("GGUF metadata is missing 'general.architecture'")
+    if arch in OWN_READERS:
+        raise LocalLLMError(f"{arch} metadata is read by localllm/{OWN_READERS[arch]} (validate.check_gguf)")
     fields = _arch_fields(arch, "general.architecture")
     f = Fields(meta, "GGUF metadata", f"{arch}.")
     n_heads = f.int("attention.head_count", 1, limits.max_heads)
@@ -328,6 +375,8 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in gemma.HF_MODEL_TYPES:
         cfg = gemma.hf_text_config(cfg)
     arch = cfg.get("model_type")
+    if arch in OWN_READERS or arch == "gemma4_text":
+        raise LocalLLMError(f"a {arch} config.json is read by localllm/gemma4.py (validate.check_hf_folder)")
     fields = _arch_fields(arch, "config.json 'model_type'")
     f = Fields(cfg, "config.json")
     n_heads = f.int("num_attention_heads", 1, limits.max_heads)
@@ -367,10 +416,15 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
 
 def read_hf_config(folder: Path, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfig:
     """folder/config.json -> ModelConfig; a missing, non-UTF-8 or malformed file is one line naming it."""
+    return config_from_hf(hf_config_json(folder), limits)
+
+
+def hf_config_json(folder: Path) -> Any:
+    """The value of folder/config.json; a missing, non-UTF-8 or malformed file is one line naming it."""
     path = folder / "config.json"
     if not path.is_file():
         raise LocalLLMError(f"not a model folder: {folder} has no config.json")
-    return config_from_hf(read_json(path), limits)
+    return read_json(path)
 
 
 def read_json(path: Path) -> Any:

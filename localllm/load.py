@@ -23,7 +23,8 @@ from .rope import rope_factors
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import ROPE_BUFFERS, QuantizedTensor, add_norm_offset, gguf_name, gguf_state_dict, hf_state_dict, to_module_name
+from .weights import (EMBEDDINGS, ROPE_BUFFERS, QuantizedTensor, add_norm_offset, gguf_name, gguf_state_dict,
+                      hf_state_dict, to_module_name)
 
 
 @dataclass
@@ -60,8 +61,8 @@ def place_quantized(model: Transformer, state: dict, backend: type[Runtime], lay
             continue
         if layout == "blocks":
             qw = backend.block_weight(value.data.to(device), value.qtype, dtype)
-            if name == "token_embd.weight":
-                model.token_embd = QEmbedding(qw)
+            if name in EMBEDDINGS:  # token_embd (and Gemma 4's per_layer_token_embd)
+                setattr(model, name.removesuffix(".weight"), QEmbedding(qw))
             else:
                 model.get_submodule(name.removesuffix(".weight")).set_quantized(qw)
             del state[name]

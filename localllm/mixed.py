@@ -173,6 +173,8 @@ def _layerwise_cache(model, length: int) -> KVCache:
     """A cache whose layers are separate tensors: autograd then sees each written once (one shared
     (L, ...) buffer would be modified in place after earlier layers saved views of it)."""
     c = make_cache(model.cfg, length, dtype=model.token_embd.weight.dtype, device=model.token_embd.weight.device)
+    if isinstance(c.k, list):  # layered already (Gemma 4); its KV-shared layers must keep aliasing their source
+        return c
     return KVCache([k.clone() for k in c.k], [v.clone() for v in c.v])
 
 

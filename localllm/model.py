@@ -29,6 +29,7 @@ from .attention import attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
 from .moe import MoE
+from .gemma4_moe import add_moe, moe_ffn
 from .rope import layer_ropes, llama3_rope_factors, rope_factors, rope_rotate, rope_table, rotary_dims
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
@@ -85,16 +86,33 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def project_qkv(attn: "Attention", x: torch.Tensor, layer: int, cache: KVCache, start: int, cos, sin):
     """x (B, T, C) -> q (B, H, T, D) rotated, and the cache's keys, values (B, Hkv, start + T, D) with
-    this step's rows written. cos/sin (T, R/2) of the layer's rope set; None: a NoPE layer."""
+    this step's rows written. cos/sin (T, R/2) of the layer's rope set; None: a NoPE layer.
+    D and Hkv are the layer's (attn.head_dim, attn.n_kv_heads: Gemma 4's layers differ)."""
     cfg, (B, T, _) = attn.cfg, x.shape
-    q = attn.attn_q(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
-    k = attn.attn_k(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-    v = attn.attn_v(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+    D, Hkv = attn.head_dim, attn.n_kv_heads
+    q = attn.attn_q(x).view(B, T, cfg.n_heads, D).transpose(1, 2)
+    if attn.attn_k is None:  # a KV-shared layer (Gemma 4): an earlier layer's cache rows, this step's included
+        if cfg.qk_norm:
+            q = attn.attn_q_norm(q)
+        if cos is not None:
+            q = rope_rotate(q, cos, sin)
+        return (q, *cache.rows(layer, start + T))
+    k = attn.attn_k(x).view(B, T, Hkv, D).transpose(1, 2)
+    # attn_v None (Gemma 4 attention_k_eq_v): the values are the key projection, before k's norm and rope
+    v = k if attn.attn_v is None else attn.attn_v(x).view(B, T, Hkv, D).transpose(1, 2)
     if cfg.qk_norm:
         q, k = attn.attn_q_norm(q), attn.attn_k_norm(k)
+    if cfg.attn_v_norm:
+        v = unit_rmsnorm(v, cfg.norm_eps)
     if cos is not None:
         q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)
     return (q, *cache.update(layer, start, k, v))
+
+
+def unit_rmsnorm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight, in fp32, back in x's dtype (Gemma4RMSNorm(with_scale=False))."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def glu(cfg: ModelConfig, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -149,16 +167,21 @@ class Vector(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS, layer: int = 0):
         super().__init__()
         self.cfg, self.ops = cfg, ops
-        self.attn_q = Linear(cfg.dim, cfg.q_dim, bias=cfg.qkv_bias)
-        self.attn_k = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
-        self.attn_v = Linear(cfg.dim, cfg.kv_dim, bias=cfg.qkv_bias)
-        self.attn_output = Linear(cfg.q_dim, cfg.dim, bias=cfg.attn_out_bias)
+        # this layer's shape (Gemma 4: full layers have their own head dim and kv heads)
+        self.head_dim, self.n_kv_heads = D, Hkv = cfg.layer_head_dim(layer), cfg.layer_kv_heads(layer)
+        self.q_dim = cfg.n_heads * D
+        own_kv = cfg.kv_source(layer) == layer  # False: a KV-shared layer, no k/v of its own
+        v_is_k = cfg.attn_k_eq_v and not cfg.sliding(layer)
+        self.attn_q = Linear(cfg.dim, self.q_dim, bias=cfg.qkv_bias)
+        self.attn_k = Linear(cfg.dim, Hkv * D, bias=cfg.qkv_bias) if own_kv else None
+        self.attn_v = Linear(cfg.dim, Hkv * D, bias=cfg.qkv_bias) if own_kv and not v_is_k else None
+        self.attn_output = Linear(self.q_dim, cfg.dim, bias=cfg.attn_out_bias)
         if cfg.qk_norm:
-            self.attn_q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, ops)
-            self.attn_k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, ops)
+            self.attn_q_norm = RMSNorm(D, cfg.norm_eps, ops)
+            self.attn_k_norm = RMSNorm(D, cfg.norm_eps, ops) if own_kv else None
         self.attn_sinks = Vector(cfg.n_heads) if cfg.attn_sinks else None
         # (q|k|v weight, bias) as one product whose rows attn_q/k/v view, for backends that fuse them
         # at load (backends/cuda.py's fuse); None: three products
@@ -171,26 +194,35 @@ class Attention(nn.Module):
         # keys/values: (B, Hkv, start + T, D); mask: attention.attention_mask's
         sinks = self.attn_sinks.weight if self.attn_sinks is not None else None
         y = attend(cfg, q, keys, values, mask, sinks)
-        return self.attn_output(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
+        return self.attn_output(y.transpose(1, 2).reshape(B, T, self.q_dim))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS, layer: int = 0):
         super().__init__()
         self.cfg, self.ops = cfg, ops
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
-        self.attn = Attention(cfg, ops)
+        self.attn = Attention(cfg, ops, layer)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         # Gemma: norms of the attention and MLP outputs, before each residual add
         self.post_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
         self.post_ffw_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops) if cfg.post_norms else None
         # the MLP: a mixture of experts (localllm/moe.py; its router a Linear, its experts' activation glu)
-        # or one GLU
-        self.moe = MoE(cfg, Linear, glu) if cfg.n_experts else None
-        if not cfg.n_experts:
-            self.ffn_gate = Linear(cfg.dim, cfg.ffn_dim, bias=False)
-            self.ffn_up = Linear(cfg.dim, cfg.ffn_dim, bias=False)
-            self.ffn_down = Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        # or one GLU (Gemma 4's experts run beside its dense MLP instead: moe_with_mlp)
+        self.moe = MoE(cfg, Linear, glu) if cfg.n_experts and not cfg.moe_with_mlp else None
+        if self.moe is None:
+            ffn = cfg.layer_ffn_dim(layer)  # Gemma 4's double-wide MLP on KV-shared layers
+            self.ffn_gate = Linear(cfg.dim, ffn, bias=False)
+            self.ffn_up = Linear(cfg.dim, ffn, bias=False)
+            self.ffn_down = Linear(ffn, cfg.dim, bias=False)
+        # Gemma 4 per-layer embeddings: gate (C -> P), projection (P -> C), norm of its output
+        if cfg.per_layer_dim:
+            self.inp_gate = Linear(cfg.dim, cfg.per_layer_dim, bias=False)
+            self.proj = Linear(cfg.per_layer_dim, cfg.dim, bias=False)
+            self.post_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
+        self.layer_output_scale = Vector(1) if cfg.layer_out_scale else None
+        if cfg.moe_with_mlp:  # Gemma 4's experts beside the dense MLP
+            add_moe(self, cfg, Linear, RMSNorm, ops)
         # gate/up rows interleaved in one weight, for backends that fuse them at load; None: two products
         self.fused_gate_up = None
 
@@ -200,15 +232,24 @@ class Block(nn.Module):
             return self.moe(h)
         return self.ffn_down(self.ops.mlp_in(self, h))
 
-    def forward(self, x, layer, cache, start, cos, sin, mask):
+    def forward(self, x, layer, cache, start, cos, sin, mask, per_layer=None):
+        """per_layer (B, T, P): this layer's per-layer input (Gemma 4 PLE), else None."""
         h = self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
         if self.post_attention_norm is not None:
             h = self.post_attention_norm(h)
         x = x + h
         h = self.ffn(self.ffn_norm(x))
+        if self.cfg.moe_with_mlp:
+            h = moe_ffn(self, x, h)
         if self.post_ffw_norm is not None:
             h = self.post_ffw_norm(h)
-        return x + h
+        x = x + h
+        if per_layer is not None:  # Gemma4TextDecoderLayer: gelu_tanh(gate(x)) * input, projected, normed, added
+            g = F.gelu(self.inp_gate(x.to(per_layer.dtype)), approximate="tanh") * per_layer
+            x = x + self.post_norm(self.proj(g))
+        if self.layer_output_scale is not None:
+            x = x * self.layer_output_scale.weight.float()
+        return x
 
 
 class Transformer(nn.Module):
@@ -217,7 +258,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         # _weight: no random init (on the meta device that init alone imports torch._dynamo: ~2 s of load)
         self.token_embd = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim))
-        self.blk = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.n_layers))
+        self.blk = nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.n_layers))
+        if cfg.per_layer_dim:  # Gemma 4 PLE: per token, P values per layer, and their projection from x
+            width = cfg.n_layers * cfg.per_layer_dim
+            self.per_layer_token_embd = nn.Embedding(cfg.vocab_size, width, _weight=torch.empty(cfg.vocab_size, width))
+            self.per_layer_model_proj = Linear(cfg.dim, width, bias=False)
+            self.per_layer_proj_norm = RMSNorm(cfg.per_layer_dim, cfg.norm_eps, ops)
         self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         if not cfg.tied_output:
             self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -267,6 +313,20 @@ class Transformer(nn.Module):
         window = attention_mask(positions, start + T, cfg.sliding_window) if cfg.sliding_layers else None
         return [(*(rope or (None, None)), window if cfg.sliding(i) else full) for i, rope in enumerate(ropes)]
 
+    def per_layer_inputs(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """Gemma 4 PLE (Gemma4TextModel.get_per_layer_inputs + project_per_layer_inputs): tokens (B, T),
+        the scaled embeddings x (B, T, C) -> (B, T, L, P) in the weights' dtype; None without PLE."""
+        cfg = self.cfg
+        if not cfg.per_layer_dim:
+            return None
+        B, T = tokens.shape
+        dtype = self.output_norm.weight.dtype
+        tok = self.per_layer_token_embd(tokens)
+        tok = (tok * torch.tensor(cfg.per_layer_dim ** 0.5, dtype=tok.dtype)).view(B, T, cfg.n_layers, -1)
+        proj = self.per_layer_model_proj(x.to(dtype)) * cfg.dim ** -0.5
+        proj = self.per_layer_proj_norm(proj.view(B, T, cfg.n_layers, -1))
+        return ((proj + tok.to(proj.dtype)) * 2 ** -0.5).to(dtype)
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The last residual (B, T, C) -> logits (B, T, V) fp32 (Gemma: soft-capped)."""
         logits = linear(self.output_norm(x), self.output_weight()).float()
@@ -278,9 +338,13 @@ class Transformer(nn.Module):
         T = tokens.shape[1]
         # The residual stream stays fp32 whatever the weights' dtype (fp16 would overflow on some models).
         x = self.embed(tokens)
+        ple = self.per_layer_inputs(tokens, x)
         inputs = self.layer_inputs(start, T, tokens.device, cache.capacity)
         for i, (blk, (cos, sin, mask)) in enumerate(zip(self.blk, inputs)):
-            x = blk(x, i, cache, start, cos, sin, mask)
+            if ple is None:
+                x = blk(x, i, cache, start, cos, sin, mask)
+            else:
+                x = blk(x, i, cache, start, cos, sin, mask, ple[:, :, i])
         if last_only:
             x = x[:, -1:]
         cache.length = start + T

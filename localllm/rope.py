@@ -18,8 +18,19 @@ from .config import ModelConfig
 
 
 def rotary_dims(cfg: ModelConfig) -> int:
-    """R: the leading dims of each head that rope rotates (partial rotary: Phi-4-mini)."""
+    """R of the global rope set: the leading dims of each head that rope rotates (partial rotary:
+    Phi-4-mini; Gemma 4: its full layers' head dim)."""
+    return cfg.rotary_dim or cfg.head_dim_global or cfg.head_dim
+
+
+def local_rotary_dims(cfg: ModelConfig) -> int:
+    """R of the local (sliding layers') rope set: their head dim, Gemma 4's differing from the global one."""
     return cfg.rotary_dim or cfg.head_dim
+
+
+# A divisor that makes a frequency 0 (llama.cpp's converter writes it into rope_freqs for Gemma 4's
+# unrotated pairs; finite, so the loader's non-finite check passes).
+NO_ROTATION = 1e30
 
 
 def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
@@ -29,7 +40,10 @@ def llama3_rope_factors(cfg: ModelConfig) -> torch.Tensor:
     # On the CPU even when built under torch.device("meta"): meta arange imports torch._dynamo (~2 s).
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))
     if rs is None:
-        return torch.ones(d // 2, device="cpu")
+        # Gemma 4 "proportional" rope (transformers _compute_proportional_rope_parameters): the first
+        # int(fraction * d / 2) frequencies rotate, the others are 0
+        rotated = int(cfg.rope_partial_global * d // 2)
+        return torch.tensor([1.0] * rotated + [NO_ROTATION] * (d // 2 - rotated), device="cpu")
     wavelen = 2 * math.pi / inv_freq
     low_wavelen = rs.original_context / rs.low_freq_factor
     high_wavelen = rs.original_context / rs.high_freq_factor
@@ -91,7 +105,9 @@ def layer_ropes(cfg: ModelConfig, positions: torch.Tensor, divisors: torch.Tenso
     """Per layer: (cos, sin) of its rope set, or None for a NoPE layer; sets shared between layers."""
     dims = rotary_dims(cfg)
     glob = rope_table(positions, cfg.rope_theta, dims, divisors, cfg.rope_attn_factor)
-    local = glob if cfg.rope_theta_local is None else rope_table(positions, cfg.rope_theta_local, dims)
+    local_dims = local_rotary_dims(cfg)
+    local = glob if cfg.rope_theta_local is None and local_dims == dims else \
+        rope_table(positions, cfg.rope_theta_local or cfg.rope_theta, local_dims)
     return [None if not cfg.has_rope(i) else local if cfg.sliding(i) else glob for i in range(cfg.n_layers)]
 
 

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from localllm.quantize.formats import SUPPORTED_TYPES
 
-from .config import ModelConfig, config_from_gguf, read_hf_config
+from .config import ModelConfig, config_from_gguf, config_from_hf, hf_config_json
 from .config_phi3 import ROPE_FACTOR_TENSORS
 from .errors import LocalLLMError
 from .fused import file_shapes
+from .gemma4 import gemma4_config_from_gguf, gemma4_config_from_hf, gemma4_expected_shapes, ignored_tensors
 from .gguf_file import GGUFFile
+from .rope import rotary_dims
 from .settings import DEFAULT_LIMITS, LoaderLimits
 from .moe_weights import assemble, merge_legacy_shapes
 from .weights import gguf_to_ours, hf_moe_headers, hf_tensor_headers
@@ -35,6 +37,8 @@ HF_DTYPES = frozenset({"F32", "F16", "BF16"})
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> torch shape (out, in) of every tensor cfg's Transformer holds; rope_freqs
     (optional in a file) included. Must match model.Transformer (tests/test_bad_loader.py checks)."""
+    if cfg.arch == "gemma4":
+        return gemma4_expected_shapes(cfg, rotary_dims(cfg) // 2)
     c, q, kv, f, d = cfg.dim, cfg.q_dim, cfg.kv_dim, cfg.ffn_dim, cfg.head_dim
     rot = cfg.rotary_dim or d
     out = {"token_embd.weight": (cfg.vocab_size, c), "output_norm.weight": (c,), "rope_freqs.weight": (rot // 2,)}
@@ -88,6 +92,8 @@ def check_tensor_set(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], where
     tensor present with its shape, nothing else. names: GGUF name -> the checkpoint's own, for messages."""
     names = names or {}
     expected = file_shapes(cfg, expected_shapes(cfg))  # the checkpoint's layout (fused tensors: fused.py)
+    ignored = ignored_tensors(cfg)
+    shapes = {n: s for n, s in shapes.items() if n not in ignored}
     extra = [n for n in shapes if n not in expected]
     if extra:
         raise LocalLLMError(f"{where} has unexpected tensor {names.get(extra[0], extra[0])!r} for this config"
@@ -116,7 +122,8 @@ def check_gguf(f: GGUFFile, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConfi
     for name, t in f.tensors.items():
         if t.tensor_type not in SUPPORTED_TYPES:
             raise LocalLLMError(f"tensor {name!r} has unsupported type {t.tensor_type.name}")
-    cfg = config_from_gguf(f.metadata, set(f.tensors), limits)
+    read = gemma4_config_from_gguf if f.metadata.get("general.architecture") == "gemma4" else config_from_gguf
+    cfg = read(f.metadata, set(f.tensors), limits)
     where = f"GGUF file {f.path.name}"
     shapes = {gguf_to_ours(cfg.arch, n): gguf_torch_shape(t) for n, t in f.tensors.items()}
     shapes = merge_legacy_shapes(shapes, {n: t.tensor_type for n, t in f.tensors.items()}, where)
@@ -150,7 +157,9 @@ def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...],
 def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, str]]]:
     """config.json and every tensor header of a safetensors folder, validated before any tensor is
     read -> (config, GGUF name -> (file, checkpoint key))."""
-    cfg = read_hf_config(folder)
+    raw = hf_config_json(folder)
+    gemma4 = isinstance(raw, dict) and raw.get("model_type") in ("gemma4", "gemma4_text")
+    cfg = gemma4_config_from_hf(raw) if gemma4 else config_from_hf(raw)
     keys, tensors = {}, {}
     for path, key, name, shape, dtype in hf_tensor_headers(folder, cfg):
         if name in keys:
@@ -165,4 +174,5 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
         keys[name], tensors[name] = source, (shape, sorted(dtypes)[0] if len(dtypes) == 1 else "mixed")
         names[name] = source.parts[0].key
     cfg = check_hf_tensors(cfg, tensors, folder.name, names)
-    return cfg, keys
+    ignored = ignored_tensors(cfg)
+    return cfg, {name: k for name, k in keys.items() if name not in ignored}

@@ -22,6 +22,7 @@ from localllm.quantize.formats import SUPPORTED_TYPES
 from .config import ModelConfig, read_json
 from .errors import LocalLLMError
 from .fused import split_rows
+from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
 from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
 
@@ -74,6 +75,9 @@ PERMUTED_QK_ARCHS = frozenset({"llama", "mistral", "smollm3"})
 
 # Whole-model 1-D rope tensors: held as buffers named without ".weight" (model.Transformer).
 ROPE_BUFFERS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
+
+# Lookup tables a backend may keep as blocks (QEmbedding); Gemma 4's per-layer embeddings are one.
+EMBEDDINGS = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
@@ -162,9 +166,11 @@ def gguf_state_dict(
 ) -> dict[str, torch.Tensor | QuantizedTensor]:
     """Every tensor decoded to float, except linear weights (and token_embd with keep_embedding) of a
     type in keep_quantized: QuantizedTensor, uint8 (rows, row bytes) viewing the file's mapping (no copy)."""
-    out = {}
+    out, ignored = {}, ignored_tensors(cfg)
     for name, t in f.tensors.items():
-        keep = keep_embedding or name != "token_embd.weight"
+        if name in ignored:
+            continue
+        keep = keep_embedding or name not in EMBEDDINGS
         # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py)
         if t.tensor_type in keep_quantized and keep and len(t.shape) in (2, 3) and name.endswith(".weight"):
             rows = math.prod(int(d) for d in t.shape[1:])  # ggml order: t.shape[0] is the row length
@@ -218,6 +224,9 @@ def hf_name(name: str) -> str | None:
 def hf_namer(cfg: ModelConfig | None) -> Callable[[str], str | None]:
     """checkpoint key -> GGUF name, SKIP (not a text-model weight) or None (unknown), for cfg's
     architecture (None: HF_NAMES, the Llama family's table)."""
+    if cfg is not None and cfg.arch == "gemma4":  # gemma4.py: gguf's GEMMA4 table and the converter's extras
+        gemma4_map = hf_name_map(cfg.n_layers)
+        return lambda key: gemma4_hf_name(key, gemma4_map)
     if cfg is None or cfg.arch not in TENSOR_MAP_ARCHS:
         return hf_name
     name_map = gguf.get_tensor_name_map(TENSOR_MAP_ARCHS[cfg.arch], cfg.n_layers)
