@@ -33,10 +33,13 @@ class Experts(nn.Module):
 def add_moe(blk: nn.Module, cfg: ModelConfig, linear_cls, norm_cls, ops) -> None:
     """The MoE tensors of a Gemma 4 layer, as modules of blk (their GGUF names)."""
     E, C, Fe = cfg.n_experts, cfg.dim, cfg.expert_ffn_dim
-    blk.ffn_gate_inp = linear_cls(C, E, bias=False)
-    blk.ffn_gate_inp.scale = nn.Parameter(torch.empty(C))
-    blk.ffn_gate_up_exps = Experts(E, 2 * Fe, C)
-    blk.ffn_down_exps = Experts(E, C, Fe, scale=True)
+    # the router and the experts under `blk.N.moe.` (the module names weights.to_module_name gives
+    # expert tensors), the norms on the block
+    blk.moe = nn.Module()
+    blk.moe.ffn_gate_inp = linear_cls(C, E, bias=False)
+    blk.moe.ffn_gate_inp.scale = nn.Parameter(torch.empty(C))
+    blk.moe.ffn_gate_up_exps = Experts(E, 2 * Fe, C)
+    blk.moe.ffn_down_exps = Experts(E, C, Fe, scale=True)
     blk.pre_ffw_norm_2 = norm_cls(C, cfg.norm_eps, ops)
     blk.post_ffw_norm_1 = norm_cls(C, cfg.norm_eps, ops)
     blk.post_ffw_norm_2 = norm_cls(C, cfg.norm_eps, ops)
@@ -46,12 +49,12 @@ def route(blk: nn.Module, x: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tens
     """x (N, C) residual -> (weights (N, K) fp32, experts (N, K))."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
-    dtype = blk.ffn_gate_inp.scale.dtype
-    scores = blk.ffn_gate_inp((normed.to(dtype) * blk.ffn_gate_inp.scale * cfg.dim ** -0.5))
+    dtype = blk.moe.ffn_gate_inp.scale.dtype
+    scores = blk.moe.ffn_gate_inp((normed.to(dtype) * blk.moe.ffn_gate_inp.scale * cfg.dim ** -0.5))
     probs = torch.softmax(scores.float(), dim=-1)
     weights, idx = torch.topk(probs, cfg.n_experts_used, dim=-1)
     weights = weights / weights.sum(-1, keepdim=True)
-    return weights * blk.ffn_down_exps.scale.float()[idx], idx
+    return weights * blk.moe.ffn_down_exps.scale.float()[idx], idx
 
 
 def moe_ffn(blk: nn.Module, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -62,7 +65,7 @@ def moe_ffn(blk: nn.Module, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     weights, idx = route(blk, flat, cfg)
     inp = blk.pre_ffw_norm_2(flat)
     out = torch.zeros(flat.shape[0], shape[-1], dtype=torch.float32, device=x.device)
-    gate_up, down = blk.ffn_gate_up_exps.weight, blk.ffn_down_exps.weight
+    gate_up, down = blk.moe.ffn_gate_up_exps.weight, blk.moe.ffn_down_exps.weight
     for e in idx.unique().tolist():  # the experts some token chose, each on its tokens
         tok, slot = (idx == e).nonzero(as_tuple=True)
         gate, up = F.linear(inp[tok], gate_up[e]).chunk(2, dim=-1)

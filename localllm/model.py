@@ -228,7 +228,7 @@ class Block(nn.Module):
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) normed -> (B, T, C): the MLP."""
-        if self.moe is not None:
+        if self.moe is not None and not self.cfg.moe_with_mlp:  # (Gemma 4's experts: moe_ffn, beside)
             return self.moe(h)
         return self.ffn_down(self.ops.mlp_in(self, h))
 

@@ -115,6 +115,6 @@ def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     """x (B, H, T, D); cos/sin (T, R/2): rotate the pairs (i, i + R/2) of the first R dims (R = D
     unless partial rotary), in fp32, rounded back to x's dtype; dims past R pass through."""
     r = 2 * cos.shape[-1]
-    x1, x2 = x[..., :r].float().chunk(2, dim=-1)
+    x1, x2 = (x if r == x.shape[-1] else x[..., :r]).float().chunk(2, dim=-1)  # (a full slice is aten.alias)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
     return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)

@@ -168,8 +168,9 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     meta[gguf.Keys.General.FILE_TYPE] = MetaValue(int(preset.file_type), gguf.GGUFValueType.UINT32)
     meta[gguf.Keys.General.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, gguf.GGUFValueType.UINT32)
     state, _ = synthetic_state(cfg, wtype, device, seed)
-    if cfg.rope_scaling is None:
-        del state["rope_freqs"]  # ones: llama.cpp wants no tensor then
+    if cfg.rope_scaling is None or cfg.rope_scaling.kind != "llama3":
+        # ones, or scaling the metadata says (linear, YaRN): llama.cpp wants no tensor then
+        del state["rope_freqs"]
     if cfg.arch in FUSED_ARCHS:
         state = fuse_rows(cfg, state)
     dense = preset.default if preset.default in (Q.F32, Q.F16, Q.BF16) else Q.F16

@@ -82,7 +82,7 @@ EMBEDDINGS = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
 # ... and the mixture-of-experts MLP's under `.moe.` (localllm/moe.py).
-_MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 
 
 # GGUF names llama.cpp gives a tensor our module holds under another GGUF name, per architecture:
@@ -171,8 +171,10 @@ def gguf_state_dict(
         if name in ignored:
             continue
         keep = keep_embedding or name not in EMBEDDINGS
-        # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py)
-        if t.tensor_type in keep_quantized and keep and len(t.shape) in (2, 3) and name.endswith(".weight"):
+        # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py; Gemma
+        # 4's experts beside the MLP are decoded: gemma4_moe.py's products take dense tensors)
+        dims = (2,) if cfg.moe_with_mlp else (2, 3)
+        if t.tensor_type in keep_quantized and keep and len(t.shape) in dims and name.endswith(".weight"):
             rows = math.prod(int(d) for d in t.shape[1:])  # ggml order: t.shape[0] is the row length
             raw = t.data.view(np.uint8).reshape(rows, -1)  # F16/BF16 data is typed: view as bytes
             w = QuantizedTensor(t.tensor_type, torch.from_numpy(raw))
