@@ -53,6 +53,30 @@ def model_info(spec: str | None) -> dict[str, Any]:
         "tokenizer": tok.kind + (f" (pre-tokenizer {tok.pre})" if getattr(tok, "pre", None) else ""),
         "chat_template": tok.chat_template is not None,
     }
+    return out | family_facts(cfg)
+
+
+def family_facts(cfg) -> dict[str, str]:
+    """What distinguishes a family beyond the Llama layer, in `info`'s words (only what cfg sets)."""
+    out = {}
     if cfg.n_experts:
         out["experts"] = f"{cfg.n_experts} ({cfg.n_experts_used} used, expert ffn {cfg.expert_ffn_dim})"
+    if cfg.sliding_layers and any(cfg.sliding_layers):
+        out["sliding_window"] = (f"{cfg.sliding_window} tokens on {sum(cfg.sliding_layers)} of {cfg.n_layers}"
+                                 " layers")
+    caps = {"attention": cfg.attn_softcap, "logits": cfg.final_softcap}
+    if any(v is not None for v in caps.values()):
+        out["soft_caps"] = ", ".join(f"{k} {v:g}" for k, v in caps.items() if v is not None)
+    if cfg.rope_layers and not all(cfg.rope_layers):
+        out["no_rope_layers"] = f"{cfg.rope_layers.count(False)} of {cfg.n_layers}"
+    if cfg.rotary_dim:
+        out["rotary_dims"] = f"{cfg.rotary_dim} of {cfg.head_dim}"
+    if cfg.rope_scaling is not None:
+        out["rope_scaling"] = f"{cfg.rope_scaling.kind}, factor {cfg.rope_scaling.factor:g}"
+    if cfg.rope_original_context is not None:
+        out["rope_scaling"] = f"longrope, original context {cfg.rope_original_context}"
+    if cfg.attn_sinks:
+        out["attention_sinks"] = "yes"
+    if cfg.per_layer_dim:
+        out["per_layer_embeddings"] = f"{cfg.per_layer_dim} per layer"
     return out

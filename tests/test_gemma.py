@@ -250,3 +250,16 @@ def test_cached_decode_equals_one_pass(tiny, tokens, case):
     steps = [lm.model(tokens[:, :7], cache, 0)]
     steps += [lm.model(tokens[:, i:i + 1], cache, i) for i in range(7, T)]
     assert_close(torch.cat(steps, dim=1), full, tol=1e-5)
+
+
+@pytest.mark.parametrize("case,facts", [
+    ("gemma2", {"sliding_window": "5 tokens on 2 of 4 layers", "soft_caps": "attention 2, logits 3"}),
+    ("gemma3", {"sliding_window": "5 tokens on 5 of 6 layers", "rope_scaling": "linear, factor 4"}),
+])
+def test_info_names_the_family_facts(tiny, case, facts):
+    """`localllm info` shows what distinguishes the family, read from the file (GGUF) and the folder."""
+    from localllm.commands.info import model_info
+
+    for spec in (str(tiny.gguf(case, tm.Q.F32)), str(tiny.hf(case))):
+        info = model_info(spec)
+        assert {k: info.get(k) for k in facts} == facts, spec
