@@ -11,6 +11,7 @@ write_synthetic_gguf writes the same weights as a GGUF file that llama.cpp loads
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -58,7 +59,9 @@ FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_1, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6
 
 
 def is_linear(name: str, shape: tuple) -> bool:
-    return len(shape) == 2 and name != "token_embd.weight"
+    """A product's weight: 2-D, or a mixture of experts' 3-D (E, F, C) stack (quantized as E F rows)."""
+    experts = len(shape) == 3 and "_exps." in name and name.endswith(".weight")
+    return (len(shape) == 2 and name != "token_embd.weight" and not name.endswith(".bias")) or experts
 
 
 class RawSource:
@@ -89,14 +92,14 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
     for name, shape in shapes.items():
         gguf_name = name.replace(".attn.", ".")
         qtype = tensor_type(gguf_name, wtype, cfg) if is_linear(name, shape) else None
-        if qtype in FALLBACK and shape[1] % 256:
+        if qtype in FALLBACK and shape[-1] % 256:
             qtype = FALLBACK[qtype]
         if name == "rope_freqs":
             state[name] = rope_factors(cfg)
         elif name in ("rope_factors_short", "rope_factors_long"):  # LongRoPE divisors: plain rope
             state[name] = torch.ones(shape, device=device)
         elif qtype is not None:
-            state[name] = QuantizedTensor(qtype, source.get(shape[0], shape[1], qtype))
+            state[name] = QuantizedTensor(qtype, source.get(math.prod(shape[:-1]), shape[-1], qtype))
         elif name.endswith("norm.weight"):
             state[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen, device=device)
         else:
@@ -175,11 +178,14 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
         state = fuse_rows(cfg, state)
     dense = preset.default if preset.default in (Q.F32, Q.F16, Q.BF16) else Q.F16
     names, slots = list(state), []
+    with torch.device("meta"):  # the experts' 3-D shapes (their blocks are E F rows)
+        full = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
     for name in names:
         v = state[name]
         if isinstance(v, QuantizedTensor):
             block, size = gguf.GGML_QUANT_SIZES[v.qtype]
-            slots.append(TensorSlot(gguf_name(name), (v.data.shape[0], v.data.shape[1] // size * block), v.qtype))
+            shape = (v.data.shape[0], v.data.shape[1] // size * block)
+            slots.append(TensorSlot(gguf_name(name), full[name] if len(full.get(name, ())) == 3 else shape, v.qtype))
         else:
             slots.append(TensorSlot(gguf_name(name), tuple(v.shape), Q.F32 if v.dim() == 1 else dense))
     torch_types = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}

@@ -24,6 +24,18 @@ def default_model_path() -> Path:
     return path
 
 
+def pytest_configure(config):
+    """With pytest-xdist's workers (the README's `-n 2`): the C++ kernels are built once, here in the
+    controller, before any worker starts (workers building into the same folder could load a library
+    another is still writing)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    from localllm.kernels.cpu import load_extension
+    from localllm.settings import DEFAULT_CPU
+
+    load_extension(DEFAULT_CPU.cache_dir)
+
+
 @pytest.fixture(scope="session")
 def default_path() -> Path:
     return default_model_path()

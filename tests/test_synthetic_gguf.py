@@ -93,14 +93,17 @@ def small_family(preset: str) -> ModelConfig:
         small["rotary_dim"] = 48
     if cfg.embed_scale != 1.0:  # Gemma: sqrt(dim), and the scale of its key length (what a GGUF implies)
         small |= {"embed_scale": 256**0.5, "attn_scale": 64**-0.5}
+    if cfg.n_experts:
+        small |= {"n_experts": 8, "n_experts_used": 2, "expert_ffn_dim": 256}
     return replace(cfg, **small)
 
 
-@pytest.mark.parametrize("preset", ["gemma-3-4b", "phi-4-mini"])
+@pytest.mark.parametrize("preset", ["gemma-3-4b", "phi-4-mini", "qwen3-30b-a3b", "gpt-oss-20b"])
 def test_family_file_reads_back_as_its_config_and_weights(tmp_path, monkeypatch, tokenizer, preset):
     """The family's keys (Gemma's sliding window and linear rope scaling; Phi-3's rotated dims, LongRoPE
-    tensors and attention factor, q|k|v and gate|up fused as its checkpoints hold them) read back as the
-    config, and the loader's split tensors are synthetic_state's."""
+    tensors and attention factor, q|k|v and gate|up fused as its checkpoints hold them; the experts'
+    counts, 3-D stacks and gpt-oss's YaRN, sinks and windows) read back as the config, and the loader's
+    tensors are synthetic_state's."""
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)
     cfg = small_family(preset)
     path = write_synthetic_gguf(cfg, "Q4_K_M", tmp_path / "f.gguf", tokenizer)
