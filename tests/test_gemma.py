@@ -20,6 +20,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tiny_models as tm
+from tiny_models import assert_close
 from localllm.cache import make_cache
 from localllm.config import config_from_gguf, config_from_hf
 from localllm.errors import LocalLLMError
@@ -64,12 +65,6 @@ def hf_logits(kwargs: dict, tokens: torch.Tensor) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(**kwargs, dtype=torch.float32, attn_implementation="eager").eval()
     return model(tokens).logits.float()
 
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, tol: float = TOL) -> None:
-    assert ours.shape == ref.shape
-    assert ref.std() > 0.1 and torch.isfinite(ref).all()
-    diff = (ours - ref).abs().max().item()
-    assert diff <= tol, f"max abs diff {diff:.3g} > {tol}"
 
 
 @pytest.mark.parametrize("case,fmt", CASE_FORMATS)

@@ -14,6 +14,7 @@ import torch
 
 import tiny_gemma4 as g4
 import tiny_models as tm
+from tiny_models import assert_close
 from localllm.cache import make_cache
 from localllm.load import build_model, load_model, read_hf_folder
 from localllm.runtime import Runtime
@@ -65,12 +66,6 @@ def hf_logits(folder, tokens: torch.Tensor) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     return model(tokens).logits.float()
 
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, tol: float = TOL) -> None:
-    assert ours.shape == ref.shape
-    assert ref.std() > 0.1 and torch.isfinite(ref).all()
-    diff = (ours - ref).abs().max().item()
-    assert diff <= tol, f"max abs diff {diff:.3g} > {tol}"
 
 
 @pytest.mark.parametrize("case", list(g4.CASES))

@@ -24,6 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tiny_models as tm
+from tiny_models import assert_close
 from localllm.kernels.cpu import BlockQWeight
 from localllm.cache import make_cache
 from localllm.gguf_file import open_gguf
@@ -70,13 +71,6 @@ def hf_logits(kwargs: dict, tokens: torch.Tensor) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(**kwargs, dtype=torch.float32).eval()
     return model(tokens).logits.float()
 
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, tol: float = TOL) -> None:
-    assert ours.shape == ref.shape
-    # Non-degenerate: random weights of realistic scale give logits spread over ~±3.
-    assert ref.std() > 0.1 and torch.isfinite(ref).all()
-    diff = (ours - ref).abs().max().item()
-    assert diff <= tol, f"max abs diff {diff:.3g} > {tol}"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

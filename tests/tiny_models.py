@@ -783,3 +783,12 @@ PHI_CASES: dict[str, TinySpec] = {
     # SmolLM3 with every 2nd layer NoPE: config.json only (llama.cpp's GGUF cannot say it), untied.
     "smollm3_nope2": TinySpec("smollm3", n_layers=4, seed=10, nope_interval=2),
 }
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, tol: float = 1e-3) -> None:
+    """Our logits against the oracle's: same shape, max abs difference <= tol, and a reference that is
+    not degenerate (random weights of realistic scale give logits spread over about +-3)."""
+    assert ours.shape == ref.shape
+    assert ref.std() > 0.1 and torch.isfinite(ref).all()
+    diff = (ours - ref).abs().max().item()
+    assert diff <= tol, f"max abs diff {diff:.3g} > {tol}"

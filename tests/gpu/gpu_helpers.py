@@ -31,3 +31,15 @@ def take_dense_values(ref_model: torch.nn.Module, gpu_model: torch.nn.Module) ->
         ref.copy_(got.float().cpu())
         taken += 1
     return taken
+
+
+def decode_errors(gpu, ref, gpu_cache, ref_cache, ids: list[int]) -> tuple[list[float], int]:
+    """One decode step per id on both runtimes -> (each step's relative error of the GPU's logits
+    against the reference's, the number of steps whose greedy ids differ)."""
+    errs, disagree = [], 0
+    for t in ids:
+        lg = gpu.decode(gpu_cache, torch.tensor([t], device=gpu.device))[0].float().cpu()
+        lc = ref.decode(ref_cache, torch.tensor([t]))[0]
+        errs.append(rel(lg, lc))
+        disagree += int(lg.argmax() != lc.argmax())
+    return errs, disagree

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from .gpu_helpers import random_ids, rel, take_dense_values
+from .gpu_helpers import decode_errors, random_ids, rel, take_dense_values
 
 PROMPT, STEPS = 40, 8
 
@@ -59,12 +59,7 @@ def test_family_logits_match_cpu_fp32(name, wtype):
     cg, cc = gpu.new_cache(64), ref.new_cache(64)
     lg, lc = gpu.prefill(cg, [ids[:PROMPT]], 0)[0], ref.prefill(cc, [ids[:PROMPT]], 0)[0]
     assert rel(lg.float(), lc) < 3e-2
-    errs, disagree = [], 0
-    for t in ids[PROMPT:]:
-        lg = gpu.decode(cg, torch.tensor([t], device=gpu.device))[0].float().cpu()
-        lc = ref.decode(cc, torch.tensor([t]))[0]
-        errs.append(rel(lg, lc))
-        disagree += int(lg.argmax() != lc.argmax())
+    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[PROMPT:])
     assert max(errs) < 5e-2, errs
     assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
 

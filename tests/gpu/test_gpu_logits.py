@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from .gpu_helpers import random_ids, rel, take_dense_values
+from .gpu_helpers import decode_errors, random_ids, rel, take_dense_values
 
 CASES = [("smollm2-135m", None), ("qwen2.5-0.5b", None), ("llama-3.2-1b", 8)]  # (preset, layers kept)
 TYPES = ["BF16", "Q8_0", "Q4_K_M", "Q4_0"]
@@ -46,12 +46,7 @@ def test_cuda_logits_match_cpu_fp32(synthetic_files, case, wtype):
     assert rel(lg.float(), lc) < 3e-2
     for _ in range(3):  # the second call captures the prefill graph, the third replays it
         assert torch.equal(gpu.prefill(cg, [ids[:PROMPT]], 0)[0], lg)
-    errs, disagree = [], 0
-    for t in ids[PROMPT:]:
-        lg = gpu.decode(cg, torch.tensor([t], device=gpu.device))[0].float().cpu()
-        lc = ref.decode(cc, torch.tensor([t]))[0]
-        errs.append(rel(lg, lc))
-        disagree += int(lg.argmax() != lc.argmax())
+    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[PROMPT:])
     assert max(errs) < 5e-2, errs
     assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
 
