@@ -264,7 +264,7 @@ def config_from_gguf(
     arch = meta.get("general.architecture")
     if arch is None:
         raise LocalLLMError("GGUF metadata is missing 'general.architecture'")
-    if arch in OWN_READERS:
+    if isinstance(arch, str) and arch in OWN_READERS:
         raise LocalLLMError(f"{arch} metadata is read by localllm/{OWN_READERS[arch]} (validate.check_gguf)")
     fields = _arch_fields(arch, "general.architecture")
     f = Fields(meta, "GGUF metadata", f"{arch}.")
@@ -375,7 +375,7 @@ def config_from_hf(cfg: Any, limits: LoaderLimits = DEFAULT_LIMITS) -> ModelConf
     if isinstance(cfg.get("model_type"), str) and cfg["model_type"] in gemma.HF_MODEL_TYPES:
         cfg = gemma.hf_text_config(cfg)
     arch = cfg.get("model_type")
-    if arch in OWN_READERS or arch == "gemma4_text":
+    if isinstance(arch, str) and (arch in OWN_READERS or arch == "gemma4_text"):
         raise LocalLLMError(f"a {arch} config.json is read by localllm/gemma4.py (validate.check_hf_folder)")
     fields = _arch_fields(arch, "config.json 'model_type'")
     f = Fields(cfg, "config.json")
