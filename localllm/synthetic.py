@@ -141,7 +141,7 @@ def fuse_rows(cfg: ModelConfig, state: dict) -> dict:
 
 
 def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dict, device: str = "cpu",
-                         seed: int = 0, progress: bool = False) -> Path:
+                         seed: int = 0, progress: bool = False, quantized_embedding: bool = False) -> Path:
     """synthetic_state's weights as a GGUF file: wtype a file type (F16, BF16, Q8_0, Q4_0, Q4_K_M...).
 
     Written as convert_hf_to_gguf + llama-quantize lay a file out: the architecture keys of
@@ -171,6 +171,8 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     meta[gguf.Keys.General.FILE_TYPE] = MetaValue(int(preset.file_type), gguf.GGUFValueType.UINT32)
     meta[gguf.Keys.General.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, gguf.GGUFValueType.UINT32)
     state, _ = synthetic_state(cfg, wtype, device, seed)
+    if quantized_embedding:  # as llama-quantize stores it (the CPU's one-call decoder reads its blocks)
+        state = quantize_embedding(state, wtype)
     if cfg.rope_scaling is None or cfg.rope_scaling.kind != "llama3":
         # ones, or scaling the metadata says (linear, YaRN): llama.cpp wants no tensor then
         del state["rope_freqs"]
