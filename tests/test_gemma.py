@@ -20,6 +20,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tiny_models as tm
+from test_model_vs_transformers import our_logits
 from tiny_models import assert_close
 from localllm.cache import make_cache
 from localllm.config import config_from_gguf, config_from_hf
@@ -49,15 +50,6 @@ def checkpoint(tiny, case: str, fmt: str):
     path = tiny.gguf(case, tm.Q[fmt.removeprefix("gguf-")])
     return path, {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name,
                   "config": AutoConfig.from_pretrained(str(folder))}
-
-
-@torch.inference_mode()
-def our_logits(path, tokens: torch.Tensor) -> torch.Tensor:
-    lm = load_model(str(path), "cpu", torch.float32)
-    cache = make_cache(lm.config, tokens.shape[1], batch=tokens.shape[0])
-    logits = lm.model(tokens, cache, 0)
-    assert logits.dtype == torch.float32 and logits.shape == (*tokens.shape, tm.vocab_size())
-    return logits
 
 
 @torch.inference_mode()
