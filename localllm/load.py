@@ -117,11 +117,12 @@ def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype
     model.load_state_dict(state, assign=True, strict=True)
 
 
-def read_gguf_model(f: GGUFFile, layout: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+def read_gguf_model(f: GGUFFile, layout: str, cfg: ModelConfig | None = None
+                    ) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
     """The file's config and tensors: quantized ones kept as their blocks unless layout is "dense"
     (for "blocks" the embedding too, as views of the file's mapping). The whole file is validated
-    (validate.check_gguf) before the first tensor is decoded."""
-    cfg = check_gguf(f)
+    (validate.check_gguf) before the first tensor is decoded; cfg: its result, when the caller has it."""
+    cfg = cfg or check_gguf(f)
     types = Counter(t.tensor_type.name for t in f.tensors.values())
     keep = frozenset() if layout == "dense" else QUANTIZED_TYPES
     return cfg, gguf_state_dict(f, cfg, keep, keep_embedding=layout == "blocks"), types
@@ -160,11 +161,12 @@ def load_model(
         layout = layout_for(backend, keep_quantized)
     else:
         f = open_gguf(path)
-        backend = backend or runtime_class(device, check_gguf(f))
+        cfg = check_gguf(f)  # once: the backend depends on it
+        backend = backend or runtime_class(device, cfg)
         layout = layout_for(backend, keep_quantized)
         if not any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values()) and layout == "blocks":
             layout = "dense"  # nothing to keep: a float file is dense on every backend
-        cfg, state, types = read_gguf_model(f, layout)
+        cfg, state, types = read_gguf_model(f, layout, cfg)
         tok = load_gguf_tokenizer(f.metadata)
     runtime = build_model(cfg, state, device, dtype, layout=layout, backend=backend)
     return LoadedModel(runtime, tok, cfg, path, types, file_size(path))
