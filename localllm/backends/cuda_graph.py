@@ -43,6 +43,7 @@ from localllm.kernels.triton_rope import rope_store_family
 from ..cache import KVCache
 from ..model import Transformer
 from ..rope import rotary_dims
+from .cuda_moe import MoEDecode
 
 
 def int_dot(w) -> bool:
@@ -105,7 +106,9 @@ class GraphDecoder:
         # GLU form).
         self.x = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev)
         self.qkv_acc = torch.zeros(rows, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
-        self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
+        self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim if not cfg.n_experts else 0, dtype=torch.int64, device=dev)
+        # mixture-of-experts layers: routing and the chosen experts' products on the device (cuda_moe.py)
+        self.moe = MoEDecode(model, rows, self.act) if cfg.n_experts else None
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.best, self.count = greedy_state(rows, dev)  # greedy_ids' state
@@ -191,6 +194,8 @@ class GraphDecoder:
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
+        if b.moe is not None:
+            return self.moe.ffn(x, b)
         gelu = self.cfg.activation == "gelu_tanh"
         kw = {}
         if L.gate_up is not None:
