@@ -136,7 +136,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
     slots = ids.numel()
     assert ids.is_contiguous() and out.stride(-1) == 1 and out.shape[0] == slots
     has_bias = bias is not None
-    if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
+    if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES and w.blocks:
         q, d, s = x
         k = q.shape[1]
         n = w.shape[0] // _experts(w, bias, out)

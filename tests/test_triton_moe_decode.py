@@ -37,6 +37,7 @@ from localllm.model import glu  # noqa: E402
 from localllm.moe import ExpertLinear  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
 from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
+from moe_states import experts_as  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 E, N, K, T, KU = 4, 24, 256, 2, 2  # 4 experts of 24 rows (a partial row tile), 2 tokens, top-2
@@ -146,8 +147,11 @@ def test_the_cuda_backend_covers_experts():
 
 
 def moe_models(cfg, wtype: str, seed: int):
-    """(fp32 reference Transformer, the CUDA backend's model) of one synthetic state."""
-    state, _ = synthetic.synthetic_state(cfg, wtype, "cpu", seed=seed)
+    """(fp32 reference Transformer, the CUDA backend's model) of one synthetic state (MXFP4: experts
+    MXFP4, the rest Q8_0, as gpt-oss's files)."""
+    state, _ = synthetic.synthetic_state(cfg, "Q8_0" if wtype == "MXFP4" else wtype, "cpu", seed=seed)
+    if wtype == "MXFP4":
+        state = experts_as(state, Q.MXFP4)
     ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
     return ref, graph_model(state, cfg)
 
@@ -167,7 +171,7 @@ def route_inputs_like(ref, fast) -> None:
 
 
 @pytest.mark.parametrize("family,wtype", [("mixtral", "f32"), ("mixtral", "Q8_0"), ("qwen3moe", "Q4_K_M"),
-                                          ("gptoss", "f32"), ("gptoss", "Q8_0")])
+                                          ("gptoss", "f32"), ("gptoss", "MXFP4")])
 def test_moe_decode_step_matches_model_forward(family, wtype, monkeypatch):
     """GraphDecoder's step with MoE layers gives the fp32 reference model's logits, the reference
     quantizing integer-product inputs as the kernels do (the router stays fp32 in both)."""
@@ -186,7 +190,10 @@ def test_moe_decode_step_matches_model_forward(family, wtype, monkeypatch):
         dec = GraphDecoder(fast, cache, use_graph=False)
         for i in range(5, 8):
             want = ref(tokens[:, i:i + 1], ref_cache, i)[0, -1]
-            assert rel(dec.step(tokens[0, i]), want) < (1e-5 if wtype == "f32" else 2e-3), i
+            # quantized: the step's RMSNorm differs from the module's in fp32 rounding, which can move
+            # an int8 step of x (then kept in the cache rows): ~1e-2 at most on these tiny models
+            # (the float path of the same MXFP4 experts gives 2e-7); a wrong expert or row gives ~1
+            assert rel(dec.step(tokens[0, i]), want) < (1e-5 if wtype == "f32" else 1e-2), i
 
 
 @pytest.mark.parametrize("family", ["mixtral", "gptoss"])
