@@ -114,7 +114,9 @@ SPLIT_PROGRAMS = 8 * 132  # parts of K until the grid has about this many progra
 
 
 def _split(split: int | None, programs: int, units: int, per_iter: int) -> int | None:
-    """Parts of K: split, or (None) enough that the grid fills the GPU (none under the interpreter)."""
+    """Parts of K: split, or (None) enough that the grid of one token's `programs` fills the GPU (none
+    under the interpreter). Never from the number of token rows: a verify pass of T tokens (or a batch)
+    must cut K as a one-token step does, so that each row gets a one-token step's bits."""
     if split is not None:
         return split
     if INTERPRET:
@@ -143,7 +145,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
         bn, bk, warps = config or Q8_CONFIGS[w.qtype]
         ptrs, strides, step = q8_weight_args(w)
         units = k // UNIT[w.qtype]
-        parts = _split(split if out.dtype == torch.int64 else 1, triton.cdiv(n, bn) * slots, units, bk)
+        parts = _split(split if out.dtype == torch.int64 else 1, triton.cdiv(n, bn) * n_used, units, bk)
         parts, per_split = split_k(parts, False, 1, units, bk, out.device)
         _moe_q8_kernel[(triton.cdiv(n, bn), slots, parts)](
             q.view(torch.int32), d, s, ids, out, bias if has_bias else out, *ptrs, *strides, step, n, k,
@@ -159,7 +161,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
     fmt, (_, k), ptrs, strides = gemv_weight_args(w)
     bn, g, warps = config or GEMV_CONFIGS[fmt]
     groups = k // (2 * WIDTH[fmt])
-    parts = _split(split if out.dtype == torch.int64 else 1, triton.cdiv(n, bn) * slots, groups, g)
+    parts = _split(split if out.dtype == torch.int64 else 1, triton.cdiv(n, bn) * n_used, groups, g)
     parts, per_split = split_k(parts, False, 1, groups, g, out.device)
     _moe_gemv_kernel[(triton.cdiv(n, bn), slots, parts)](
         x, ids, out, bias if has_bias else out, *ptrs, *strides, n, k, x.stride(0), out.stride(0), per_split,
