@@ -212,3 +212,20 @@ def test_moe_verify_rows_equal_single_steps(family, monkeypatch):
         one = GraphDecoder(fast, caches[1], use_graph=False)
         for t in range(3):
             assert torch.equal(one.step(tokens[0, 5 + t]), rows[t]), t
+
+
+def test_footprint_counts_the_experts_a_token_reads():
+    """bench's roofline (footprint.weight_bytes_per_token) and draft cost count k of E experts' rows;
+    what the model holds counts every expert."""
+    from localllm.footprint import linear_params, model_stats, weight_bytes_per_token
+
+    state, _ = synthetic.synthetic_state(MIXTRAL, "f32", "cpu", seed=1)
+    model = build_model(MIXTRAL, dict(state), "cpu", torch.float32, keep_quantized=False).model
+    stack = MIXTRAL.n_experts * MIXTRAL.expert_ffn_dim * MIXTRAL.dim  # values of one expert stack
+    share = MIXTRAL.n_experts_used / MIXTRAL.n_experts
+    dense = sum(p.numel() for n, p in model.named_parameters() if "_exps" not in n)
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    linears = dense - norms - model.token_embd.weight.numel()
+    assert weight_bytes_per_token(model) == 4 * (linears + norms + MIXTRAL.dim) + round(4 * 3 * MIXTRAL.n_layers * stack * share)
+    assert model_stats(model)[1] == dense + 3 * MIXTRAL.n_layers * stack
+    assert linear_params(model)[0] == linears - MIXTRAL.vocab_size * MIXTRAL.dim + round(3 * MIXTRAL.n_layers * stack * share)
