@@ -262,3 +262,47 @@ def combine(down: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, act_dtyp
     _combine_kernel[(t, triton.cdiv(c, block))](down, weights, x, act_ref, c, KUSED=k, BLOCK=block,
                                                  ROUND=act_dtype != torch.float32, num_warps=4)
     return x
+
+
+@triton.jit
+def _route_kernel(logits_ptr, w_ptr, id_ptr, E, KUSED: tl.constexpr, BE: tl.constexpr, SOFTMAX: tl.constexpr,
+                  NORM: tl.constexpr):
+    """Program t: row t's k experts and weights (route_rows), written in ascending expert order."""
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BE)
+    em = e < E
+    v = tl.load(logits_ptr + t * E + e, mask=em, other=float("-inf")).to(tl.float32)
+    if SOFTMAX:  # probabilities first (torch.softmax: exp(x - max) / sum)
+        p = tl.exp(v - tl.max(v, 0))
+        v = tl.where(em, p / tl.sum(p, 0), float("-inf"))
+    chosen = e < 0
+    for _ in tl.static_range(KUSED):  # the largest left, the lowest index among equals
+        cur = tl.where(chosen, float("-inf"), v)
+        best = tl.min(tl.where(cur == tl.max(cur, 0), e, BE), 0)
+        chosen = chosen | (e == best)
+    if SOFTMAX:
+        w = tl.where(chosen, v, 0.0)
+        if NORM:
+            w = w / tl.sum(w, 0)
+    else:  # softmax over the chosen logits
+        top = tl.where(chosen, v, float("-inf"))
+        x = tl.where(chosen, tl.exp(top - tl.max(top, 0)), 0.0)
+        w = x / tl.sum(x, 0)
+    pos = tl.cumsum(chosen.to(tl.int32), 0) - 1
+    tl.store(id_ptr + t * KUSED + pos, e, mask=chosen)
+    tl.store(w_ptr + t * KUSED + pos, w, mask=chosen)
+
+
+def route_rows(logits: torch.Tensor, k: int, gating: str, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits (T, E) fp32 -> (weights (T, k) fp32, experts (T, k) int32), each row's experts in
+    ascending order: moe.route's choice ("softmax": top-k of softmax(logits), renormalised with
+    norm_topk; "topk_softmax": softmax over the top-k logits), one launch instead of torch's softmax,
+    topk, sum, sort and gather. (Exact ties take the lowest expert; exp's last bits may differ from
+    torch's.)"""
+    t, e = logits.shape
+    assert logits.is_contiguous() and gating in ("softmax", "topk_softmax") and 0 < k <= e
+    weights = torch.empty((t, k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, k), dtype=torch.int32, device=logits.device)
+    _route_kernel[(t,)](logits, weights, ids, e, KUSED=k, BE=triton.next_power_of_2(e), SOFTMAX=gating == "softmax",
+                        NORM=norm_topk, num_warps=1 if e <= 256 else 4)
+    return weights, ids

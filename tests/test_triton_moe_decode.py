@@ -229,3 +229,20 @@ def test_footprint_counts_the_experts_a_token_reads():
     assert weight_bytes_per_token(model) == 4 * (linears + norms + MIXTRAL.dim) + round(4 * 3 * MIXTRAL.n_layers * stack * share)
     assert model_stats(model)[1] == dense + 3 * MIXTRAL.n_layers * stack
     assert linear_params(model)[0] == linears - MIXTRAL.vocab_size * MIXTRAL.dim + round(3 * MIXTRAL.n_layers * stack * share)
+
+
+@pytest.mark.parametrize("gating,norm,e,k", [("softmax", True, 8, 2), ("softmax", False, 128, 8),
+                                             ("topk_softmax", True, 32, 4), ("softmax", True, 6, 3)])
+def test_route_rows_is_moe_route_in_expert_order(gating, norm, e, k):
+    """The routing kernel chooses moe.route's experts on the same logits, weights within fp32 rounding,
+    each row's slots in ascending expert order."""
+    from localllm.kernels.triton_moe import route_rows
+    from localllm.moe import route
+
+    cfg = replace(TINY, n_experts=e, n_experts_used=k, moe_gating=gating, moe_norm_topk=norm)
+    logits = torch.randn(5, e, generator=torch.Generator().manual_seed(e + k)) * 3
+    w, experts = route(cfg, logits)
+    experts, order = experts.sort(-1)
+    got_w, got_ids = route_rows(logits, k, gating, norm)
+    assert torch.equal(got_ids.long(), experts)
+    assert (got_w - w.gather(-1, order)).abs().max() < 1e-6

@@ -9,12 +9,12 @@ For the step's R token rows (S = R k slots), per MoE layer (reference: localllm/
                                                            pass routes each row as a one-token step; fp32
                                                            as llama.cpp keeps it)
   weights, ids = moe.route(cfg, logits), each row's slots sorted by expert id (MoE.forward sums
-                                                           experts in ascending order)
+                                                           experts in ascending order): triton_moe.route_rows
   gate, up += W_gate|up[ids] @ h (+ biases)               (int64 fixed-point sums; int8 h for integer-dot types)
   a      = glu(cfg, gate, up) in the activation dtype     (triton_moe.expert_glu; quantized for int-dot down)
   down  += W_down[ids] @ a (+ bias)                       (one input row per slot)
   x     += round(sum_j weights[j] round(down[j]))         (triton_moe.combine)
-The routing ops are torch's (softmax, topk, sort, gather: captured in the graph, no .item()). Expert
+The routing is one small kernel (no .item(), no host sync). Expert
 tensors of a type without a Triton kernel gather their chosen rows and decode them with the torch
 reference (slow, but inside the graph too).
 """
@@ -25,12 +25,11 @@ import torch
 
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight
 from localllm.kernels.triton_epilogue import to_fixed
-from localllm.kernels.triton_moe import combine, expert_glu, expert_products
+from localllm.kernels.triton_moe import combine, expert_glu, expert_products, route_rows
 from localllm.kernels.triton_prefill import rmsnorm_rows
 from localllm.kernels.triton_q8 import quantize_act
 from localllm.quantize import dequantize_torch
 
-from ..moe import route
 
 
 def int_dot(w) -> bool:
@@ -101,9 +100,8 @@ class MoEDecode:
         router, router_bias, norm_w = self.routers[id(moe)]
         h = rmsnorm_rows(x, norm_w, cfg.norm_eps)  # (R, C) fp32
         logits = expert_products(h, router, self.zero_ids, self.logits, 1, bias=router_bias)
-        weights, experts = route(cfg, logits)
-        experts, order = experts.sort(-1)  # each row's slots in ascending expert order
-        weights = weights.gather(-1, order).contiguous()
+        # moe.route's experts, each row's slots in ascending expert order (MoE.forward's sum order)
+        weights, experts = route_rows(logits, self.k, cfg.moe_gating, cfg.moe_norm_topk)
         ids = experts.view(-1)
         gw, uw, dw = (expert_weight(m) for m in (moe.ffn_gate_exps, moe.ffn_up_exps, moe.ffn_down_exps))
         hq = quantize_act(h) if int_dot(gw) or int_dot(uw) else None
