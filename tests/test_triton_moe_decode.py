@@ -85,6 +85,9 @@ def test_router_product_fp32_output_and_dense_bf16_experts():
     router, bias = torch.randn(1, 8, K, generator=g), torch.randn(1, 8, generator=g)
     logits = expert_products(x, router, torch.zeros(T, dtype=torch.int32), torch.empty(T, 8), 1, bias=bias)
     assert rel(logits, x @ router[0].T + bias) < 1e-6
+    rb, bb = router.bfloat16(), bias.bfloat16()  # a bf16 model's router: its values, multiplied in fp32
+    logits = expert_products(x, rb, torch.zeros(T, dtype=torch.int32), torch.empty(T, 8), 1, bias=bb)
+    assert rel(logits, x @ rb[0].float().T + bb.float()) < 1e-6
     w, dense = stack(None)
     out = torch.zeros(T * KU, N, dtype=torch.int64)
     xb = x.bfloat16()

@@ -4,8 +4,8 @@ routing on the device and the chosen experts' products reading their ids from de
 
 For the step's R token rows (S = R k slots), per MoE layer (reference: localllm/moe.py MoE.forward):
   h      = RMSNorm(x) in fp32                            (rmsnorm_rows with the norm weight in fp32)
-  logits = router(h) + bias, fp32 (R, E)                  (the router as "expert 0" of a (1, E, C) fp32
-                                                           weight: a batch-invariant product, so a verify
+  logits = router(h) + bias, fp32 (R, E)                  (the router as "expert 0" of a (1, E, C)
+                                                           weight, in fp32: a batch-invariant product, so a verify
                                                            pass routes each row as a one-token step; fp32
                                                            as llama.cpp keeps it)
   weights, ids = moe.route(cfg, logits), each row's slots sorted by expert id (MoE.forward sums
@@ -71,7 +71,9 @@ class MoEDecode:
         self.down = torch.zeros(rows * k, C, dtype=torch.int64, device=dev)
         self.logits = torch.empty(rows, E, dtype=torch.float32, device=dev)
         self.zero_ids = torch.zeros(rows, dtype=torch.int32, device=dev)
-        self.routers = {}  # id(moe) -> (router (1, E, C) fp32, bias (1, E) fp32 or None, norm weight fp32)
+        # id(moe) -> (router (1, E, C) as held (the kernel multiplies in fp32; a quantized one decoded to
+        # fp32 once), bias (1, E) or None, the norm weight in fp32 (an fp32 h for the router))
+        self.routers = {}
         for blk in model.blk:
             if blk.moe is not None:
                 r = blk.moe.ffn_gate_inp
@@ -80,8 +82,8 @@ class MoEDecode:
                     from localllm.kernels.linear import dequantize_qweight
 
                     w = dequantize_qweight(w, torch.float32)
-                bias = r.bias.detach().float().view(1, E).contiguous() if r.bias is not None else None
-                self.routers[id(blk.moe)] = (w.detach().float().view(1, E, C).contiguous(), bias,
+                bias = r.bias.detach().view(1, E).contiguous() if r.bias is not None else None
+                self.routers[id(blk.moe)] = (w.detach().view(1, E, C).contiguous(), bias,
                                              blk.ffn_norm.weight.detach().float().contiguous())
 
     def _products(self, x, xq, m, ids, out, per_slot: bool) -> None:
