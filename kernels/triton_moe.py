@@ -40,13 +40,15 @@ from .triton_q8 import weight_args as q8_weight_args
 
 
 @triton.jit
-def _store_out(y, s, rows, rmask, e, out_ptr, bias_ptr, N, out_stride, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
-    """Slot s's sums y (BN,) of rows `rows` of expert e -> out: + bias (part 0), into an int64
-    fixed-point accumulator (atomically when split over K), or stored (fp32, one part)."""
+def _store_out(y, s, rows, rmask, e, j, stack_rows, out_ptr, bias_ptr, N, out_stride, HAS_BIAS: tl.constexpr,
+               SPLIT: tl.constexpr):
+    """Slot s's sums y (BN,) of rows `rows` of expert e of stack j -> out columns j N + rows: + bias
+    (part 0), into an int64 fixed-point accumulator (atomically when split over K), or stored (fp32,
+    one part)."""
     if HAS_BIAS:
         if tl.program_id(2) == 0:
-            y += tl.load(bias_ptr + e * N + rows, mask=rmask, other=0.0).to(tl.float32)
-    orow = out_ptr + s.to(tl.int64) * out_stride + rows
+            y += tl.load(bias_ptr + j * stack_rows + e * N + rows, mask=rmask, other=0.0).to(tl.float32)
+    orow = out_ptr + s.to(tl.int64) * out_stride + j * N + rows
     if out_ptr.dtype.element_ty == tl.int64:
         q = (y * FIXED_ONE).to(tl.int64)
         if SPLIT > 1:
@@ -59,17 +61,20 @@ def _store_out(y, s, rows, rmask, e, out_ptr, bias_ptr, N, out_stride, HAS_BIAS:
 
 @triton.jit
 def _moe_q8_kernel(xq_ptr, xd_ptr, xs_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4,
-                   step, N, K, out_stride, units_per_split, KUSED, FMT: tl.constexpr, UNIT: tl.constexpr,
+                   step, N, K, out_stride, units_per_split, KUSED, tiles, stack_rows, FMT: tl.constexpr,
+                   UNIT: tl.constexpr,
                    BN: tl.constexpr, BK: tl.constexpr, PER_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr,
                    SPLIT: tl.constexpr, ASM: tl.constexpr):
     """Program (row tile, slot s, part of K): rows of expert ids[s] against the quantized x row of s
-    (grid: (N / BN, S, SPLIT)), triton_q8's unit decoders on rows offset by ids[s] N."""
+    (grid: (stacks x N / BN, S, SPLIT): program 0's axis takes stack j = pid // tiles, whose rows
+    begin at j stack_rows), triton_q8's unit decoders on rows offset by ids[s] N."""
     s = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int32)
     m = s if PER_SLOT else s // KUSED
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    j = tl.program_id(0) // tiles
+    rows = (tl.program_id(0) % tiles) * BN + tl.arange(0, BN)
     rmask = rows < N
-    r3 = ((e * N + rows) * step)[None, :, None]
+    r3 = ((j * stack_rows + e * N + rows) * step)[None, :, None]
     u_lo = tl.program_id(2) * units_per_split
     u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)
     m64 = m.to(tl.int64)
@@ -80,19 +85,22 @@ def _moe_q8_kernel(xq_ptr, xd_ptr, xs_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P
         um3 = u3 < u_hi
         W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, False)
         acc += _unit_dot(FMT, W, xq, xd, xs, u3, um3, ASM, False)
-    _store_out(tl.sum(tl.sum(acc, 2), 0), s, rows, rmask, e, out_ptr, bias_ptr, N, out_stride, HAS_BIAS, SPLIT)
+    _store_out(tl.sum(tl.sum(acc, 2), 0), s, rows, rmask, e, j, stack_rows, out_ptr, bias_ptr, N, out_stride,
+               HAS_BIAS, SPLIT)
 
 
 @triton.jit
 def _moe_gemv_kernel(x_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, N, K,
-                     x_stride, out_stride, groups_per_split, KUSED, FMT: tl.constexpr, W: tl.constexpr,
+                     x_stride, out_stride, groups_per_split, KUSED, tiles, stack_rows, FMT: tl.constexpr,
+                     W: tl.constexpr,
                      BN: tl.constexpr, G: tl.constexpr, PER_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SPLIT: tl.constexpr):
     """As _moe_q8_kernel with a float x, triton_gemv's tile decoder (dense weights: FMT 0)."""
     s = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int32)
     m = s if PER_SLOT else s // KUSED
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    j = tl.program_id(0) // tiles
+    rows = (tl.program_id(0) % tiles) * BN + tl.arange(0, BN)
     rmask = rows < N
     x0 = x_ptr + m.to(tl.int64) * x_stride
     g_lo = tl.program_id(2) * groups_per_split
@@ -102,12 +110,13 @@ def _moe_gemv_kernel(x_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P2, P3, P4, P5, 
     for g0 in range(g_lo, g_hi, G):
         g = g0 + tl.arange(0, G)
         gmask = g < g_hi
-        lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, e * N + rows, rmask, g,
-                                 gmask, W)
+        lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, j * stack_rows + e * N + rows,
+                                 rmask, g, gmask, W)
         cmask = (zero == 0) & gmask[None, :, None]  # x at the tile's shape: its register layout (triton_gemv)
         acc += lo * tl.load(x0 + zero + clo[None, :, :], mask=cmask, other=0.0).to(tl.float32)
         acc += hi * tl.load(x0 + zero + chi[None, :, :], mask=cmask, other=0.0).to(tl.float32)
-    _store_out(tl.sum(tl.sum(acc, 2), 1), s, rows, rmask, e, out_ptr, bias_ptr, N, out_stride, HAS_BIAS, SPLIT)
+    _store_out(tl.sum(tl.sum(acc, 2), 1), s, rows, rmask, e, j, stack_rows, out_ptr, bias_ptr, N, out_stride,
+               HAS_BIAS, SPLIT)
 
 
 SPLIT_PROGRAMS = 8 * 132  # parts of K until the grid has about this many programs (an H100's SMs, 8 waves)
@@ -129,56 +138,51 @@ def _split(split: int | None, programs: int, units: int, per_iter: int) -> int |
 
 def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.Tensor, n_used: int,
                     bias: torch.Tensor | None = None, per_slot: bool = False, split: int | None = None,
-                    config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                    config: tuple[int, int, int] | None = None, stacks: int = 1) -> torch.Tensor:
     """out (S, N) += the slots' expert products (module doc): x (T, K) float, or for an integer-dot
-    QWeight the (q, d, s) of quantize_act (T or S rows); w a QWeight of (E N, K) or dense (E, N, K);
-    ids (S,) int32 / int64, S = T n_used (per_slot: x has S rows); bias (E, N). out: int64 fixed point
-    (zero, or sums to add to), or fp32 (written; one part). split: parts of K (None: auto)."""
-    n = w.shape[1] if isinstance(w, torch.Tensor) else None
+    QWeight (block-major) the (q, d, s) of quantize_act (T or S rows); w a QWeight of (E N, K) or dense
+    (E, N, K); ids (S,) int32 / int64, S = T n_used (per_slot: x has S rows); bias (E, N). out: int64
+    fixed point (zero, or sums to add to), or fp32 (written; one part). split: parts of K (None: auto).
+    stacks: w holds that many expert stacks one after another (gate then up: (stacks E N, K) rows,
+    bias (stacks E, N)), one launch; stack j's products go to out's columns [j N, (j + 1) N)."""
     slots = ids.numel()
-    assert ids.is_contiguous() and out.stride(-1) == 1 and out.shape[0] == slots
+    assert ids.is_contiguous() and out.stride(-1) == 1 and out.shape[0] == slots and out.shape[1] % stacks == 0
+    n = out.shape[1] // stacks
+    w = w.reshape(-1, w.shape[-1]) if isinstance(w, torch.Tensor) else w
+    stack_rows = w.shape[0] // stacks
+    assert w.shape[0] % stacks == 0 and stack_rows % n == 0, (tuple(w.shape), tuple(out.shape), stacks)
+    assert bias is None or bias.numel() == w.shape[0]
     has_bias = bias is not None
+    bias = bias if has_bias else out
     if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES and w.blocks:
         q, d, s = x
         k = q.shape[1]
-        n = w.shape[0] // _experts(w, bias, out)
         bn, bk, warps = config or Q8_CONFIGS[w.qtype]
         ptrs, strides, step = q8_weight_args(w)
         units = k // UNIT[w.qtype]
-        parts = _split(split if out.dtype == torch.int64 else 1, triton.cdiv(n, bn) * n_used, units, bk)
+        tiles = triton.cdiv(n, bn)
+        parts = _split(split if out.dtype == torch.int64 else 1, stacks * tiles * n_used, units, bk)
         parts, per_split = split_k(parts, False, 1, units, bk, out.device)
-        _moe_q8_kernel[(triton.cdiv(n, bn), slots, parts)](
-            q.view(torch.int32), d, s, ids, out, bias if has_bias else out, *ptrs, *strides, step, n, k,
-            out.stride(0), per_split, n_used, FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk,
-            PER_SLOT=per_slot, HAS_BIAS=has_bias, SPLIT=parts, ASM=not INTERPRET, num_warps=warps)
+        _moe_q8_kernel[(stacks * tiles, slots, parts)](
+            q.view(torch.int32), d, s, ids, out, bias, *ptrs, *strides, step, n, k, out.stride(0), per_split, n_used,
+            tiles, stack_rows, FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, PER_SLOT=per_slot,
+            HAS_BIAS=has_bias, SPLIT=parts, ASM=not INTERPRET, num_warps=warps)
         return out
-    if isinstance(w, torch.Tensor):
-        e, n, k = w.shape
-        w = w.reshape(e * n, k)
-    else:
-        n = w.shape[0] // _experts(w, bias, out)
     x = x.contiguous()
     fmt, (_, k), ptrs, strides = gemv_weight_args(w)
     bn, g, warps = config or GEMV_CONFIGS[fmt]
     groups = k // (2 * WIDTH[fmt])
-    parts = _split(split if out.dtype == torch.int64 else 1, triton.cdiv(n, bn) * n_used, groups, g)
+    tiles = triton.cdiv(n, bn)
+    parts = _split(split if out.dtype == torch.int64 else 1, stacks * tiles * n_used, groups, g)
     parts, per_split = split_k(parts, False, 1, groups, g, out.device)
-    _moe_gemv_kernel[(triton.cdiv(n, bn), slots, parts)](
-        x, ids, out, bias if has_bias else out, *ptrs, *strides, n, k, x.stride(0), out.stride(0), per_split,
-        n_used, FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, PER_SLOT=per_slot, HAS_BIAS=has_bias, SPLIT=parts,
-        num_warps=warps)
+    _moe_gemv_kernel[(stacks * tiles, slots, parts)](
+        x, ids, out, bias, *ptrs, *strides, n, k, x.stride(0), out.stride(0), per_split, n_used, tiles, stack_rows,
+        FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, PER_SLOT=per_slot, HAS_BIAS=has_bias, SPLIT=parts, num_warps=warps)
     return out
 
 
-def _experts(w: QWeight, bias: torch.Tensor | None, out: torch.Tensor) -> int:
-    """E of a stacked (E N, K) QWeight: from the bias (E, N), else from out's N columns."""
-    e = bias.shape[0] if bias is not None else w.shape[0] // out.shape[1]
-    assert w.shape[0] % e == 0 and w.shape[0] // e == out.shape[1]
-    return e
-
-
 @triton.jit
-def _expert_glu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, d_ptr, s_ptr, act_ptr, F, limit, BLOCKS: tl.constexpr,
+def _expert_glu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, d_ptr, s_ptr, act_ptr, F, gu_stride, limit, BLOCKS: tl.constexpr,
                        ROUND: tl.constexpr, OAI: tl.constexpr, LIMIT: tl.constexpr,
                        QUANT: tl.constexpr):
     """Program (slot r, 32-value blocks [BLOCKS j, BLOCKS (j + 1))): model.glu of the slot's gate and
@@ -190,12 +194,12 @@ def _expert_glu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, d_ptr, s_ptr, act_ptr, F, l
     bm = b < F // 32
     cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
     mask = bm[:, None]
-    gate = round_act(from_fixed_jit(tl.load(g_ptr + r * F + cols, mask=mask, other=0, cache_modifier=".cg")),
+    gate = round_act(from_fixed_jit(tl.load(g_ptr + r * gu_stride + cols, mask=mask, other=0, cache_modifier=".cg")),
                      ACT, ROUND)
-    up = round_act(from_fixed_jit(tl.load(u_ptr + r * F + cols, mask=mask, other=0, cache_modifier=".cg")),
+    up = round_act(from_fixed_jit(tl.load(u_ptr + r * gu_stride + cols, mask=mask, other=0, cache_modifier=".cg")),
                    ACT, ROUND)
-    tl.store(g_ptr + r * F + cols, tl.zeros(cols.shape, tl.int64), mask=mask)
-    tl.store(u_ptr + r * F + cols, tl.zeros(cols.shape, tl.int64), mask=mask)
+    tl.store(g_ptr + r * gu_stride + cols, tl.zeros(cols.shape, tl.int64), mask=mask)
+    tl.store(u_ptr + r * gu_stride + cols, tl.zeros(cols.shape, tl.int64), mask=mask)
     if OAI:  # gpt-oss: (up + 1) * (gate * sigmoid(gate * 1.702)), gate <= limit, |up| <= limit
         if LIMIT:
             gate = round_act(tl.minimum(gate, limit), ACT, ROUND)
@@ -214,17 +218,19 @@ def _expert_glu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, d_ptr, s_ptr, act_ptr, F, l
 
 def expert_glu(gate: torch.Tensor, up: torch.Tensor, act_dtype: torch.dtype, oai: bool = False,
                limit: float | None = None, quantize: bool = False):
-    """gate, up (S, F) int64 fixed-point sums (zeroed here) -> model.glu's values (S, F) in act_dtype
-    (oai: gpt-oss's swiglu_oai with swiglu_limit `limit`), or their quantize_act form (q, d, s)."""
+    """gate, up (S, F) int64 fixed-point sums (zeroed here; rows of one stride: two buffers, or the two
+    column halves of one) -> model.glu's values (S, F) in act_dtype (oai: gpt-oss's swiglu_oai with
+    swiglu_limit `limit`), or their quantize_act form (q, d, s)."""
     from .triton_q8 import act_buffers
 
     slots, f = gate.shape
-    assert gate.dtype == up.dtype == torch.int64 and f % 32 == 0 and gate.is_contiguous() and up.is_contiguous()
+    assert gate.dtype == up.dtype == torch.int64 and f % 32 == 0 and gate.stride() == up.stride()
+    assert gate.stride(1) == 1 and up.shape == gate.shape
     blocks = min(64 if INTERPRET else 8, triton.next_power_of_2(f // 32))
     out = torch.empty((slots, f), dtype=act_dtype, device=gate.device)
     q, d, s = act_buffers(slots, f, gate.device) if quantize else (out, out, out)
     _expert_glu_kernel[(slots, triton.cdiv(f // 32, blocks))](
-        gate, up, out, q, d, s, out, f, float(limit or 0.0), BLOCKS=blocks,
+        gate, up, out, q, d, s, out, f, gate.stride(0), float(limit or 0.0), BLOCKS=blocks,
         ROUND=act_dtype != torch.float32, OAI=oai, LIMIT=limit is not None, QUANT=quantize, num_warps=4)
     return (q, d, s) if quantize else out
 

@@ -82,6 +82,9 @@ class MoE(nn.Module):
         self.ffn_gate_exps = ExpertLinear(E, C, F, bias=cfg.moe_bias)
         self.ffn_up_exps = ExpertLinear(E, C, F, bias=cfg.moe_bias)
         self.ffn_down_exps = ExpertLinear(E, F, C, bias=cfg.moe_bias)
+        # (gate stack then up stack as one weight, their biases or None) whose rows the two ExpertLinears
+        # view, for backends that fuse them at load (backends/cuda_moe.py); None: two products
+        self.fused_gate_up: tuple | None = None
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h (N, C) -> (weights (N, k), experts (N, k)): route() on this block's router, its product

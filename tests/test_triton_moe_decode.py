@@ -249,3 +249,25 @@ def test_route_rows_is_moe_route_in_expert_order(gating, norm, e, k):
     got_w, got_ids = route_rows(logits, k, gating, norm)
     assert torch.equal(got_ids.long(), experts)
     assert (got_w - w.gather(-1, order)).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("qtype", [None, Q.Q8_0, Q.Q4_K, Q.Q5_K], ids=lambda t: "F32" if t is None else t.name)
+def test_stacked_gate_up_products_equal_separate_ones(qtype):
+    """Two expert stacks in one weight (backends/cuda_moe.fuse_experts: gate's rows, then up's) in one
+    launch give each stack's products bit for bit, in out's two column halves."""
+    w, _ = stack(qtype)
+    w2 = stack(qtype)[0] if qtype is None else QWeight.cat([w, w.rows(0, E * N)])  # (a second stack)
+    w2 = torch.cat([w, w * 0.5]) if qtype is None else w2
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(T, K, generator=g)
+    bias = torch.randn(2 * E, N, generator=g)
+    int_dot = isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES
+    xin = quantize_act(x) if int_dot else x
+    ids = IDS.reshape(-1)
+    both = torch.zeros(T * KU, 2 * N, dtype=torch.int64)
+    expert_products(xin, w2, ids, both, KU, bias=bias, stacks=2)
+    for j in range(2):
+        one = torch.zeros(T * KU, N, dtype=torch.int64)
+        wj = w2[j * E:(j + 1) * E] if qtype is None else w2.rows(j * E * N, (j + 1) * E * N)
+        expert_products(xin, wj, ids, one, KU, bias=bias[j * E:(j + 1) * E])
+        assert torch.equal(both[:, j * N:(j + 1) * N], one), j

@@ -25,6 +25,7 @@ from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from .cuda_graph import GraphDecoder
+from .cuda_moe import fuse_experts
 
 
 # ---- load: q|k|v and gate/up as one product each
@@ -64,8 +65,10 @@ def fuse(model: Transformer) -> None:
         qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
         bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
         a.fused_qkv = (qkv, bias) if qkv is not None else None
-        if blk.moe is None:  # (a mixture of experts' layer: backends/cuda_moe.py)
+        if blk.moe is None:
             blk.fused_gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
+        else:  # a mixture of experts' gate and up stacks (backends/cuda_moe.py)
+            fuse_experts(blk.moe)
 
 
 # ---- the model's ops for prompts

@@ -56,6 +56,32 @@ def gathered_products(x: torch.Tensor, w: QWeight, ids: torch.Tensor, out: torch
     out.add_(to_fixed(y))
 
 
+def fuse_experts(moe) -> None:
+    """Stack the gate and up expert stacks into one weight (gate's E N rows, then up's) and their biases,
+    the two ExpertLinears holding row views of it (no second copy): MoE.fused_gate_up, one launch for
+    both products. Left apart when their kinds or types differ."""
+    g, u = moe.ffn_gate_exps, moe.ffn_up_exps
+    wg, wu = expert_weight(g), expert_weight(u)
+    e = g.n_experts
+    if (isinstance(wg, QWeight) and isinstance(wu, QWeight) and wg.qtype == wu.qtype and wg.blocks == wu.blocks
+            and wg.shape == wu.shape and wg.has_kernel):
+        fused = QWeight.cat([wg, wu])
+        rows = wg.shape[0]
+        g.qweight, u.qweight = fused.rows(0, rows), fused.rows(rows, 2 * rows)
+    elif isinstance(wg, torch.Tensor) and isinstance(wu, torch.Tensor) and wg.dtype == wu.dtype and wg.shape == wu.shape:
+        fused = torch.cat([wg, wu])  # (2 E, N, K)
+        g.weight = torch.nn.Parameter(fused[:e], requires_grad=False)
+        u.weight = torch.nn.Parameter(fused[e:], requires_grad=False)
+    else:
+        return
+    bias = None
+    if g.bias is not None:
+        bias = torch.cat([g.bias.detach(), u.bias.detach()])  # (2 E, N)
+        g.bias = torch.nn.Parameter(bias[:e], requires_grad=False)
+        u.bias = torch.nn.Parameter(bias[e:], requires_grad=False)
+    moe.fused_gate_up = (fused, bias)
+
+
 class MoEDecode:
     """The MoE layers' buffers and weights for a decoder of `rows` token rows."""
 
@@ -66,8 +92,9 @@ class MoEDecode:
         dev = model.token_embd.weight.device
         C, F, E = cfg.dim, cfg.expert_ffn_dim, cfg.n_experts
         # int64 fixed-point sums, each cleared by the kernel that reads it (expert_glu, combine)
-        self.gate = torch.zeros(rows * k, F, dtype=torch.int64, device=dev)
-        self.up = torch.zeros(rows * k, F, dtype=torch.int64, device=dev)
+        # gate | up sums: (S, 2F), gate's in columns [0, F), up's in [F, 2F)
+        self.gate_up = torch.zeros(rows * k, 2 * F, dtype=torch.int64, device=dev)
+        self.gate, self.up = self.gate_up[:, :F], self.gate_up[:, F:]
         self.down = torch.zeros(rows * k, C, dtype=torch.int64, device=dev)
         self.logits = torch.empty(rows, E, dtype=torch.float32, device=dev)
         self.zero_ids = torch.zeros(rows, dtype=torch.int32, device=dev)
@@ -107,8 +134,12 @@ class MoEDecode:
         ids = experts.view(-1)
         gw, uw, dw = (expert_weight(m) for m in (moe.ffn_gate_exps, moe.ffn_up_exps, moe.ffn_down_exps))
         hq = quantize_act(h) if int_dot(gw) or int_dot(uw) else None
-        self._products(h, hq, moe.ffn_gate_exps, ids, self.gate, False)
-        self._products(h, hq, moe.ffn_up_exps, ids, self.up, False)
+        if moe.fused_gate_up is not None and not (isinstance(gw, QWeight) and not gw.has_kernel):
+            w, bias = moe.fused_gate_up  # one launch: gate's rows, then up's
+            expert_products(hq if int_dot(gw) else h, w, ids, self.gate_up, self.k, bias=bias, stacks=2)
+        else:
+            self._products(h, hq, moe.ffn_gate_exps, ids, self.gate, False)
+            self._products(h, hq, moe.ffn_up_exps, ids, self.up, False)
         quant = int_dot(dw)
         a = expert_glu(self.gate, self.up, self.act, oai=cfg.activation == "swiglu_oai", limit=cfg.swiglu_limit,
                        quantize=quant)
