@@ -5,7 +5,9 @@
 - Prompts: the model's forward with CUDA_OPS (Triton norm, rope + cache write, silu * up); a prompt
   shape seen before replays a captured graph (PrefillGraph).
 - Decode, greedy steps and speculative verify passes: backends/cuda_graph.py's GraphDecoder, one
-  captured graph a step; a greedy step's argmax is its last kernel.
+  captured graph a step; a greedy step's argmax is its last kernel. Mixture-of-experts layers route
+  and run their chosen experts on the device inside it (backends/cuda_moe.py); their prompts take
+  the eager forward (MoE.forward picks experts on the host: no prefill graph).
 Each op computes what model.py's reference op computes, within rounding (tests/gpu).
 """
 
