@@ -6,6 +6,7 @@ from __future__ import annotations
 from localllm.kernels.qweight import QWeight
 
 from .model import Linear, Transformer
+from .moe import ExpertLinear
 
 
 def linear_weights(model: Transformer) -> list:
@@ -20,12 +21,25 @@ def numel(w) -> int:
     return w.shape[0] * w.shape[1] if isinstance(w, QWeight) else w.numel()
 
 
+def expert_weights(model: Transformer) -> list:
+    """Every expert stack's weight (QWeight (E * out, in) or dense (E, out, in)) of a mixture of experts."""
+    return [m.qweight if m.qweight is not None else m.weight for m in model.modules() if isinstance(m, ExpertLinear)]
+
+
+def expert_share(model: Transformer) -> float:
+    """The share of each expert stack one token reads: its n_experts_used of n_experts experts."""
+    cfg = model.cfg
+    return cfg.n_experts_used / cfg.n_experts if cfg.n_experts else 0.0
+
+
 def weight_bytes_per_token(model: Transformer) -> int:
-    """Bytes of weights one decode step reads: linears, norms, one embedding row (all of it when tied)."""
+    """Bytes of weights one decode step reads: linears, the experts a token uses (k of E of each expert
+    stack: the MoE roofline counts only those), norms, one embedding row (all of it when tied)."""
     emb = model.token_embd.weight
     norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
     head = nbytes(emb) if model.cfg.tied_output else emb.shape[1] * emb.element_size()
-    return sum(nbytes(w) for w in linear_weights(model)) + norms + head
+    experts = round(sum(nbytes(w) for w in expert_weights(model)) * expert_share(model))
+    return sum(nbytes(w) for w in linear_weights(model)) + experts + norms + head
 
 
 def kv_bytes_per_token(cache, context: float) -> float:
@@ -36,7 +50,7 @@ def kv_bytes_per_token(cache, context: float) -> float:
 
 def model_stats(model: Transformer) -> tuple[int, int]:
     """(bytes of weights held, parameter count): dense parameters plus quantized weights."""
-    qws = [w for w in linear_weights(model) if isinstance(w, QWeight)]
+    qws = [w for w in linear_weights(model) + expert_weights(model) if isinstance(w, QWeight)]
     held = sum(nbytes(p) for p in model.parameters()) + sum(w.nbytes for w in qws)
     return held, sum(p.numel() for p in model.parameters()) + sum(numel(w) for w in qws)
 
@@ -44,5 +58,6 @@ def model_stats(model: Transformer) -> tuple[int, int]:
 def linear_params(model: Transformer) -> tuple[int, int]:
     """(parameters multiplied per prompt token, those of the head: prefill needs the last logits only)."""
     head = numel(model.output_weight())
-    body = sum(numel(w) for w in linear_weights(model)) - (0 if model.cfg.tied_output else head)
+    experts = round(sum(numel(w) for w in expert_weights(model)) * expert_share(model))
+    body = sum(numel(w) for w in linear_weights(model)) + experts - (0 if model.cfg.tied_output else head)
     return body, head
