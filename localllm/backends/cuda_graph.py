@@ -35,7 +35,8 @@ from localllm.kernels.linear import fused_linear
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight
 from localllm.kernels.triton_attention import decode_attention, rope_store
 from localllm.kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, greedy_state
-from localllm.kernels.triton_epilogue import COUNTERS, from_fixed, to_fixed
+from localllm.kernels.triton_epilogue import COUNTERS
+from localllm.kernels.triton_norm_fused import add_normed, norm_rope_store
 from localllm.kernels.triton_prefill import rmsnorm_rows
 from localllm.kernels.triton_q8 import quantize_act
 from localllm.kernels.triton_rope import rope_store_family
@@ -140,21 +141,20 @@ class GraphDecoder:
                 kw = {"xq": xq, "chain": chain} if xq is not None else {"norm": norm}
                 self._lin(x, m.w, bias=m.bias, residual=qkv[:, start:start + n], inplace=True, split=None, **kw)
                 start += n
-        if cfg.qk_norm:
-            q, k, v = from_fixed(qkv).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], -1)
-            q = a.attn_q_norm(q.reshape(-1, cfg.head_dim)).reshape(self.rows, -1)
-            k = a.attn_k_norm(k.reshape(-1, cfg.head_dim)).reshape(self.rows, -1)
-            qkv = torch.cat((q, k, v), -1)
-            self.qkv_acc.zero_()
         kc, vc = self.cache.k[i], self.cache.v[i]  # (B, Hkv, S, D)
+        q = None
+        if cfg.qk_norm:  # q/k norms, rope, the cache writes and clearing qkv: one kernel
+            q = norm_rope_store(qkv, kc, vc, self.pos, L.inv_freq, a.attn_q_norm.weight, a.attn_k_norm.weight,
+                                cfg.norm_eps, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rotary_dims(cfg),
+                                cfg.rope_attn_factor)
         if self.family:
-            return self._family_attention(x, qkv, kc, vc, L)
-        if qkv is self.qkv_acc and cfg.head_dim >= 16:
+            return self._family_attention(x, q, kc, vc, L)
+        rope = None
+        if q is None and cfg.head_dim >= 16:
             # the attention rotates q, k and stores k, v itself (and clears the accumulator)
-            q, rope = None, (qkv, self.inv_freq, cfg.head_dim)
-        else:
-            q, rope = rope_store(qkv.contiguous(), kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads,
-                                 cfg.head_dim, clear=qkv is self.qkv_acc), None
+            rope = (qkv, self.inv_freq, cfg.head_dim)
+        elif q is None:
+            q = rope_store(qkv, kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, clear=True)
         kw = {"tokens": self.tokens, "rope": rope}
         d32 = cfg.head_dim // 32
         if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
@@ -164,12 +164,14 @@ class GraphDecoder:
         att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw)
         return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
 
-    def _family_attention(self, x, qkv, kc, vc, L: LayerWeights) -> torch.Tensor:
-        """The attention of a layer beyond the Llama layer: rope of its own set (kernels/triton_rope.py),
-        attention.attend's variants, attn_output's bias, and the post-attention norm."""
+    def _family_attention(self, x, q, kc, vc, L: LayerWeights) -> torch.Tensor:
+        """The attention of a layer beyond the Llama layer: rope of its own set (kernels/triton_rope.py;
+        q given: the q/k-norm kernel did it), attention.attend's variants, attn_output's bias, and the
+        post-attention norm."""
         cfg, a = self.cfg, L.attn
-        q = rope_store_family(qkv.contiguous(), kc, vc, self.pos, L.inv_freq, cfg.n_heads, cfg.n_kv_heads,
-                              cfg.head_dim, rotary_dims(cfg), cfg.rope_attn_factor, clear=qkv is self.qkv_acc)
+        if q is None:
+            q = rope_store_family(self.qkv_acc, kc, vc, self.pos, L.inv_freq, cfg.n_heads, cfg.n_kv_heads,
+                                  cfg.head_dim, rotary_dims(cfg), cfg.rope_attn_factor, clear=True)
         kw = dict(tokens=self.tokens, scale=cfg.attn_scale, softcap=cfg.attn_softcap, window=L.window, sinks=L.sinks)
         d32 = cfg.head_dim // 32
         bias = a.attn_output.bias
@@ -186,8 +188,7 @@ class GraphDecoder:
     def _add_normed(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x (the int64 fixed-point residual) += RMSNorm(h) (Gemma's post norms, in the weight's dtype
         as model.rmsnorm rounds it)."""
-        x.add_(to_fixed(rmsnorm_rows(h, weight, self.cfg.norm_eps)))
-        return x
+        return add_normed(x, h, weight, self.cfg.norm_eps)  # one kernel
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
