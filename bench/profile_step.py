@@ -99,6 +99,18 @@ def print_table(rows: list[tuple[str, float, float]], step_us: float) -> None:
           f"({step_us - busy:+.1f} us outside kernels: gaps, launch, scheduling)")
 
 
+def print_sequence(prof, n: int, device: str) -> None:
+    """The first n kernels of the first profiled step, in start order: name and us (which product is
+    slow: the table sums a kernel's calls over every shape)."""
+    from torch.autograd import DeviceType
+
+    kind = DeviceType.CUDA if device == "cuda" else DeviceType.CPU
+    events = sorted((e for e in prof.events() if e.device_type == kind), key=lambda e: e.time_range.start)
+    print(f"\nthe first {n} kernels of a step, in order:")
+    for e in events[:n]:
+        print(f"  {e.name[:60]:<60} {e.time_range.elapsed_us():>9.1f} us")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="gemma-3-4b", help="a [shapes] preset of models.toml")
@@ -108,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512, help="tokens prefilled before the decode steps")
     ap.add_argument("--replays", type=int, default=200, help="timed graph replays")
     ap.add_argument("--steps", type=int, default=3, help="profiled uncaptured steps")
+    ap.add_argument("--sequence", type=int, default=0, metavar="N",
+                    help="also list the first N kernels of one profiled step in launch order, with their us")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default=None)
     args = ap.parse_args(argv)
@@ -158,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         raise RuntimeError("the profiler recorded no kernels")
     print_table(rows, step_s * 1e6)
+    if args.sequence:
+        print_sequence(prof, args.sequence, args.device)
     return 0
 
 
