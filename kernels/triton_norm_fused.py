@@ -7,14 +7,17 @@ norm_rope_store: the q/k norms (cfg.qk_norm: Gemma 3, Qwen3) with rope and the c
   step had from_fixed, split, two RMSNorm modules, cat, zero_ and rope_store_family (about 15 small
   kernels a layer, which also broke the PDL chain: kernels/triton_base.py).
 add_normed: Gemma's post norms: x (T, C) int64 fixed point += to_fixed(RMSNorm(h)) in one kernel (was
-  rmsnorm_rows, to_fixed and add_).
+  rmsnorm_rows, to_fixed and add_), h read from the int64 accumulator its product summed into (split K
+  like the residual's products; the product writing a bf16 h could not split) and cleared.
 
 Reference: that composition itself, bit for bit (tests/test_triton_norm_fused.py, under the
 interpreter): the norm as triton_prefill.rmsnorm_rows computes it (model.RMSNorm: weight * (x
 rstd).to(dtype), in the weight's dtype; the same reduction over one row), its output promoted to fp32
 as torch.cat((q, k, v)) promotes it next to v's fp32 values, then triton_rope.rope_store_family's
 rotation (partial rotary, attention factor, NoPE; with R = D and factor 1 it is
-triton_attention.rope_store's rotation, the Llama layer's); to_fixed's truncation.
+triton_attention.rope_store's rotation, the Llama layer's); for the post norms, an accumulator's values
+rounded to the activation dtype (the product's epilogue rounding of its output), rmsnorm_rows, then
+to_fixed's truncation.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, pdl_start
+from .triton_base import PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit
 
 
@@ -107,14 +110,20 @@ def norm_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 @triton.jit
-def _add_normed_kernel(x_ptr, h_ptr, w_ptr, C, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_normed_kernel(x_ptr, h_ptr, w_ptr, act_ref, C, eps, BLOCK: tl.constexpr, ROUND: tl.constexpr,
+                       PDL: tl.constexpr):
     """Row r: x[r] += to_fixed(rmsnorm_rows(h[r])) (the same reduction and roundings as
-    triton_prefill._rmsnorm_rows_kernel; to_fixed truncates)."""
+    triton_prefill._rmsnorm_rows_kernel; to_fixed truncates). An int64 h: a fixed-point accumulator,
+    its values rounded to act_ref's dtype (ROUND) and the row zeroed."""
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     mask = c < C
     h = from_fixed_jit(tl.load(h_ptr + row * C + c, mask=mask, other=0))
+    if h_ptr.dtype.element_ty == tl.int64:
+        h = round_act(h, act_ref.dtype.element_ty, ROUND)
+        tl.debug_barrier()  # every thread has loaded its values before any is zeroed
+        tl.store(h_ptr + row * C + c, tl.zeros((BLOCK,), tl.int64), mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, 0) / C + eps)
     ty = w_ptr.dtype.element_ty
     w = tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
@@ -123,14 +132,17 @@ def _add_normed_kernel(x_ptr, h_ptr, w_ptr, C, eps, BLOCK: tl.constexpr, PDL: tl
     tl.store(x_ptr + row * C + c, x + (y * FIXED_ONE).to(tl.int64), mask=mask)
 
 
-def add_normed(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def add_normed(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float,
+               act_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """x (T, C) int64 fixed point += to_fixed(model.RMSNorm(h)) (h (T, C), weight (C,): the norm's
-    output in weight's dtype) -> x."""
-    assert x.dtype == torch.int64 and x.is_contiguous() and h.shape == x.shape
-    h = h.contiguous()
+    output in weight's dtype) -> x. h may be an int64 fixed-point accumulator of the product that
+    yields it (split K, any grid): its values are then rounded to act_dtype, as that product's output
+    would have been, and h is left zero."""
+    assert x.dtype == torch.int64 and x.is_contiguous() and h.shape == x.shape and h.is_contiguous()
     c = x.shape[-1]
     block = triton.next_power_of_2(c)
+    act_ref = torch.empty(1, dtype=act_dtype, device=x.device)
     # rmsnorm_rows' block and warps (the same reduction)
-    _add_normed_kernel[(x.numel() // c,)](x, h, weight, c, eps, BLOCK=block, PDL=PDL,
-                                         num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
+    _add_normed_kernel[(x.numel() // c,)](x, h, weight, act_ref, c, eps, BLOCK=block, ROUND=act_dtype != torch.float32,
+                                         PDL=PDL, num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
     return x

@@ -94,16 +94,27 @@ def test_norm_rope_store_normalises_each_head():
     assert rel(q, want) < 1e-6 and torch.equal(vc[:, 3], x[:, (H + HKV) * D:].view(HKV, D))
 
 
-@pytest.mark.parametrize("C,dtype", [(256, torch.float32), (320, torch.bfloat16)])
-def test_add_normed_equals_the_composition(C, dtype):
-    """x += to_fixed(rmsnorm_rows(h)) in one kernel, bit for bit (C 320: a masked block)."""
+@pytest.mark.parametrize("C,dtype,fixed", [(256, torch.float32, False), (320, torch.bfloat16, False),
+                                           (256, torch.float32, True), (320, torch.bfloat16, True)])
+def test_add_normed_equals_the_composition(C, dtype, fixed):
+    """x += to_fixed(rmsnorm_rows(h)) in one kernel, bit for bit (C 320: a masked block); h as a
+    product's int64 accumulator (fixed): its values rounded to the activation dtype first, as the
+    product's output was, and the accumulator left zero. (The accumulator's values are bf16 values
+    here: Triton's interpreter rounds fp32 -> bf16 toward zero, CUDA and torch to nearest even, so
+    the rounding itself is tests/gpu/test_gpu_norm_fused.py's.)"""
     g = torch.Generator().manual_seed(C)
     x = to_fixed(torch.randn(3, C, generator=g))
-    h = (4 * torch.randn(3, C, generator=g)).to(dtype)
+    h = 4 * torch.randn(3, C, generator=g)
     w = (1 + 0.2 * torch.randn(C, generator=g)).to(dtype)
-    want = x + to_fixed(rmsnorm_rows(h, w, 1e-6))
-    got = add_normed(x, h, w, 1e-6)
+    if fixed:
+        h = to_fixed(h.to(dtype).float())
+        want = x + to_fixed(rmsnorm_rows(from_fixed(h).to(dtype), w, 1e-6))
+    else:
+        h = h.to(dtype)
+        want = x + to_fixed(rmsnorm_rows(h, w, 1e-6))
+    got = add_normed(x, h, w, 1e-6, dtype)
     assert got is x and torch.equal(got, want)
+    assert not fixed or not h.any()
 
 
 def test_the_qk_norm_configs_take_the_graph_path():

@@ -107,6 +107,8 @@ class GraphDecoder:
         self.x = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev)
         self.qkv_acc = torch.zeros(rows, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
         self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
+        # post norms (Gemma): the sums of the product they normalise (add_normed reads and clears it)
+        self.h_acc = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev) if cfg.post_norms else None
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.best, self.count = greedy_state(rows, dev)  # greedy_ids' state
@@ -182,13 +184,14 @@ class GraphDecoder:
             att, kw = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw), {}
         if L.blk.post_attention_norm is None:
             return self._lin(att, a.attn_output.w, bias=bias, residual=x, split=None, inplace=True, **kw)
-        h = self._lin(att, a.attn_output.w, bias=bias, **kw)
-        return self._add_normed(x, h, L.blk.post_attention_norm.weight)
+        self._lin(att, a.attn_output.w, bias=bias, residual=self.h_acc, split=None, inplace=True, **kw)
+        return self._add_normed(x, L.blk.post_attention_norm.weight)
 
-    def _add_normed(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _add_normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x (the int64 fixed-point residual) += RMSNorm(h) (Gemma's post norms, in the weight's dtype
-        as model.rmsnorm rounds it)."""
-        return add_normed(x, h, weight, self.cfg.norm_eps)  # one kernel
+        as model.rmsnorm rounds it) of h, the product summed into h_acc (split K like the residual's
+        products), rounded to the activation dtype as a product's output is; one kernel, h_acc cleared."""
+        return add_normed(x, self.h_acc, weight, self.cfg.norm_eps, self.act)
 
     def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
@@ -208,7 +211,8 @@ class GraphDecoder:
             a = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
         if b.post_ffw_norm is None:
             return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True, **kw)
-        return self._add_normed(x, self._lin(a, b.ffn_down.w, **kw), b.post_ffw_norm.weight)
+        self._lin(a, b.ffn_down.w, residual=self.h_acc, split=None, inplace=True, **kw)
+        return self._add_normed(x, b.post_ffw_norm.weight)
 
     def _step(self) -> torch.Tensor:
         """tokens (T,) at positions pos.. -> logits (T, V) fp32; advances pos. Static inputs only."""

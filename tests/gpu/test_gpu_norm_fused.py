@@ -50,18 +50,23 @@ def test_norm_rope_store_matches_the_composition(H, HKV, D, rotary):
     assert torch.equal(caches[1][1], caches[0][1])
 
 
-def test_add_normed_matches_the_composition():
+@pytest.mark.parametrize("fixed", [False, True])
+def test_add_normed_matches_the_composition(fixed):
+    """x += to_fixed(rmsnorm_rows(h)); fixed: h a product's int64 accumulator, rounded to bf16 as the
+    product's output is (torch's rounding: to nearest even), and left zero."""
     from localllm.kernels.triton_epilogue import from_fixed, to_fixed
     from localllm.kernels.triton_norm_fused import add_normed
     from localllm.kernels.triton_prefill import rmsnorm_rows
 
     g = torch.Generator(device="cuda").manual_seed(2)
     x = to_fixed(torch.randn(3, 2560, generator=g, device="cuda"))
-    h = (4 * torch.randn(3, 2560, generator=g, device="cuda")).bfloat16()
+    h = 4 * torch.randn(3, 2560, generator=g, device="cuda")
     w = (1 + 0.2 * torch.randn(2560, generator=g, device="cuda")).bfloat16()
-    want = from_fixed(x + to_fixed(rmsnorm_rows(h, w, 1e-6)))
-    got = from_fixed(add_normed(x.clone(), h, w, 1e-6))
+    h = to_fixed(h) if fixed else h.bfloat16()
+    want = from_fixed(x + to_fixed(rmsnorm_rows(from_fixed(h).bfloat16() if fixed else h, w, 1e-6)))
+    got = from_fixed(add_normed(x.clone(), h, w, 1e-6, torch.bfloat16))
     close_in_bf16(got, want)
+    assert not fixed or not h.any()
 
 
 def runtimes(wtype: str):
