@@ -84,11 +84,12 @@ def _gpt_oss_common(cfg, window: int, sliding: tuple[bool, ...], limit: float) -
 
 def gpt_oss_hf_fields(f, cfg, limits, rope_scaling) -> dict[str, Any]:
     """transformers' GptOssConfig: layer_types (default: sliding, full, ... from layer 0), sliding_window,
-    swiglu_limit, attention_bias (q/k/v and o_proj), YaRN in rope_parameters."""
+    swiglu_limit, attention_bias (q/k/v and o_proj), YaRN in rope_parameters. quantization_config
+    "mxfp4" (the released files' experts) is checked against the tensors by validate.check_hf_folder."""
     quant = f.raw("quantization_config", {})
-    if isinstance(quant, dict) and quant.get("quant_method") is not None:
+    if isinstance(quant, dict) and quant.get("quant_method") not in (None, "mxfp4"):
         raise LocalLLMError(f"config.json: {quant.get('quant_method')!r}-quantized gpt-oss safetensors are not"
-                            " supported (the experts' _blocks/_scales): load its GGUF, or a bf16 checkpoint")
+                            " supported: load its GGUF, or the released MXFP4 or a bf16 checkpoint")
     types = f.raw("layer_types", None)
     if types is None:
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg.n_layers)]

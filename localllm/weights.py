@@ -24,6 +24,7 @@ from .errors import LocalLLMError
 from .fused import split_rows
 from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
+from .moe_mxfp4 import is_mxfp4, read_mxfp4
 from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
@@ -332,11 +333,15 @@ def hf_header_entries(folder: Path) -> Iterator[tuple[Path, str, tuple[int, ...]
 def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str] | MoESource], cfg: ModelConfig
                   ) -> dict[str, torch.Tensor]:
     """keys: GGUF name -> (file, checkpoint key), or the parts of an expert tensor (MoESource), as
-    validated (validate.check_hf_folder); fused checkpoint tensors split into ours (fused.py)."""
+    validated (validate.check_hf_folder); fused checkpoint tensors split into ours (fused.py). MXFP4
+    experts (moe_mxfp4.py) come as QuantizedTensor rows, placed by the backend (load.place_quantized)."""
     from safetensors import SafetensorError, safe_open
 
     out = {}
     for name, source in keys.items():
+        if isinstance(source, MoESource) and is_mxfp4(source.parts):  # released gpt-oss experts: kept as blocks
+            out[to_module_name(name)] = QuantizedTensor(gguf.GGMLQuantizationType.MXFP4, read_mxfp4(source.parts))
+            continue
         if isinstance(source, MoESource):
             out[to_module_name(name)] = read_moe(source)
             continue
