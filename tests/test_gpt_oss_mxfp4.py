@@ -141,6 +141,14 @@ def test_experts_read_one_expert_at_a_time(files, monkeypatch):
     assert len(seen) == 3 * SPEC.n_experts * SPEC.n_layers
 
 
+def test_info_counts_the_mxfp4_experts(files):
+    """`localllm info`: the folder's parameters (blocks: 2 values a byte) = the MXFP4 GGUF's."""
+    from localllm.commands.info import model_info
+
+    folder, path = model_info(str(files[0])), model_info(str(files[1]))
+    assert folder["parameters"] == path["parameters"]
+
+
 # ---- `localllm quantize` from the folder
 
 @pytest.mark.parametrize("preset", ["MXFP4_MOE", "Q8_0"])
