@@ -89,6 +89,14 @@ def test_folder_logits_equal_mxfp4_gguf(files, tokens):
     tm.assert_close(our_logits(folder, tokens), our_logits(path, tokens), tol=1e-5)
 
 
+def test_scales_in_another_shard(files, tmp_path, tokens):
+    """A pair whose blocks and scales lie in two shards (the index names both) reads the same rows."""
+    folder = tx.write_released_folder(tmp_path / "sharded", split_scales=True)
+    ours, ref = folder_state(folder), folder_state(files[0])
+    assert all(torch.equal(ours[n].data, t.data) for n, t in ref.items() if isinstance(t, QuantizedTensor))
+    tm.assert_close(our_logits(folder, tokens), our_logits(files[0], tokens), tol=0.0)
+
+
 def test_decoded_experts_equal_transformers_dequantization(files):
     """(b) transformers' convert_moe_packed_tensors on the folder's blocks gives gate_up (E, C, 2F) /
     down (E, F, C), x @ W, gate = columns 0::2: our rows decoded, transposed, are those values exactly."""
@@ -151,7 +159,7 @@ def test_info_counts_the_mxfp4_experts(files):
 
 # ---- `localllm quantize` from the folder
 
-@pytest.mark.parametrize("preset", ["MXFP4_MOE", "Q8_0"])
+@pytest.mark.parametrize("preset", ["MXFP4_MOE", "Q8_0", "Q4_K_M"])
 def test_quantize_keeps_the_blocks(files, tmp_path, preset):
     """The output's expert tensors are the folder's MXFP4 blocks byte for byte (the GGUF's rows, from
     the same quantization), whatever the preset, as llama.cpp's converter writes them; the file loads."""
@@ -167,8 +175,20 @@ def test_quantize_keeps_the_blocks(files, tmp_path, preset):
             t, r = written.tensors[f"blk.{i}.{name}.weight"], ref.tensors[f"blk.{i}.{name}.weight"]
             assert t.tensor_type == Q.MXFP4
             assert list(t.shape) == list(r.shape) and bytes(t.data) == bytes(r.data), (i, name)
-    assert written.tensors["blk.0.attn_q.weight"].tensor_type == Q.Q8_0
+    assert written.tensors["blk.0.attn_q.weight"].tensor_type != Q.F32  # the preset did quantize the rest
     load_model(str(out), "cpu", torch.float32)
+
+
+def test_quantize_override_reencodes_experts(files, tmp_path):
+    """--tensor-type names an expert tensor: it is re-encoded from the decoded blocks (the others kept)."""
+    from localllm.commands.quantize_cmd import quantize_model
+    from localllm.gguf_file import open_gguf
+
+    out = tmp_path / "override.gguf"
+    quantize_model(str(files[0]), out, "MXFP4_MOE", ["ffn_up_exps=Q8_0"], progress=False)
+    written = open_gguf(out)
+    assert written.tensors["blk.1.ffn_up_exps.weight"].tensor_type == Q.Q8_0
+    assert written.tensors["blk.1.ffn_gate_exps.weight"].tensor_type == Q.MXFP4
 
 
 # ---- bad folders: one line each

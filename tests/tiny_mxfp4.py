@@ -73,13 +73,22 @@ def released_tensors(spec: tm.TinySpec = SPEC) -> tuple[dict[str, torch.Tensor],
 
 
 def write_released_folder(folder: Path, spec: tm.TinySpec = SPEC,
-                          tensors: dict[str, torch.Tensor] | None = None) -> Path:
-    """The folder as OpenAI's holds it (one shard here); tensors: released_tensors(spec)[0] or a variant."""
+                          tensors: dict[str, torch.Tensor] | None = None, split_scales: bool = False) -> Path:
+    """The folder as OpenAI's holds it; tensors: released_tensors(spec)[0] or a variant. split_scales:
+    two shards and an index, the scales in the second (a pair read from two files)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = released_tensors(spec)[0] if tensors is None else tensors
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if not split_scales:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        shards = {"model-00001-of-00002.safetensors": {k: v for k, v in tensors.items() if not k.endswith("_scales")},
+                  "model-00002-of-00002.safetensors": {k: v for k, v in tensors.items() if k.endswith("_scales")}}
+        for name, part in shards.items():
+            save_file(part, str(folder / name), metadata={"format": "pt"})
+        weight_map = {k: name for name, part in shards.items() for k in part}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (folder / "config.json").write_text(json.dumps(tm.hf_config(spec) | {"quantization_config": QUANT_CONFIG}, indent=2))
     tm.write_tokenizer_files(spec, folder)
     return folder
