@@ -94,7 +94,7 @@ def gpt_oss_hf_fields(f, cfg, limits, rope_scaling) -> dict[str, Any]:
     if types is None:
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg.n_layers)]
     if not isinstance(types, list) or len(types) != cfg.n_layers or \
-            not set(types) <= {"sliding_attention", "full_attention"}:
+            not all(t in ("sliding_attention", "full_attention") for t in types):  # t may be any JSON value
         raise f.bad("layer_types", types, f"{cfg.n_layers} of 'sliding_attention' / 'full_attention'")
     alpha = f.float("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)
     if alpha != GPT_OSS_SWIGLU_ALPHA:

@@ -275,6 +275,17 @@ def test_quantized_gpt_oss_config_other_than_mxfp4_is_one_line():
         config_from_hf(base | {"quantization_config": {"quant_method": "fp8"}})
 
 
+def test_gpt_oss_config_bad_values_are_one_line():
+    """Found by the fuzzer on the MXFP4 seed: a non-string layer type, a rope base of 1 under YaRN."""
+    from localllm.errors import LocalLLMError
+
+    base = tm.hf_config(tm.MOE_CASES["gpt_oss"])
+    with pytest.raises(LocalLLMError, match="layer_types"):
+        config_from_hf(base | {"layer_types": [[], "full_attention", "sliding_attention"]})
+    with pytest.raises(LocalLLMError, match="rope base 1.0 with YaRN"):
+        config_from_hf(base | {"rope_theta": 1})
+
+
 def test_missing_expert_is_one_line(files, tmp_path):
     from safetensors.torch import load_file, save_file
 
