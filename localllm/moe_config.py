@@ -75,6 +75,7 @@ def moe_hf_fields(f, cfg, limits) -> dict[str, Any]:
 
 
 GPT_OSS_SWIGLU_ALPHA = 1.702  # model.glu's, as transformers' GptOssExperts and llama.cpp's swiglu_oai
+SWIGLU_LIMIT_MAX = 65504.0
 
 
 def _gpt_oss_common(cfg, window: int, sliding: tuple[bool, ...], limit: float) -> dict[str, Any]:
@@ -100,8 +101,11 @@ def gpt_oss_hf_fields(f, cfg, limits, rope_scaling) -> dict[str, Any]:
     if alpha != GPT_OSS_SWIGLU_ALPHA:
         raise f.bad("swiglu_alpha", alpha, f"{GPT_OSS_SWIGLU_ALPHA} (the only value we run)")
     bias = f.bool("attention_bias", True)
+    limit = f.float("swiglu_limit", 7.0)
+    if limit > SWIGLU_LIMIT_MAX:  # model.glu clamps activations of the run's dtype (float16 included) at it
+        raise f.bad("swiglu_limit", limit, f"at most {SWIGLU_LIMIT_MAX} (float16's largest value)")
     out = _gpt_oss_common(cfg, f.int("sliding_window", 1, limits.max_context, 128),
-                          tuple(t == "sliding_attention" for t in types), f.float("swiglu_limit", 7.0))
+                          tuple(t == "sliding_attention" for t in types), limit)
     out |= dict(qkv_bias=bias, attn_out_bias=bias)
     if not (f.values.get("rope_scaling") or f.values.get("rope_parameters")):
         # GptOssConfig's defaults: base 150000 (when not given), YaRN factor 32 from 4096 positions

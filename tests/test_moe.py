@@ -276,7 +276,8 @@ def test_quantized_gpt_oss_config_other_than_mxfp4_is_one_line():
 
 
 def test_gpt_oss_config_bad_values_are_one_line():
-    """Found by the fuzzer on the MXFP4 seed: a non-string layer type, a rope base of 1 under YaRN."""
+    """Found by the fuzzer on the MXFP4 seed: a non-string layer type, a rope base of 1 under YaRN, a clamp
+    limit beyond float range."""
     from localllm.errors import LocalLLMError
 
     base = tm.hf_config(tm.MOE_CASES["gpt_oss"])
@@ -284,6 +285,8 @@ def test_gpt_oss_config_bad_values_are_one_line():
         config_from_hf(base | {"layer_types": [[], "full_attention", "sliding_attention"]})
     with pytest.raises(LocalLLMError, match="rope base 1.0 with YaRN"):
         config_from_hf(base | {"rope_theta": 1})
+    with pytest.raises(LocalLLMError, match="swiglu_limit"):
+        config_from_hf(base | {"swiglu_limit": 1e308})
 
 
 def test_missing_expert_is_one_line(files, tmp_path):
