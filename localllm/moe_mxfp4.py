@@ -8,7 +8,8 @@ up rows interleaved (gate 0::2, up 1::2, as transformers' GptOssExperts reads ga
 [..., 1::2] after convert_moe_packed_tensors transposes). Each (blocks, scales) pair becomes our
 (E * rows, C/32 * 17) GGUF MXFP4 rows (quantize/mxfp4.from_hf_blocks: the bytes llama.cpp's converter
 writes), gate/up de-interleaved by selecting rows: ExpertLinear's layout on every backend. No value
-is decoded to float here; each expert's slice is read once (a 120b layer's gate_up is ~1 GB).
+is decoded to float here; the checkpoint is read expert by expert, each slice once (gate and up from
+one pass: read_mxfp4_tensors), so a 120b layer's ~1 GB gate_up is never held twice.
 
 moe_weights.py names the parts (Part.how: `mxfp4[_even|_odd]` for blocks, `mxfp4_scales[...]` for
 scales); this module pairs and checks them (assemble_mxfp4) and reads them (read_mxfp4). It works on
@@ -85,23 +86,43 @@ def _select(rows: torch.Tensor, how: str) -> torch.Tensor:
 
 
 def read_mxfp4(parts) -> torch.Tensor:
-    """(blocks, scales) parts (assemble_mxfp4's order) -> uint8 (E * rows, G * 17) GGUF MXFP4 rows, expert
-    by expert (each checkpoint byte read once; the converted expert written into the one output)."""
+    """(blocks, scales) parts (assemble_mxfp4's order) -> uint8 (E * rows, G * 17) GGUF MXFP4 rows."""
+    return read_mxfp4_tensors({"": parts})[""]
+
+
+def read_mxfp4_tensors(sources: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """name -> (blocks, scales) parts => name -> uint8 (E * rows, G * 17) GGUF MXFP4 rows. Sources of one
+    checkpoint pair (gpt-oss's gate and up: the even and odd rows of gate_up_proj_blocks) are read in
+    one pass: each expert's slice is read and converted once, and its rows go to each tensor's output."""
+    groups: dict[tuple, dict[str, tuple]] = {}
+    for name, parts in sources.items():
+        b, s = parts
+        groups.setdefault((str(b.path), b.key, str(s.path), s.key), {})[name] = parts
+    out = {}
+    for group in groups.values():
+        out |= _read_group(group)
+    return out
+
+
+def _read_group(group: dict[str, tuple]) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
-    b, s = parts
+    b, s = next(iter(group.values()))
     e, rows, groups, _ = b.shape
-    rows_out = rows if b.how == "mxfp4" else rows // 2
-    out = torch.empty(e * rows_out, groups * (BLOCK // 2 + 1), dtype=torch.uint8)
+    outs = {name: (parts[0].how, torch.empty(e * (rows if parts[0].how == "mxfp4" else rows // 2),
+                                              groups * (BLOCK // 2 + 1), dtype=torch.uint8))
+            for name, parts in group.items()}
     try:
         with safe_open(str(b.path), framework="pt") as fb, safe_open(str(s.path), framework="pt") as fs:
             bs, ss = fb.get_slice(b.key), fs.get_slice(s.key)
-            for i in range(e):
-                rows_i = from_hf_blocks(_select(bs[i:i + 1][0], b.how), _select(ss[i:i + 1][0], b.how))
-                out[i * rows_out:(i + 1) * rows_out] = rows_i
+            for i in range(e):  # one expert's (rows, G, 16) codes and (rows, G) scales at a time
+                expert = from_hf_blocks(bs[i:i + 1][0], ss[i:i + 1][0])  # (rows, G * 17)
+                for how, t in outs.values():
+                    n = t.shape[0] // e
+                    t[i * n:(i + 1) * n] = _select(expert, how)
     except (SafetensorError, OSError) as err:
         raise LocalLLMError(f"cannot read tensor {b.key!r} and {s.key!r} from {Path(b.path).name}: {err}") from None
-    return out
+    return {name: t for name, (_, t) in outs.items()}
 
 
 def check_quant_config(raw_config: object, has_mxfp4: bool, folder_name: str) -> None:

@@ -24,7 +24,7 @@ from .errors import LocalLLMError
 from .fused import split_rows
 from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
-from .moe_mxfp4 import is_mxfp4, read_mxfp4
+from .moe_mxfp4 import is_mxfp4, read_mxfp4_tensors
 from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
@@ -337,10 +337,12 @@ def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str] | MoESource], c
     experts (moe_mxfp4.py) come as QuantizedTensor rows, placed by the backend (load.place_quantized)."""
     from safetensors import SafetensorError, safe_open
 
-    out = {}
+    # a released gpt-oss's MXFP4 experts: kept as blocks, gate and up from one pass over gate_up (moe_mxfp4.py)
+    mxfp4 = {n: s.parts for n, s in keys.items() if isinstance(s, MoESource) and is_mxfp4(s.parts)}
+    out = {to_module_name(n): QuantizedTensor(gguf.GGMLQuantizationType.MXFP4, rows)
+           for n, rows in read_mxfp4_tensors(mxfp4).items()}
     for name, source in keys.items():
-        if isinstance(source, MoESource) and is_mxfp4(source.parts):  # released gpt-oss experts: kept as blocks
-            out[to_module_name(name)] = QuantizedTensor(gguf.GGMLQuantizationType.MXFP4, read_mxfp4(source.parts))
+        if name in mxfp4:
             continue
         if isinstance(source, MoESource):
             out[to_module_name(name)] = read_moe(source)

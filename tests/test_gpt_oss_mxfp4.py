@@ -136,8 +136,9 @@ def test_folder_matches_transformers(files, tokens):
     tm.assert_close(our_logits(folder, tokens), ref)
 
 
-def test_experts_read_one_expert_at_a_time(files, monkeypatch):
-    """A tensor is converted expert by expert (a 120b layer's blocks never held twice, never as floats)."""
+def test_experts_read_once_one_expert_at_a_time(files, monkeypatch):
+    """Each checkpoint tensor is read and converted once, expert by expert (gate and up from one pass
+    over gate_up_proj_blocks; a 120b layer's blocks never held twice, never as floats)."""
     import localllm.moe_mxfp4 as mx
 
     seen = []
@@ -145,8 +146,8 @@ def test_experts_read_one_expert_at_a_time(files, monkeypatch):
     monkeypatch.setattr(mx, "from_hf_blocks", lambda b, s: seen.append(tuple(b.shape)) or convert(b, s))
     folder_state(files[0])
     F, C = SPEC.expert_ffn_dim, SPEC.dim
-    assert sorted(set(seen)) == sorted({(F, C // 32, 16), (C, F // 32, 16)})
-    assert len(seen) == 3 * SPEC.n_experts * SPEC.n_layers
+    assert sorted(set(seen)) == sorted({(2 * F, C // 32, 16), (C, F // 32, 16)})
+    assert len(seen) == 2 * SPEC.n_experts * SPEC.n_layers
 
 
 def test_info_counts_the_mxfp4_experts(files):
