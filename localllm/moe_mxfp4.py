@@ -28,7 +28,6 @@ from .errors import LocalLLMError
 
 BLOCK = 32  # values per MXFP4 block; 16 bytes of codes in the checkpoint, 17 (with the scale) in GGUF
 DTYPE = "MXFP4"  # what check_hf_folder reports for an assembled pair (its parts are safetensors U8)
-SELECTIONS = ("", "_even", "_odd")
 
 
 def is_mxfp4_how(how: str) -> bool:
