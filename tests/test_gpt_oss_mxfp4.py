@@ -46,8 +46,8 @@ def tokens() -> torch.Tensor:
 
 
 @torch.inference_mode()
-def our_logits(path, tokens) -> torch.Tensor:
-    lm = load_model(str(path), "cpu", torch.float32)
+def our_logits(path, tokens, **kw) -> torch.Tensor:
+    lm = load_model(str(path), "cpu", torch.float32, **kw)
     return lm.model(tokens, make_cache(lm.config, tokens.shape[1], batch=tokens.shape[0]), 0)
 
 
@@ -87,6 +87,16 @@ def test_folder_logits_equal_mxfp4_gguf(files, tokens):
             assert isinstance(qw, BlockQWeight) and qw.qtype == Q.MXFP4
     assert lm.tensor_types["MXFP4"] == 3 * SPEC.n_layers
     tm.assert_close(our_logits(folder, tokens), our_logits(path, tokens), tol=1e-5)
+
+
+def test_dense_layout_decodes_the_blocks(files, tokens):
+    """keep_quantized=False: the experts decoded to float at load, as the GGUF's are."""
+    folder, path = files
+    assert load_model(str(folder), "cpu", torch.float32, keep_quantized=False).model.blk[0].moe.ffn_up_exps.qweight is None
+    tm.assert_close(our_logits(folder, tokens, keep_quantized=False), our_logits(path, tokens, keep_quantized=False),
+                    tol=1e-5)
+    # the blocks' products quantize activations (the CPU's MXFP4 kernels): the GPU tests' 1e-3
+    tm.assert_close(our_logits(folder, tokens, keep_quantized=False), our_logits(folder, tokens))
 
 
 def test_scales_in_another_shard(files, tmp_path, tokens):
