@@ -23,7 +23,10 @@ Dense weights take tensor-core products (kernels/triton_dense.py); Q8_0/Q4_0/Q4_
 integer dot products (kernels/triton_q8.py). Every kernel matches the module ops of model.py (its
 reference) within rounding (the products' sums are added to x unrounded, and Q8_0's rounding of the
 activations for integer-dot weights): tests/gpu/test_gpu_logits.py checks it against the CPU fp32
-model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not here.
+model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not here. Q/k norms (Gemma 3,
+Qwen3): one kernel normalises, rotates and stores from the q|k|v accumulator (triton_norm_fused's
+norm_rope_store); post norms (Gemma): the product sums into a third accumulator (h_acc) that
+add_normed normalises into x.
 """
 
 from __future__ import annotations
