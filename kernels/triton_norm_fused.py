@@ -8,7 +8,9 @@ norm_rope_store: the q/k norms (cfg.qk_norm: Gemma 3, Qwen3) with rope and the c
   kernels a layer, which also broke the PDL chain: kernels/triton_base.py).
 add_normed: Gemma's post norms: x (T, C) int64 fixed point += to_fixed(RMSNorm(h)) in one kernel (was
   rmsnorm_rows, to_fixed and add_), h read from the int64 accumulator its product summed into (split K
-  like the residual's products; the product writing a bf16 h could not split) and cleared.
+  like the residual's products; the product writing a bf16 h could not split) and cleared; with
+  quantize, also the next integer-dot products' int8 input (triton_q8.quantize_act of their RMSNorm
+  of the new x), the kernel that followed.
 
 Reference: that composition itself, bit for bit (tests/test_triton_norm_fused.py, under the
 interpreter): the norm as triton_prefill.rmsnorm_rows computes it (model.RMSNorm: weight * (x
