@@ -430,7 +430,7 @@ def perplexity(
 def bench(
     models: List[str] = typer.Argument(None, metavar="[MODEL]...", help="model paths or names (none with --synthetic)"),
     synthetic: List[str] = typer.Option([], "--synthetic", help="shape preset of models.toml for a random-weight model (repeatable, or comma-separated)"),
-    wtype: List[str] = typer.Option(["bf16"], "--type", help="synthetic weight type: bf16, Q8_0, Q4_0, Q4_K_M or a GGUF type (repeatable, or comma-separated)"),
+    wtype: List[str] = typer.Option(["bf16"], "--type", help="synthetic weight type: bf16, Q8_0, Q4_0, Q4_K_M, MXFP4_MOE (experts MXFP4, the rest Q8_0) or a GGUF type (repeatable, or comma-separated)"),
     prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths, comma-separated"),
     gen: str = typer.Option("128", "-n", "--n-gen", help="generation lengths, comma-separated (0: pp only)"),
     reps: int = typer.Option(3, "-r", "--repetitions", help="repetitions of each test"),

@@ -42,7 +42,7 @@ from localllm.commands.quantize_cmd import read_gguf_metadata
 from localllm.registry import shape_preset
 from localllm.synthetic import synthetic_model, write_synthetic_gguf
 
-TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M")
+TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "MXFP4_MOE")
 # localllm runs dense weights in bf16 on CUDA: both dense file types compare with it
 LOCALLLM_TYPE = {"F16": "bf16", "BF16": "bf16"}
 # LLAMA_CURL is deprecated (ignored) in this llama.cpp; LLAMA_OPENSSL and LLAMA_BUILD_APP are on by default.

@@ -12,6 +12,7 @@ from localllm.gguf_file import open_gguf
 from localllm.load import file_size
 from localllm.registry import resolve_model
 from localllm.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from localllm.moe_mxfp4 import is_mxfp4_how
 from localllm.validate import check_gguf, check_hf_folder
 from localllm.weights import hf_moe_headers, hf_tensor_headers
 
@@ -30,9 +31,14 @@ def _hf_info(folder: Path) -> tuple[ModelConfig, int, Counter, Tokenizer]:
     for _, _, _, shape, dtype in hf_tensor_headers(folder, cfg):
         params += math.prod(shape)
         types[dtype] += 1
-    for part in {(p.key, p.shape, p.dtype) for p in hf_moe_headers(folder)}:  # expert tensors, each key once
-        params += math.prod(part[1])
-        types[part[2]] += 1
+    for part in {p.key: p for p in hf_moe_headers(folder)}.values():  # expert tensors, each key once
+        if is_mxfp4_how(part.how):  # a released gpt-oss's experts: 2 values a byte of blocks, scales aside
+            if not part.how.startswith("mxfp4_scales"):
+                params += 2 * math.prod(part.shape)
+                types["MXFP4"] += 1
+            continue
+        params += math.prod(part.shape)
+        types[part.dtype] += 1
     return cfg, params, types, load_hf_tokenizer(folder)
 
 

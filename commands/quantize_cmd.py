@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -41,6 +41,7 @@ from localllm.quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
 from localllm.quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback, find_preset
+from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.partial import remove_stale_partials
 from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
@@ -57,6 +58,7 @@ from localllm.quantize_checks import (
     check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
 )
 from localllm.validate import check_gguf, check_hf_folder
+from localllm.moe_mxfp4 import is_mxfp4, read_mxfp4
 from localllm.moe_weights import assemble, read_moe
 from localllm.weights import PERMUTED_QK_ARCHS, gguf_tensor, hf_moe_headers, hf_tensor_names, ours_to_gguf, safetensors_files
 
@@ -151,6 +153,7 @@ def quantize_model(
         )
     else:
         plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
+        plan = keep_checkpoint_mxfp4(src, plan)
     if dry_run:
         named = {t.info.name: t for t in src.tensors}
         errors = measure_errors(plan, lambda name, idx: named[name].read_rows(idx), sample_rows, dev)
@@ -508,6 +511,9 @@ def moe_tensors(folder: Path, arch: str) -> list[SourceTensor]:
     from its parts when written, named as the converter names them in the file (weights.ours_to_gguf)."""
     out = []
     for name, (source, shape) in assemble(hf_moe_headers(folder), folder.name).items():
+        if is_mxfp4(source.parts):  # a released gpt-oss's experts: their blocks, written unchanged
+            out.append(_mxfp4_tensor(ours_to_gguf(arch, name), shape, source.parts))
+            continue
         dtype = source.parts[0].dtype
         if dtype not in SAFETENSORS_DTYPES:
             raise LocalLLMError(f"tensor {source.parts[0].key!r} in {folder.name} has dtype {dtype} (expected F32, F16 or BF16)")
@@ -519,6 +525,26 @@ def moe_tensors(folder: Path, arch: str) -> list[SourceTensor]:
         out.append(SourceTensor(TensorInfo(ours_to_gguf(arch, name), shape, stored), read,
                                 lambda idx, read=read, cols=shape[-1]: read().reshape(-1, cols)[idx], None))
     return out
+
+
+def _mxfp4_tensor(name: str, shape: tuple[int, ...], parts) -> SourceTensor:
+    """MXFP4 expert rows (localllm/moe_mxfp4.py): raw() is the GGUF bytes of the checkpoint's blocks."""
+    def read() -> torch.Tensor:
+        return dequantize_torch(read_mxfp4(parts), Q.MXFP4).reshape(shape)
+
+    return SourceTensor(TensorInfo(name, shape, Q.MXFP4), read,
+                        lambda idx: read().reshape(-1, shape[-1])[idx], lambda: read_mxfp4(parts).numpy())
+
+
+def keep_checkpoint_mxfp4(src: Source, plan: list[PlanRow]) -> list[PlanRow]:
+    """A safetensors folder's MXFP4 experts keep their blocks whatever the preset (llama.cpp's converter
+    writes gpt-oss's MXFP4 experts as they are for every --outtype); a --tensor-type override still
+    re-encodes them."""
+    if not src.path.is_dir():
+        return plan
+    return [replace(r, target=Q.MXFP4, note="kept (the checkpoint's MXFP4)")
+            if r.source == Q.MXFP4 and not r.note.startswith("override") and r.target != Q.MXFP4 else r
+            for r in plan]
 
 
 def _memory_tensor(name: str, w: torch.Tensor) -> SourceTensor:

@@ -242,6 +242,9 @@ def check_shape_fields(cfg: ModelConfig, names: dict[str, str], source: str, lim
         raise fail(f"head dimension {cfg.head_dim} ({names['head_dim']}) is odd: rope rotates pairs")
     if cfg.q_dim > limits.max_dim:
         raise fail(f"{cfg.n_heads} heads of {cfg.head_dim} make {cfg.q_dim} query values, at most {limits.max_dim}")
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "yarn" and cfg.rope_theta <= 1:
+        raise fail(f"rope base {cfg.rope_theta} with YaRN scaling: its correction range (rope.yarn_rope_factors)"
+                   " divides by log(base), which needs a base above 1")
 
 
 def _head_dim(f: Fields, key: str, dim: int, n_heads: int, heads_key: str, limits: LoaderLimits) -> int:

@@ -134,7 +134,8 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
     state = hf_state_dict(folder, keys, cfg)
     longrope = hf_rope_tensors(Fields(read_json(folder / "config.json"), "config.json"), cfg)  # LongRoPE divisors
     state |= {to_module_name(n): t for n, t in longrope.items()}
-    types = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
+    types = Counter(t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype).removeprefix("torch.")
+                    for t in state.values())  # QuantizedTensor: a released gpt-oss's MXFP4 experts
     add_norm_offset(state, cfg)
     return cfg, state, types, tok
 

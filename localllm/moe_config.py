@@ -75,6 +75,7 @@ def moe_hf_fields(f, cfg, limits) -> dict[str, Any]:
 
 
 GPT_OSS_SWIGLU_ALPHA = 1.702  # model.glu's, as transformers' GptOssExperts and llama.cpp's swiglu_oai
+SWIGLU_LIMIT_MAX = 65504.0
 
 
 def _gpt_oss_common(cfg, window: int, sliding: tuple[bool, ...], limit: float) -> dict[str, Any]:
@@ -84,23 +85,27 @@ def _gpt_oss_common(cfg, window: int, sliding: tuple[bool, ...], limit: float) -
 
 def gpt_oss_hf_fields(f, cfg, limits, rope_scaling) -> dict[str, Any]:
     """transformers' GptOssConfig: layer_types (default: sliding, full, ... from layer 0), sliding_window,
-    swiglu_limit, attention_bias (q/k/v and o_proj), YaRN in rope_parameters."""
+    swiglu_limit, attention_bias (q/k/v and o_proj), YaRN in rope_parameters. quantization_config
+    "mxfp4" (the released files' experts) is checked against the tensors by validate.check_hf_folder."""
     quant = f.raw("quantization_config", {})
-    if isinstance(quant, dict) and quant.get("quant_method") is not None:
+    if isinstance(quant, dict) and quant.get("quant_method") not in (None, "mxfp4"):
         raise LocalLLMError(f"config.json: {quant.get('quant_method')!r}-quantized gpt-oss safetensors are not"
-                            " supported (the experts' _blocks/_scales): load its GGUF, or a bf16 checkpoint")
+                            " supported: load its GGUF, or the released MXFP4 or a bf16 checkpoint")
     types = f.raw("layer_types", None)
     if types is None:
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg.n_layers)]
     if not isinstance(types, list) or len(types) != cfg.n_layers or \
-            not set(types) <= {"sliding_attention", "full_attention"}:
+            not all(t in ("sliding_attention", "full_attention") for t in types):  # t may be any JSON value
         raise f.bad("layer_types", types, f"{cfg.n_layers} of 'sliding_attention' / 'full_attention'")
     alpha = f.float("swiglu_alpha", GPT_OSS_SWIGLU_ALPHA)
     if alpha != GPT_OSS_SWIGLU_ALPHA:
         raise f.bad("swiglu_alpha", alpha, f"{GPT_OSS_SWIGLU_ALPHA} (the only value we run)")
     bias = f.bool("attention_bias", True)
+    limit = f.float("swiglu_limit", 7.0)
+    if limit > SWIGLU_LIMIT_MAX:  # model.glu clamps activations of the run's dtype (float16 included) at it
+        raise f.bad("swiglu_limit", limit, f"at most {SWIGLU_LIMIT_MAX} (float16's largest value)")
     out = _gpt_oss_common(cfg, f.int("sliding_window", 1, limits.max_context, 128),
-                          tuple(t == "sliding_attention" for t in types), f.float("swiglu_limit", 7.0))
+                          tuple(t == "sliding_attention" for t in types), limit)
     out |= dict(qkv_bias=bias, attn_out_bias=bias)
     if not (f.values.get("rope_scaling") or f.values.get("rope_parameters")):
         # GptOssConfig's defaults: base 150000 (when not given), YaRN factor 32 from 4096 positions

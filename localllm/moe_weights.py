@@ -12,7 +12,8 @@ GGUF (llama.cpp's converter) stacks them as ffn_gate_exps / ffn_up_exps (E, F, C
 (E, C, F), splitting gpt-oss's interleaved gate/up the same way; the names below are those gguf's
 TensorNameMap gives (tests/test_moe.py checks). A part is one checkpoint key's share of a tensor:
 `expert` (row e of the stack), `t` (transposed), `even_t` / `odd_t` (interleaved columns, transposed),
-`even` / `odd` (interleaved bias columns), `` (as stored).
+`even` / `odd` (interleaved bias columns), `` (as stored); `mxfp4*`: a released gpt-oss file's MXFP4
+blocks or scales (localllm/moe_mxfp4.py pairs them: a source of two parts, read as GGUF MXFP4 rows).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import LocalLLMError
+from .moe_mxfp4 import assemble_mxfp4, is_mxfp4, is_mxfp4_how
 
 # checkpoint key pattern ({i} layer, {e} expert) -> [(GGUF name, how)]
 HF_MOE_NAMES: dict[str, list[tuple[str, str]]] = {
@@ -43,6 +45,14 @@ HF_MOE_NAMES: dict[str, list[tuple[str, str]]] = {
                                                        ("blk.{i}.ffn_up_exps.bias", "odd")],
     "model.layers.{i}.mlp.experts.down_proj": [("blk.{i}.ffn_down_exps.weight", "t")],
     "model.layers.{i}.mlp.experts.down_proj_bias": [("blk.{i}.ffn_down_exps.bias", "")],
+    # the released gpt-oss files: MXFP4 experts, (E, rows, C/32, 16) codes and (E, rows, C/32) scales,
+    # rows interleaved gate/up as above (localllm/moe_mxfp4.py)
+    "model.layers.{i}.mlp.experts.gate_up_proj_blocks": [("blk.{i}.ffn_gate_exps.weight", "mxfp4_even"),
+                                                         ("blk.{i}.ffn_up_exps.weight", "mxfp4_odd")],
+    "model.layers.{i}.mlp.experts.gate_up_proj_scales": [("blk.{i}.ffn_gate_exps.weight", "mxfp4_scales_even"),
+                                                         ("blk.{i}.ffn_up_exps.weight", "mxfp4_scales_odd")],
+    "model.layers.{i}.mlp.experts.down_proj_blocks": [("blk.{i}.ffn_down_exps.weight", "mxfp4")],
+    "model.layers.{i}.mlp.experts.down_proj_scales": [("blk.{i}.ffn_down_exps.weight", "mxfp4_scales")],
     # gpt-oss's attention extras (weights.HF_NAMES has the rest of its layer)
     "model.layers.{i}.self_attn.sinks": [("blk.{i}.attn_sinks.weight", "")],
     "model.layers.{i}.self_attn.o_proj.bias": [("blk.{i}.attn_output.bias", "")],
@@ -103,6 +113,10 @@ def assemble(parts: list[Part], folder_name: str) -> dict[str, tuple[MoESource, 
         by_name.setdefault(p.name, []).append(p)
     out = {}
     for name, ps in by_name.items():
+        if is_mxfp4_how(ps[0].how):  # a blocks part and its scales
+            pair, shape = assemble_mxfp4(ps, folder_name)
+            out[name] = (MoESource(pair), shape)
+            continue
         if ps[0].how != "expert":
             if len(ps) > 1:
                 raise LocalLLMError(f"tensor {ps[1].key!r} appears twice in {folder_name}")
@@ -136,7 +150,9 @@ def read_part(f, p: Part) -> torch.Tensor:
 
 
 def read_moe(source: MoESource) -> torch.Tensor:
-    """Our tensor from its parts (experts stacked in order)."""
+    """Our tensor from its parts (experts stacked in order); not for MXFP4 sources (moe_mxfp4.read_mxfp4)."""
+    if is_mxfp4(source.parts):
+        raise ValueError("an MXFP4 source is read by moe_mxfp4.read_mxfp4")
     from safetensors import SafetensorError, safe_open
 
     values: dict[int, torch.Tensor] = {}

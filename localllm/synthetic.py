@@ -40,16 +40,21 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 def tensor_type(name: str, wtype: str, cfg: ModelConfig) -> Q | None:
-    """GGUF type of a linear weight (None: dense) for a --type value."""
-    if wtype.lower() in DENSE_TYPES:
-        return None
+    """GGUF type of a linear weight (None: dense) for a --type value, as llama-quantize picks it
+    (quantize/presets.py has the whole rule set; these are the branches the presets' shapes meet)."""
+    if wtype.lower() in DENSE_TYPES or name.endswith("ffn_gate_inp.weight"):
+        return None  # llama-quantize never quantizes a router ("ffn_gate_inp.weight")
+    if wtype.upper() in ("MXFP4", "MXFP4_MOE"):  # presets.mxfp4_moe_type: experts MXFP4, the rest Q8_0
+        return Q.MXFP4 if "_exps." in name else Q.Q8_0
     if wtype.upper() != "Q4_K_M":
         return Q[wtype.upper()]
     if name == "output.weight":
         return Q.Q6_K
+    if cfg.n_experts == 8 and name.endswith(("attn_k.weight", "attn_v.weight", "attn_output.weight")):
+        return Q.Q8_0 if not name.endswith("attn_output.weight") else Q.Q5_K  # llama.cpp's 8-expert rules
     if cfg.arch in FUSED_ARCHS and name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight")):
         return Q.Q5_K  # one fused attn_qkv in the file: llama-quantize's Q4_K_M rule for it
-    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+    if name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")):
         return Q.Q6_K if use_more_bits(int(name.split(".")[1]), cfg.n_layers) else Q.Q4_K
     return Q.Q4_K
 

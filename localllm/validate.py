@@ -27,6 +27,7 @@ from .gemma4 import gemma4_config_from_gguf, gemma4_config_from_hf, gemma4_expec
 from .gguf_file import GGUFFile
 from .rope import rotary_dims
 from .settings import DEFAULT_LIMITS, LoaderLimits
+from .moe_mxfp4 import DTYPE as MXFP4_DTYPE, check_quant_config, is_mxfp4
 from .moe_weights import assemble, merge_legacy_shapes
 from .weights import gguf_to_ours, hf_moe_headers, hf_tensor_headers
 
@@ -147,7 +148,7 @@ def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...],
     if cfg.tied_output and "output.weight" in tensors:
         cfg = replace(cfg, tied_output=False)
     for name, (_, dtype) in tensors.items():
-        if dtype not in HF_DTYPES:
+        if dtype not in HF_DTYPES and dtype != MXFP4_DTYPE:  # MXFP4: a checked pair (moe_mxfp4.py)
             raise LocalLLMError(f"tensor {names.get(name, name)!r} in {folder_name} has dtype {dtype},"
                                 f" expected one of {', '.join(sorted(HF_DTYPES))}")
     check_tensor_set(cfg, {n: shape for n, (shape, _) in tensors.items()}, folder_name, names)
@@ -171,8 +172,10 @@ def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, st
         if name in keys:
             raise LocalLLMError(f"tensor {source.parts[0].key!r} appears twice in {folder.name}")
         dtypes = {p.dtype for p in source.parts}
-        keys[name], tensors[name] = source, (shape, sorted(dtypes)[0] if len(dtypes) == 1 else "mixed")
+        dtype = MXFP4_DTYPE if is_mxfp4(source.parts) else sorted(dtypes)[0] if len(dtypes) == 1 else "mixed"
+        keys[name], tensors[name] = source, (shape, dtype)
         names[name] = source.parts[0].key
+    check_quant_config(raw, any(dtype == MXFP4_DTYPE for _, dtype in tensors.values()), folder.name)
     cfg = check_hf_tensors(cfg, tensors, folder.name, names)
     ignored = ignored_tensors(cfg)
     return cfg, {name: k for name, k in keys.items() if name not in ignored}

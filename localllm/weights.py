@@ -24,6 +24,7 @@ from .errors import LocalLLMError
 from .fused import split_rows
 from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
+from .moe_mxfp4 import is_mxfp4, read_mxfp4_tensors
 from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
@@ -332,11 +333,17 @@ def hf_header_entries(folder: Path) -> Iterator[tuple[Path, str, tuple[int, ...]
 def hf_state_dict(folder: Path, keys: dict[str, tuple[Path, str] | MoESource], cfg: ModelConfig
                   ) -> dict[str, torch.Tensor]:
     """keys: GGUF name -> (file, checkpoint key), or the parts of an expert tensor (MoESource), as
-    validated (validate.check_hf_folder); fused checkpoint tensors split into ours (fused.py)."""
+    validated (validate.check_hf_folder); fused checkpoint tensors split into ours (fused.py). MXFP4
+    experts (moe_mxfp4.py) come as QuantizedTensor rows, placed by the backend (load.place_quantized)."""
     from safetensors import SafetensorError, safe_open
 
-    out = {}
+    # a released gpt-oss's MXFP4 experts: kept as blocks, gate and up from one pass over gate_up (moe_mxfp4.py)
+    mxfp4 = {n: s.parts for n, s in keys.items() if isinstance(s, MoESource) and is_mxfp4(s.parts)}
+    out = {to_module_name(n): QuantizedTensor(gguf.GGMLQuantizationType.MXFP4, rows)
+           for n, rows in read_mxfp4_tensors(mxfp4).items()}
     for name, source in keys.items():
+        if name in mxfp4:
+            continue
         if isinstance(source, MoESource):
             out[to_module_name(name)] = read_moe(source)
             continue

@@ -1,6 +1,7 @@
 """The fuzzer's valid starting points, written once per run into its work folder: tiny GGUF models in
 several tensor types (F32, F16, Q8_0, Q4_0 and one with every type the runtime reads, K-quants
-included), tiny Hugging Face folders (sharded with an index, single file, f16), and the list of
+included), tiny Hugging Face folders (sharded with an index, single file, f16, a released gpt-oss's
+MXFP4 experts), and the list of
 vocabularies for the tokenizer target (tests/data/vocab plus the default model)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ def write_seeds(folder: Path) -> None:
     """GGUF seeds as folder/gguf/*.gguf, HF folders as folder/hf/<name>/ (deterministic content)."""
     import gguf
     import tiny_models as tm
+    import tiny_mxfp4 as tx
     from _bad_files import write_tiny_model
 
     Q = gguf.GGMLQuantizationType
@@ -28,6 +30,7 @@ def write_seeds(folder: Path) -> None:
     tm.write_gguf(tm.MIXED, g / "mixed_types.gguf", raw=tm.mixed_type_raw(tm.MIXED))
     for name in ("llama", "qwen2", "mistral"):
         tm.write_hf_folder(tm.CASES[name], h / name)
+    tx.write_released_folder(h / "gpt_oss_mxfp4")  # experts as MXFP4 _blocks / _scales (localllm/moe_mxfp4.py)
 
 
 def gguf_seeds(folder: Path) -> dict[str, bytes]:

@@ -238,7 +238,7 @@ def test_hf_moe_names_are_gguf_s():
         arch = next(a for part, a in archs.items() if part in key)
         name_map = gguf.get_tensor_name_map(arch, 4)
         base = key.replace("{i}", "3").replace(".{e}", "").removesuffix(".weight").removesuffix(".bias")
-        base = base.removesuffix("_bias")
+        base = base.removesuffix("_bias").removesuffix("_blocks").removesuffix("_scales")  # MXFP4 pairs
         for name, _ in targets:
             if "gate_up_proj" in base:  # gpt-oss's interleaved pair: the converter names each half
                 base_half = base.replace("gate_up_proj", "gate_proj" if "gate_exps" in name else "up_proj")
@@ -265,13 +265,28 @@ def test_qwen3_moe_dense_layers_are_refused():
         config_from_hf(base | {"mlp_only_layers": [0]})
 
 
-def test_mxfp4_gpt_oss_folder_is_one_line():
-    """The released gpt-oss safetensors hold MXFP4 experts (gate_up_proj_blocks / _scales): refused by name."""
+def test_quantized_gpt_oss_config_other_than_mxfp4_is_one_line():
+    """The released files' "mxfp4" is read (tests/test_gpt_oss_mxfp4.py); another method is refused by name."""
     from localllm.errors import LocalLLMError
 
-    cfg = tm.hf_config(tm.MOE_CASES["gpt_oss"]) | {"quantization_config": {"quant_method": "mxfp4"}}
-    with pytest.raises(LocalLLMError, match="mxfp4"):
-        config_from_hf(cfg)
+    base = tm.hf_config(tm.MOE_CASES["gpt_oss"])
+    assert config_from_hf(base | {"quantization_config": {"quant_method": "mxfp4"}}).n_experts == 8
+    with pytest.raises(LocalLLMError, match="fp8"):
+        config_from_hf(base | {"quantization_config": {"quant_method": "fp8"}})
+
+
+def test_gpt_oss_config_bad_values_are_one_line():
+    """Found by the fuzzer on the MXFP4 seed: a non-string layer type, a rope base of 1 under YaRN, a clamp
+    limit beyond float range."""
+    from localllm.errors import LocalLLMError
+
+    base = tm.hf_config(tm.MOE_CASES["gpt_oss"])
+    with pytest.raises(LocalLLMError, match="layer_types"):
+        config_from_hf(base | {"layer_types": [[], "full_attention", "sliding_attention"]})
+    with pytest.raises(LocalLLMError, match="rope base 1.0 with YaRN"):
+        config_from_hf(base | {"rope_theta": 1})
+    with pytest.raises(LocalLLMError, match="swiglu_limit"):
+        config_from_hf(base | {"swiglu_limit": 1e308})
 
 
 def test_missing_expert_is_one_line(files, tmp_path):

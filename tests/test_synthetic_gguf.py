@@ -119,3 +119,33 @@ def test_family_file_reads_back_as_its_config_and_weights(tmp_path, monkeypatch,
     for name, w in want.items():
         if isinstance(w, QuantizedTensor):
             assert got[name].qtype == w.qtype and torch.equal(got[name].data, w.data), name
+
+
+@pytest.mark.parametrize("preset,wtype", [("qwen3-30b-a3b", "Q4_K_M"), ("gpt-oss-20b", "Q4_K_M"),
+                                          ("gpt-oss-20b", "MXFP4_MOE"), ("llama-3.2-1b", "Q4_K_M")])
+def test_synthetic_types_are_llama_quantizes(monkeypatch, preset, wtype):
+    """The synthetic files' tensor types are what our port of llama-quantize's rules (quantize/presets.py,
+    tested against llama.cpp's choices) gives the same tensors: the benchmarks compare like with like
+    (the router stays dense, experts' ffn_down follows ffn_down's rule, MXFP4_MOE's experts MXFP4)."""
+    from localllm.quantize.presets import ModelShape, fallback, find_preset, preset_types
+    from localllm.weights import gguf_name
+
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)
+    cfg = small_family(preset) if preset != "llama-3.2-1b" else replace(TINY, n_layers=9)
+    state, _ = synthetic_state(cfg, wtype, "cpu")
+    tensors = [(gguf_name(n), tuple(v.shape) if not isinstance(v, QuantizedTensor) else None, v)
+               for n, v in state.items() if n != "token_embd.weight"]
+    shapes = [(n, s if s is not None else quantized_shape(n, cfg)) for n, s, _ in tensors]
+    want = preset_types(find_preset(wtype), shapes, ModelShape(cfg.arch, cfg.n_layers, cfg.n_heads,
+                                                               cfg.n_kv_heads, cfg.n_experts))
+    for (name, _, v), (_, shape), t in zip(tensors, shapes, want):
+        t = None if t is None or t == Q.F32 else fallback(t, shape[-1])
+        got = v.qtype if isinstance(v, QuantizedTensor) else None
+        assert got == t or (t is not None and got is None and len(shape) < 2), (name, got, t)
+
+
+def quantized_shape(name: str, cfg) -> tuple[int, ...]:
+    """The (numpy-order) shape of a linear weight the synthetic state holds as raw blocks."""
+    from localllm.validate import expected_shapes
+
+    return tuple(expected_shapes(cfg)[name])

@@ -64,7 +64,7 @@ def test_family_logits_match_cpu_fp32(name, wtype):
     assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "phi4", "sinks"])
+@pytest.mark.parametrize("name", ["gemma3", "gemma2", "phi4", "sinks"])
 @torch.inference_mode()
 def test_family_greedy_graph_and_verify(name, steps=24):
     """greedy_step (graph) == decode + argmax, and a verify pass of 6 ids == 6 plain steps bit for bit."""
@@ -82,3 +82,24 @@ def test_family_greedy_graph_and_verify(name, steps=24):
     cache.length = depth
     plain = torch.stack([gpu.decode(cache, torch.tensor([t], device=gpu.device))[0].clone() for t in six])
     assert torch.equal(rows, plain), (rows - plain).abs().max().item()
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma2", "phi4", "sinks"])
+@torch.inference_mode()
+def test_family_greedy_speculative_equals_plain(name, n=40):
+    """Prompt lookup on a repetitive prompt (a block of 48 random ids three times) drafts 5 ids a round:
+    the verify passes give plain greedy decoding's ids (sliding windows of 16 are crossed)."""
+    from localllm.draft import LookupDrafter
+    from localllm.generate import generate
+    from localllm.sampling import Sampler
+    from localllm.settings import DraftSettings, SamplingSettings
+    from localllm.speculative import generate_speculative
+
+    gpu, _ = runtimes(name, "Q4_K_M")
+    prompt = random_ids(gpu.cfg.vocab_size, 48, seed=7) * 3
+    greedy = SamplingSettings(temperature=0)
+    plain = list(generate(gpu, gpu.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, gpu.device), n))
+    spec = list(generate_speculative(gpu, gpu.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, gpu.device),
+                                     LookupDrafter(3, 0.0), n, settings=DraftSettings(lookup=3, max_draft=5)))
+    assert len(plain) == n
+    assert spec == plain
