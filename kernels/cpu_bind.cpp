@@ -120,8 +120,9 @@ struct Decoder {
     lq::MoEScratch* s = lq::moe_scratch(layers, m.dim);
     const int64_t L = static_cast<int64_t>(layers.size()), k = s ? static_cast<int64_t>(s->experts.size()) : 0;
     at::Tensor out = at::full({L, k}, -1, at::kLong);
+    int64_t* o = out.data_ptr<int64_t>();
     for (int64_t l = 0; l < L; l++)
-      if (layers[l]) std::copy(s->chosen.begin() + l * k, s->chosen.begin() + (l + 1) * k, out.data_ptr<int64_t>() + l * k);
+      if (layers[l]) std::copy(s->chosen.begin() + l * k, s->chosen.begin() + (l + 1) * k, o + l * k);
     return out;
   }
 
