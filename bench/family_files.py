@@ -1,7 +1,8 @@
-"""Synthetic GGUF files of the dense families on one small shape, for bench/vs_llamacpp.py (the CPU
-against llama.cpp on the same file): the shape's sizes with bench/cpu_families.py's layer fields.
+"""Synthetic GGUF files of the families on one small shape, for bench/vs_llamacpp.py (the CPU
+against llama.cpp on the same file): the shape's sizes with bench/cpu_families.py's layer fields, or
+with --moe the mixture-of-experts families (moe_variants: Mixtral, Qwen3-MoE, gpt-oss with MXFP4 experts).
 
-    python bench/family_files.py [--shape smollm2-135m] [-w Q4_0] [--vocab VOCAB.gguf] [--out DIR]
+    python bench/family_files.py [--shape smollm2-135m] [-w Q4_0] [--vocab VOCAB.gguf] [--out DIR] [--moe]
     python bench/vs_llamacpp.py DIR/gemma3-Q4_0.gguf DIR/phi3-Q4_0.gguf ... -t 2
 
 Written by localllm.synthetic.write_synthetic_gguf as llama.cpp reads them (Gemma's sliding-window key,
@@ -17,8 +18,28 @@ from pathlib import Path
 
 from cpu_families import variants
 from localllm.commands.quantize_cmd import read_gguf_metadata
+from localllm.config import ModelConfig
 from localllm.registry import shape_preset
 from localllm.synthetic import write_synthetic_gguf
+
+def moe_variants(cfg: ModelConfig, wtype: str) -> dict[str, tuple[ModelConfig, str]]:
+    """The MoE families on cfg's sizes: name -> (config, file type). Experts half the dense MLP's width
+    or less (a multiple of 32: MXFP4 / Q4_0 rows of ffn_down_exps); gpt-oss as its files are typed
+    (MXFP4_MOE: experts MXFP4, the rest Q8_0), with its layer fields (sinks, biases, every other layer
+    sliding, the clamped GLU, top-k then softmax) and an output matrix (llama.cpp's gpt-oss needs one)."""
+    F = cfg.ffn_dim // 2 // 32 * 32
+    L = cfg.n_layers
+    return {
+        # llama.cpp's llama architecture reads the experts' width from feed_forward_length
+        "mixtral": (replace(cfg, arch="mixtral", ffn_dim=F, n_experts=8, n_experts_used=2, expert_ffn_dim=F), wtype),
+        "qwen3moe": (replace(cfg, arch="qwen3_moe", qk_norm=True, n_experts=16, n_experts_used=4,
+                             expert_ffn_dim=F // 2 // 32 * 32), wtype),
+        "gpt-oss": (replace(cfg, arch="gpt_oss", tied_output=False, qkv_bias=True, attn_out_bias=True, attn_sinks=True,
+                            sliding_window=128, sliding_layers=tuple(i % 2 == 0 for i in range(L)),
+                            activation="swiglu_oai", swiglu_limit=7.0, moe_bias=True, moe_gating="topk_softmax",
+                            n_experts=16, n_experts_used=4, expert_ffn_dim=F // 2 // 32 * 32), "MXFP4_MOE"),
+    }
+
 
 VOCAB = Path(__file__).resolve().parent.parent / "tests" / "data" / "vocab" / "ggml-vocab-llama-spm.gguf"
 
@@ -29,10 +50,15 @@ def main() -> None:
     ap.add_argument("-w", "--weights", default="Q4_0", help="GGUF file type")
     ap.add_argument("--vocab", type=Path, default=VOCAB, help="a GGUF file whose tokenizer keys are written")
     ap.add_argument("--out", type=Path, default=Path(".out/families"))
+    ap.add_argument("--moe", action="store_true", help="the MoE families' files (moe_variants) instead")
     args = ap.parse_args()
     tok = read_gguf_metadata(args.vocab, keep=lambda key: key.startswith("tokenizer."))
     base = replace(shape_preset(args.shape), vocab_size=len(tok["tokenizer.ggml.tokens"].value))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.moe:
+        for name, (cfg, wtype) in moe_variants(base, args.weights).items():
+            print(write_synthetic_gguf(cfg, wtype, args.out / f"{name}-{wtype}.gguf", tok, quantized_embedding=True))
+        return
     for name, (cfg, _) in variants(base).items():
         if name.endswith("eager"):
             continue

@@ -8,13 +8,14 @@ decode the blocks with quantize.dequantize_torch, then F.linear.
 
 Layouts (BlockQWeight.parts): "raw", the file's blocks (N, row bytes); or "tiles", 8-row tiles whose
 integer dot products serve 8 rows at a time (kernels/cpu_tiles.h: Q8_0, Q4_0, Q4_1,
-Q5_0 and Q5_1 keep their size; K-quants grow by a third, their scales widened to exact fp32).
+Q5_0 and Q5_1 keep their size; K-quants grow by a third, their scales widened to exact fp32; MXFP4
+by 41%, its codes as 5-bit integers).
 Products (y = x @ w.T, x (T, K) fp32): x rounded to int16 per 32 values, exact integer dot products
 with the quantized weights, fp32 scales (cpu_quant.cpp, cpu_tiles.cpp); for a prompt each unpacked
 tile-group serves 4 rows of x. llama.cpp rounds x to int8, which is about 1.5x faster for long
 prompts but moves greedy output off the fp32 reference where the top two logits are close; int16
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
-weights. Untiled weights (Q2_K, Q3_K, MXFP4, dense) of long prompts: decoded to fp32 (bit-identical to
+weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
 dequantize_torch) one matrix at a time for torch's fp32 GEMM.
 A whole decode step (T = 1) runs in C++ without returning to Python: localllm/backends/cpu.py.
 MPS (Apple) keeps the file's blocks and runs the torch fallback (dequantize_torch's ops run there).
@@ -42,8 +43,8 @@ from localllm.quantize.formats import FORMATS
 from .qweight import QWeight
 
 Q = gguf.GGMLQuantizationType
-SOURCES = ("cpu_quant.cpp", "cpu_tiles.cpp", "cpu_decode.cpp", "cpu_bind.cpp")
-HEADERS = ("cpu_quant.h", "cpu_simd.h", "cpu_tiles.h", "cpu_decode.h", "cpu_vmath.h")
+SOURCES = ("cpu_quant.cpp", "cpu_tiles.cpp", "cpu_decode.cpp", "cpu_moe.cpp", "cpu_bind.cpp")
+HEADERS = ("cpu_quant.h", "cpu_simd.h", "cpu_tiles.h", "cpu_decode.h", "cpu_vmath.h", "cpu_moe.h")
 # Types the C++ products read in place (plus F32/F16/BF16 matrices, multiplied in fp32): Format.cpu.
 CPU_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and not f.dense)
 DENSE_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and f.dense)
@@ -89,7 +90,7 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-# Weights kept as GGUF blocks (Q2_K, Q3_K, MXFP4) or dense take the integer products up to this many rows
+# Weights kept as GGUF blocks (Q2_K, Q3_K) or dense take the integer products up to this many rows
 # of x; more (a long prompt) decode the weight to fp32 for torch's GEMM. Tiles always take them.
 QMATVEC_MAX_ROWS = 64
 CFLAGS = ("-O3", "-march=native", "-fopenmp")

@@ -2,6 +2,8 @@
 // Tensors arrive checked by cpu.py: contiguous, on the CPU, uint8 blocks or fp32 values.
 #include <torch/extension.h>
 
+#include <deque>
+
 #include "cpu_decode.h"
 #include "cpu_quant.h"
 #include "cpu_tiles.h"
@@ -59,6 +61,7 @@ const float* ptr_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<fl
 struct Decoder {
   std::vector<at::Tensor> keep;
   lq::ModelW m;
+  std::deque<lq::MoEW> moes;  // the layers' experts (a deque: the layers keep pointers)
 
   // dims: dim, ffn, H, Hkv, D, rot. scalars: eps, embed_scale, attn_scale, attn_softcap, final_softcap
   // (0: none). mats: per layer q k v o gate up down, then embd, out (as qmatmul takes them; F32 weights
@@ -93,6 +96,36 @@ struct Decoder {
     m.out_norm = vecs[NV * L].data_ptr<float>();
   }
 
+  // Layer `layer`'s MLP becomes a mixture of experts (cpu_moe.h). mats: router, gate, up, down (qtypes,
+  // Ns, Ks, tiled alike); vecs: router, gate, up, down biases (empty when absent); ints: E, k, F,
+  // gating (lq::Gating), norm_topk, act (lq::ExpertAct); limit: swiglu_oai's clamp (<= 0: none).
+  void add_moe(int64_t layer, std::vector<at::Tensor> mats, std::vector<int64_t> qtypes, std::vector<int64_t> Ns,
+               std::vector<int64_t> Ks, std::vector<bool> tiled, std::vector<at::Tensor> vecs,
+               std::vector<int64_t> ints, double limit) {
+    keep.insert(keep.end(), mats.begin(), mats.end());
+    keep.insert(keep.end(), vecs.begin(), vecs.end());
+    auto M = [&](size_t i) { return mat(mats[i], qtypes[i], Ns[i], Ks[i], tiled[i]); };
+    lq::MoEW w{M(0), M(1), M(2), M(3), ptr_or_null(vecs[0]), ptr_or_null(vecs[1]), ptr_or_null(vecs[2]),
+               ptr_or_null(vecs[3])};
+    w.E = ints[0], w.k = ints[1], w.F = ints[2], w.gating = static_cast<int>(ints[3]);
+    w.norm_topk = ints[4] != 0, w.act = static_cast<int>(ints[5]), w.limit = static_cast<float>(limit);
+    moes.push_back(w);
+    m.layers.at(layer).moe = &moes.back();
+  }
+
+  // (L, k) each layer's experts of the last step on this thread, ascending (-1 rows: no experts).
+  at::Tensor experts() {
+    std::vector<const lq::MoEW*> layers;
+    for (const auto& w : m.layers) layers.push_back(w.moe);
+    lq::MoEScratch* s = lq::moe_scratch(layers, m.dim);
+    const int64_t L = static_cast<int64_t>(layers.size()), k = s ? static_cast<int64_t>(s->experts.size()) : 0;
+    at::Tensor out = at::full({L, k}, -1, at::kLong);
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t l = 0; l < L; l++)
+      if (layers[l]) std::copy(s->chosen.begin() + l * k, s->chosen.begin() + (l + 1) * k, o + l * k);
+    return out;
+  }
+
   // k, v: (L, 1, Hkv, S, D) fp32 cache; cos, sin: (n sets, rot/2) rope rows of pos -> logits (V,).
   at::Tensor step(int64_t token, int64_t pos, at::Tensor& k, at::Tensor& v, const at::Tensor& cos,
                   const at::Tensor& sin, int64_t threads) {
@@ -114,5 +147,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
       .def(pybind11::init<std::vector<int64_t>, std::vector<double>, std::vector<at::Tensor>, std::vector<int64_t>,
                           std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, std::vector<at::Tensor>,
                           std::vector<int64_t>>())
+      .def("add_moe", &Decoder::add_moe)
+      .def("experts", &Decoder::experts)
       .def("step", &Decoder::step);
 }

@@ -161,6 +161,9 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
   if (m.embed_scale != 1.f) for (int64_t i = 0; i < C; i++) x[i] *= m.embed_scale;
   const int64_t half = m.rot / 2;
   QX qx{};
+  std::vector<const MoEW*> moes;
+  for (const LayerW& w : m.layers) moes.push_back(w.moe);
+  MoEScratch* ms = moe_scratch(moes, C);  // shared by the team (nullptr: no experts)
 #pragma omp parallel num_threads(threads)
   {
     for (const LayerW& w : m.layers) {
@@ -206,13 +209,17 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
         rmsnorm(x, w.ffn_norm, C, m.eps, xn);
         quantize(xn, C, s, qx);
       }
-      products({{&w.gate, gate}, {&w.up, up}}, qx, xn);
+      if (w.moe) {
+        moe_ffn(*w.moe, l, xn, qx, *ms, C, tmp);
+      } else {
+        products({{&w.gate, gate}, {&w.up, up}}, qx, xn);
 #pragma omp single
-      {
-        glu(w.act, gate, up, F);
-        quantize(gate, F, s, qx);
+        {
+          glu(w.act, gate, up, F);
+          quantize(gate, F, s, qx);
+        }
+        products({{&w.down, tmp}}, qx, gate);
       }
-      products({{&w.down, tmp}}, qx, gate);
 #pragma omp single
       {
         if (w.post_ffn_norm) rmsnorm(tmp, w.post_ffn_norm, C, m.eps, tmp);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_moe.h"
 #include "cpu_quant.h"
 
 namespace lq {
@@ -28,6 +29,7 @@ struct LayerW {
   int rope = 0;                  // which of the step's rope rows rotates q and k; -1: none (NoPE layer)
   int64_t window = 0;            // keys a query sees, itself included (sliding layers); 0: all
   int act = SILU;
+  const MoEW* moe = nullptr;  // a mixture of experts in place of gate/up/down (cpu_moe.h)
 };
 
 struct ModelW {

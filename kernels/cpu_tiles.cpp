@@ -229,6 +229,7 @@ void dequantize_tiles(const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, f
     case Q4_K: return F<Q4_K>(__VA_ARGS__);       \
     case Q5_K: return F<Q5_K>(__VA_ARGS__);       \
     case Q6_K: return F<Q6_K>(__VA_ARGS__);       \
+    case MXFP4: return F<MXFP4>(__VA_ARGS__);     \
     default: return;                              \
   }
 

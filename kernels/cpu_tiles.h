@@ -12,7 +12,10 @@
 //   mins    m of rows 0..7 (same dtype), for formats with a min term
 // so w = s * (u - o) + m exactly as quantize.decode's decoders compute it (cpu_quant.h: Group).
 // Rows past N (the last tile) are zero. Sizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 equal the file's;
-// Q4_K +33%, Q5_K +27%, Q6_K +52% (fp32 scales per 32 or 16 values instead of 6/8-bit ones).
+// Q4_K +33%, Q5_K +27%, Q6_K +52% (fp32 scales per 32 or 16 values instead of 6/8-bit ones); MXFP4
+// +41%: its E2M1 codes as the 5-bit integers u = 2 value + 12 (cpu_quant.h Fmt<MXFP4>), fp32 scales
+// (the E8M0 scale halved, exact), so its products take the tiles' integer kernels (gpt-oss's experts
+// decode 1.8x faster than from the file's blocks: docs/PERFORMANCE.md).
 #pragma once
 
 #include <cstdint>
@@ -41,7 +44,8 @@ constexpr TileKind tile_kind(int qtype) {
     case 12: return {4, true, true, false, 0};     // Q4_K
     case 13: return {5, true, true, false, 0};     // Q5_K
     case 14: return {8, true, false, true, 32};    // Q6_K
-    default: return {0, false, false, false, 0};   // Q2_K, Q3_K, MXFP4, dense: not tiled
+    case 39: return {5, true, false, false, 12};   // MXFP4 (codes as integers 0..24)
+    default: return {0, false, false, false, 0};   // Q2_K, Q3_K, dense: not tiled
   }
 }
 

@@ -10,8 +10,8 @@ CUDA: load.place_quantized); an expert's product reads only its own rows (kernel
 so a decode step touches k experts' weights, never all E.
 
 Routing must choose the experts transformers chooses on the same weights (tests/test_moe.py):
-  "softmax" (Mixtral, Qwen3-MoE): p = softmax(logits in fp32), top-k of p (torch.topk, the same tie
-     order), renormalised to sum 1 when moe_norm_topk (Mixtral always, Qwen3-MoE norm_topk_prob);
+  "softmax" (Mixtral, Qwen3-MoE): p = softmax(logits in fp32), top-k of p (top_k: torch.topk's values,
+     equal values by lower index), renormalised to sum 1 when moe_norm_topk (Mixtral always, Qwen3-MoE norm_topk_prob);
   "topk_softmax" (gpt-oss): top-k of the logits (router bias included), softmax over those k.
 Each chosen expert's output is scaled by its weight and summed over experts in ascending expert
 order (transformers' index_add_ loop order).
@@ -57,14 +57,22 @@ class ExpertLinear(nn.Module):
         return linear_rows(x, self.qweight, expert * n, (expert + 1) * n, b)
 
 
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(x, k, dim=-1) with one order for ties: larger values first, equal values by lower
+    index (torch.topk leaves the order of equal values unspecified: on the CPU, zeros of 8 give 6, 5).
+    The fast paths' routing follows the same rule (kernels/cpu_moe.cpp)."""
+    values, idx = torch.sort(x, stable=True, dim=-1, descending=True)
+    return values[..., :k], idx[..., :k]
+
+
 def route(cfg: ModelConfig, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits (N, E) -> (weights (N, k) fp32, experts (N, k) int64), as transformers routes."""
     k = cfg.n_experts_used
     if cfg.moe_gating == "topk_softmax":  # GptOssTopKRouter
-        top, experts = torch.topk(logits.float(), k, dim=-1)
+        top, experts = top_k(logits.float(), k)
         return torch.softmax(top, dim=-1), experts
     probs = torch.softmax(logits.float(), dim=-1)  # MixtralTopKRouter / Qwen3MoeTopKRouter
-    top, experts = torch.topk(probs, k, dim=-1)
+    top, experts = top_k(probs, k)
     if cfg.moe_norm_topk:
         top = top / top.sum(dim=-1, keepdim=True)
     return top, experts

@@ -27,7 +27,7 @@ from .load import build_model
 from .model import Transformer
 from .rope import rope_factors
 from .runtime import Runtime
-from .weights import QuantizedTensor, gguf_name
+from .weights import QuantizedTensor, gguf_name, ours_to_gguf
 
 Q = gguf.GGMLQuantizationType
 DENSE_TYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -188,13 +188,14 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     with torch.device("meta"):  # the experts' 3-D shapes (their blocks are E F rows)
         full = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
     for name in names:
-        v = state[name]
+        v, file_name = state[name], ours_to_gguf(arch, gguf_name(name))  # gpt-oss: its ffn_norm's name
         if isinstance(v, QuantizedTensor):
             block, size = gguf.GGML_QUANT_SIZES[v.qtype]
             shape = (v.data.shape[0], v.data.shape[1] // size * block)
-            slots.append(TensorSlot(gguf_name(name), full[name] if len(full.get(name, ())) == 3 else shape, v.qtype))
+            slots.append(TensorSlot(file_name, full[name] if len(full.get(name, ())) == 3 else shape, v.qtype))
         else:
-            slots.append(TensorSlot(gguf_name(name), tuple(v.shape), Q.F32 if v.dim() == 1 else dense))
+            f32 = v.dim() == 1 or name.endswith(".bias")  # gpt-oss's expert biases (E, F): F32 as converted
+            slots.append(TensorSlot(file_name, tuple(v.shape), Q.F32 if f32 else dense))
     torch_types = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 
     def make_tensor(i: int) -> np.ndarray:
@@ -211,7 +212,7 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
 def quantize_embedding(state: dict, wtype: str) -> dict:
     """state with token_embd.weight as a QuantizedTensor of wtype's block type (Q4_K_M: Q4_K), as
     llama-quantize stores it: the CPU's one-call decoder reads the embedding's blocks (backends/cpu.py)."""
-    qtype = Q.Q4_K if wtype.upper() == "Q4_K_M" else Q[wtype.upper()]
+    qtype = {"Q4_K_M": Q.Q4_K, "MXFP4_MOE": Q.Q8_0}.get(wtype.upper()) or Q[wtype.upper()]
     emb = state["token_embd.weight"]
     if qtype in FALLBACK and emb.shape[1] % 256:
         qtype = FALLBACK[qtype]

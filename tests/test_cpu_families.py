@@ -9,7 +9,7 @@ built from configs directly (synthetic.synthetic_state: Q8_0 / Q4_0 blocks, embe
   over 64 tokens equal the reference's;
 - the tiny Gemma 2 / Gemma 3 GGUF files of tiny_models.py (Q8_0), loaded as a user loads them: the C++
   steps against the dense load's forward;
-- backends.runtime_class: CpuRuntime (the C++ decoder) for these configs, CpuEagerRuntime for MoE.
+- backends.runtime_class: CpuRuntime (the C++ decoder) for these configs and MoE (tests/test_cpu_moe.py).
 """
 
 from __future__ import annotations
@@ -138,10 +138,10 @@ def test_runtime_class_picks_the_cpp_decoder_where_it_covers_the_config():
     assert runtime_class("cpu", None) is CpuRuntime and runtime_class("cpu", BASE) is CpuRuntime
     for cfg in FAMILIES.values():
         assert runtime_class("cpu", cfg) is CpuRuntime
-    moe = replace(BASE, n_experts=4, n_experts_used=2, expert_ffn_dim=64)
-    oai = replace(BASE, activation="swiglu_oai", swiglu_limit=7.0)
-    for cfg in (moe, oai):
-        assert not cpp_covers(cfg) and runtime_class("cpu", cfg) is CpuEagerRuntime
+    moe = replace(BASE, n_experts=4, n_experts_used=2, expert_ffn_dim=64)  # tests/test_cpu_moe.py
+    assert cpp_covers(moe) and runtime_class("cpu", moe) is CpuRuntime
+    oai = replace(BASE, activation="swiglu_oai", swiglu_limit=7.0)  # the clamped GLU off the experts
+    assert not cpp_covers(oai) and runtime_class("cpu", oai) is CpuEagerRuntime
 
 
 

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tiny_models as tm
+from localllm.backends.cpu import CpuEagerRuntime
 from localllm.cache import make_cache
 from localllm.config import config_from_hf
 from localllm.kernels.cpu import BlockQWeight, load_extension, pack_for_cpu, row_view
@@ -211,9 +212,10 @@ def test_mxfp4_experts_match_transformers(files, tokens, case, tmp_path):
 
 
 def test_decode_runs_only_the_chosen_experts(files, tokens, monkeypatch):
-    """A one-token step runs k experts per layer (each product on its own rows), never all E."""
+    """A one-token step of the torch forward runs k experts per layer (each product on its own rows),
+    never all E (CpuEagerRuntime: CpuRuntime's steps run in C++, tests/test_cpu_moe.py)."""
     spec = tm.MOE_CASES["qwen3_moe"]
-    lm = load_model(str(files.gguf("qwen3_moe", Q.Q8_0)), "cpu", torch.float32)
+    lm = load_model(str(files.gguf("qwen3_moe", Q.Q8_0)), "cpu", torch.float32, backend=CpuEagerRuntime)
     assert isinstance(lm.model.blk[0].moe.ffn_down_exps.qweight, BlockQWeight)
     calls: list[int] = []
     forward = ExpertLinear.forward

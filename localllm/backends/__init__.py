@@ -7,8 +7,9 @@
 A config whose layers are not the Llama layer (ModelConfig.llama_layer False: Gemma, Phi-3, MoE, ...)
 runs where its backend's fast path covers it, else the model's torch forward: CUDA's decode step and
 graphs implement the dense families' fields (backends/cuda.py covers: Gemma 2/3, Phi-3, SmolLM3, gpt-oss's
-attention), and so does the CPU's C++ decoder (backends/cpu.py cpp_covers); other configs (MoE) run the
-torch forward on the file's blocks (their C++ products) or on QWeights (the Triton products).
+attention), and so does the CPU's C++ decoder (backends/cpu.py cpp_covers, with the MoE families'
+experts); other configs run the torch forward on the file's blocks (their C++ products) or on QWeights
+(the Triton products).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
 
 The decoder runs the Llama layer and the dense families' fields (cpp_covers: Gemma 2/3, Phi-3,
 SmolLM3; tests/test_cpu_families.py): per layer its rope set (rope.layer_ropes, the tables the forward
-uses), window and activation, and the model's scales and soft caps. Other configs (MoE, gpt-oss's
-clamped GLU) run the torch forward on the same blocks (CpuEagerRuntime).
+uses), window and activation, and the model's scales and soft caps; and the mixture-of-experts MLP of
+Mixtral, Qwen3-MoE and gpt-oss (cpu_moe.py, kernels/cpu_moe.cpp; tests/test_cpu_moe.py). Other configs
+(Gemma 4, a dense clamped GLU) run the torch forward on the same blocks (CpuEagerRuntime).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..rope import layer_ropes, rotary_dims
 from ..runtime import Runtime
 from ..settings import DEFAULT_CPU
 from ..weights import to_module_name
+from .cpu_moe import MOE_FIELDS, NO_MATRIX, add_moe_layers, moe_covers, moe_layers, parameter_names
 
 LINEARS = ("attn.attn_q", "attn.attn_k", "attn.attn_v", "attn.attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # Per layer, as GGUF names (to_module_name places them in the model): what cpu_bind.cpp's Decoder takes.
@@ -36,13 +38,13 @@ VECTORS = ("attn_norm.weight", "ffn_norm.weight", "attn_q_norm.weight", "attn_k_
            "attn_q.bias", "attn_k.bias", "attn_v.bias", "post_attention_norm.weight", "post_ffw_norm.weight",
            "attn_output.bias", "attn_sinks.weight")
 NONE = torch.empty(0)  # an absent norm or bias
-# The issue-19 fields the C++ decoder implements (cpu_decode.h); a config that sets any other one (MoE,
-# gpt-oss's clamped GLU, fields added later) runs the torch forward (CpuEagerRuntime).
+# The issue-19 fields the C++ decoder implements (cpu_decode.h, cpu_moe.h); a config that sets any other
+# one (Gemma 4's, fields added later) runs the torch forward (CpuEagerRuntime).
 CPP_FIELDS = frozenset({
     "embed_scale", "activation", "post_norms", "attn_scale", "attn_softcap", "final_softcap", "attn_out_bias",
     "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers", "rotary_dim",
     "rope_attn_factor", "rope_original_context",
-})
+}) | MOE_FIELDS
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.activation -> lq::Act
 
 
@@ -51,7 +53,7 @@ def cpp_covers(cfg: ModelConfig | None) -> bool:
     if cfg is None:
         return True
     changed = {f.name for f in fields(cfg) if f.name in FAMILY_FIELDS and getattr(cfg, f.name) != f.default}
-    return changed <= CPP_FIELDS and cfg.activation in ACTIVATIONS
+    return changed <= CPP_FIELDS and (cfg.activation in ACTIVATIONS or cfg.n_experts > 0) and moe_covers(cfg)
 
 
 def as_matrix(w) -> tuple | None:
@@ -86,6 +88,9 @@ def model_tensors(model: Transformer) -> tuple[list, list] | None:
     for i, blk in enumerate(model.blk):
         for n in LINEARS:
             linear = submodule(blk, n)
+            if linear is None and n.startswith("ffn_") and getattr(blk, "moe", None) is not None:
+                mats.append(NO_MATRIX)  # the experts' (cpu_moe.py)
+                continue
             mats.append(as_matrix(linear.w) if linear is not None else None)
             read.add(f"blk.{i}.{n}.weight")
         names = [to_module_name(f"blk.{i}.{n}") for n in VECTORS]
@@ -93,6 +98,7 @@ def model_tensors(model: Transformer) -> tuple[list, list] | None:
         read.update(names)
     mats += [as_matrix(model.token_embd.weight), as_matrix(model.output_weight())]
     vecs.append(fp32_vector(model.output_norm.weight))
+    read |= parameter_names(model)
     if any(m is None for m in mats) or any(v is None for v in vecs) or set(params) - read:
         return None
     return mats, vecs
@@ -118,7 +124,8 @@ def layer_ints(model: Transformer, rope_index: list[int]) -> list[int]:
     """Per layer: rope set, window (0: every key), activation, as cpu_bind.cpp's Decoder takes them."""
     cfg, out = model.cfg, []
     for i in range(cfg.n_layers):
-        out += [rope_index[i], (cfg.sliding_window or 0) if cfg.sliding(i) else 0, ACTIVATIONS[cfg.activation]]
+        act = ACTIVATIONS.get(cfg.activation, 0)  # (an MoE layer's experts take theirs: cpu_moe.py)
+        out += [rope_index[i], (cfg.sliding_window or 0) if cfg.sliding(i) else 0, act]
     return out
 
 
@@ -134,6 +141,7 @@ class CpuDecoder:
         self.rope_capacity = 0
         self.native = ext.Decoder(dims, scalars, *([m[i] for m in mats] for i in range(5)), vecs,
                                   layer_ints(model, index))
+        add_moe_layers(self.native, moe_layers(model, as_matrix, fp32_vector))
 
     def rope_rows(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (positions, sets, R/2) for positions [0, capacity), computed once per cache size
@@ -163,6 +171,8 @@ def build_decoder(model: Transformer) -> CpuDecoder | None:
     if not cpp_covers(cfg) or cfg.head_dim % 8 or rotary_dims(cfg) % 2 or rotary_dims(cfg) > cfg.head_dim:
         return None
     if not isinstance(model.token_embd, QEmbedding) or model_tensors(model) is None:
+        return None
+    if moe_layers(model, as_matrix, fp32_vector) is None:
         return None
     ext = load_extension(DEFAULT_CPU.cache_dir)
     return CpuDecoder(model, ext) if ext is not None else None
