@@ -1,12 +1,14 @@
 """localllm against llama.cpp on the CPU: the same GGUF file, prompt length, thread count and token counts.
 
-    python bench/vs_llamacpp.py [MODEL ...] [-t THREADS] [-p 512] [-n 128] [-r 3]
+    python bench/vs_llamacpp.py [MODEL ...] [-t THREADS] [-p 512] [-n 128] [-r 3] [--cpu-time]
 
 llama.cpp runs through llama-cpp-python, built from source into a cached virtual environment
 (bench/llamacpp_env.py: several minutes the first time). Both sides are timed the way
 llama-bench does: ppP = a P-token prompt into an empty context, tgN = N single-token steps from an
 empty context (each step feeds the previous step's argmax), after one warm-up of each; the mean
-over repetitions is printed, with the ratio localllm / llama.cpp.
+over repetitions is printed, with the ratio localllm / llama.cpp. --cpu-time (with -t 1) times the
+process's CPU seconds on both sides instead of wall time: on a machine other jobs share, the work
+done, not the time slices granted (as bench/cpu_families.py --cpu-time).
 """
 
 from __future__ import annotations
@@ -23,38 +25,41 @@ from llamacpp_env import run_llamacpp
 from localllm.load import load_model
 from localllm.registry import resolve_model
 
-# Runs inside the llama.cpp venv: argv = path, threads, prompt length, generated tokens, repetitions.
+# Runs inside the llama.cpp venv: argv = path, threads, prompt length, generated tokens, repetitions,
+# the time module's clock (perf_counter or process_time).
 LLAMA_CODE = r"""
 import json, sys, time
 import numpy as np
 from llama_cpp import Llama
 
-path, threads, p, n, reps = sys.argv[1], *map(int, sys.argv[2:])
+path, threads, p, n, reps = sys.argv[1], *map(int, sys.argv[2:6])
+clock = getattr(time, sys.argv[6])
 llm = Llama(model_path=path, n_ctx=p + n + 8, n_batch=p, n_ubatch=p, n_threads=threads,
             n_threads_batch=threads, verbose=False)
 prompt = np.random.default_rng(0).integers(100, llm.n_vocab() - 100, p).tolist()
 
 def pp():
     llm.reset()
-    t = time.perf_counter()
+    t = clock()
     llm.eval(prompt)
-    return p / (time.perf_counter() - t)
+    return p / (clock() - t)
 
 def tg():
     llm.reset()
     token = prompt[0]
-    t = time.perf_counter()
+    t = clock()
     for _ in range(n):
         llm.eval([token])
         token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    return n / (time.perf_counter() - t)
+    return n / (clock() - t)
 
 pp(), tg()  # warm-up
 print(json.dumps({"pp": [pp() for _ in range(reps)], "tg": [tg() for _ in range(reps)]}))
 """
 
 
-def localllm_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict[str, list[float]]:
+def localllm_speeds(path: Path, threads: int, p: int, n: int, reps: int,
+                    clock=time.perf_counter) -> dict[str, list[float]]:
     torch.set_num_threads(threads)
     rt = load_model(str(path), "cpu").runtime
     g = torch.Generator().manual_seed(0)
@@ -63,24 +68,25 @@ def localllm_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict
 
     @torch.inference_mode()
     def pp() -> float:
-        t = time.perf_counter()
+        t = clock()
         rt.forward(prompt, cache, 0, last_only=True)
-        return p / (time.perf_counter() - t)
+        return p / (clock() - t)
 
     @torch.inference_mode()
     def tg() -> float:
         token, cache.length = prompt[0, :1], 0
-        t = time.perf_counter()
+        t = clock()
         for _ in range(n):
             token = rt.decode(cache, token).argmax(-1)
-        return n / (time.perf_counter() - t)
+        return n / (clock() - t)
 
     pp(), tg()  # warm-up (and the C++ kernels' build, the first time)
     return {"pp": [pp() for _ in range(reps)], "tg": [tg() for _ in range(reps)]}
 
 
-def llamacpp_speeds(path: Path, threads: int, p: int, n: int, reps: int) -> dict[str, list[float]]:
-    out = run_llamacpp(LLAMA_CODE, str(path), str(threads), str(p), str(n), str(reps))
+def llamacpp_speeds(path: Path, threads: int, p: int, n: int, reps: int,
+                    clock: str = "perf_counter") -> dict[str, list[float]]:
+    out = run_llamacpp(LLAMA_CODE, str(path), str(threads), str(p), str(n), str(reps), clock)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -93,13 +99,16 @@ def main() -> None:
     ap.add_argument("-p", "--prompt", type=int, default=512)
     ap.add_argument("-n", "--gen", type=int, default=128)
     ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("--cpu-time", action="store_true", help="time CPU seconds of each process (use with -t 1)")
     args = ap.parse_args()
-    print(f"threads {args.threads}; tokens/s, mean ± sd over {args.reps} runs")
+    clock = "process_time" if args.cpu_time else "perf_counter"
+    print(f"threads {args.threads}; tokens per {'CPU' if args.cpu_time else 'wall'} second, mean ± sd over "
+          f"{args.reps} runs")
     print("| model | test | llama.cpp | localllm | ratio |\n| --- | --- | ---: | ---: | ---: |")
     for spec in args.models:
         path = resolve_model(spec)
-        theirs = llamacpp_speeds(path, args.threads, args.prompt, args.gen, args.reps)
-        ours = localllm_speeds(path, args.threads, args.prompt, args.gen, args.reps)
+        theirs = llamacpp_speeds(path, args.threads, args.prompt, args.gen, args.reps, clock)
+        ours = localllm_speeds(path, args.threads, args.prompt, args.gen, args.reps, getattr(time, clock))
         for key, name in (("pp", f"pp{args.prompt}"), ("tg", f"tg{args.gen}")):
             a, b = theirs[key], ours[key]
             ratio = statistics.mean(b) / statistics.mean(a)

@@ -1,8 +1,9 @@
 // The decode step of cpu_decode.h. Reference: localllm/model.py Transformer.forward for one token
 // (RMSNorm in fp32, neox rope on the first rot dims (rope.rope_rotate), causal attention with grouped
 // kv heads, scale, soft cap, window and sinks as attention.attend, SiLU or tanh-GELU GLU, Gemma's post
-// norms, fp32 residual); tests/test_cpu_kernels.py and tests/test_cpu_families.py check its logits
-// against that forward and greedy output for 64 tokens.
+// norms, fp32 residual; Gemma 4: project_qkv's k_eq_v / value norm / KV-shared layers, Block.forward's
+// per-layer input and output scale); tests/test_cpu_kernels.py, tests/test_cpu_families.py and
+// tests/test_cpu_gemma4.py check its logits against that forward and greedy output for 64 tokens.
 #include "cpu_decode.h"
 
 #include <omp.h>
