@@ -190,3 +190,30 @@ def test_runtime_class(gguf_file):
     assert runtime_class("cpu", cfg) is CpuRuntime
     assert runtime_class("cpu", replace(cfg, moe_with_mlp=True, n_experts=4, n_experts_used=2,
                                         expert_ffn_dim=32)) is CpuEagerRuntime
+
+
+def test_bench_gemma4_file_runs_the_cpp_decoder(tmp_path, monkeypatch):
+    """bench/gemma4_file.py's synthetic file (its shape, narrower) reads back as the config it was written
+    from and decodes through the C++ decoder with the reference forward's logits."""
+    import sys
+    from pathlib import Path
+
+    import localllm.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 16)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from family_files import VOCAB
+    from gemma4_file import gemma4_shape, write_gemma4_gguf
+    from localllm.commands.quantize_cmd import read_gguf_metadata
+
+    tok = read_gguf_metadata(VOCAB, keep=lambda key: key.startswith("tokenizer."))
+    cfg = replace(gemma4_shape(len(tok["tokenizer.ggml.tokens"].value)), dim=128, ffn_dim=256, per_layer_dim=32,
+                  embed_scale=128**0.5)
+    path = write_gemma4_gguf(cfg, "Q8_0", tmp_path / "gemma4-Q8_0.gguf", tok)
+    rt, ref = pair(path)
+    # (read back: eps as the file's fp32, the proportional rope as rope_freqs' divisors)
+    assert rt.cfg == replace(cfg, norm_eps=rt.cfg.norm_eps, rope_partial_global=rt.cfg.rope_partial_global)
+    assert torch.equal(rt.model.rope_freqs, torch.tensor([1.0] * 32 + [1e30] * 96)) and "gemma4_file" in sys.modules
+    tokens = tokens_for(rt.cfg, 6)
+    got, want = cpp_steps(rt, tokens)[0], ref_forward(ref.model, tokens)[0]
+    assert rel(got, want) < TOL
