@@ -8,6 +8,7 @@ with --moe the mixture-of-experts families (moe_variants: Mixtral, Qwen3-MoE, gp
 Written by localllm.synthetic.write_synthetic_gguf as llama.cpp reads them (Gemma's sliding-window key,
 Phi-3's fused attn_qkv / ffn_up), the token embedding quantized as llama-quantize stores it (the CPU's
 one-call decoder needs its blocks); the vocabulary is VOCAB's (its token count replaces the shape's).
+Beside them gemma4-WTYPE.gguf: Gemma 4 of a small E2B-like shape of its own (bench/gemma4_file.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cpu_families import variants
+from gemma4_file import gemma4_shape, write_gemma4_gguf
 from localllm.commands.quantize_cmd import read_gguf_metadata
 from localllm.config import ModelConfig
 from localllm.registry import shape_preset
@@ -66,6 +68,8 @@ def main() -> None:
         path = write_synthetic_gguf(replace(cfg, arch=arch), args.weights, args.out / f"{name}-{args.weights}.gguf", tok,
                                     quantized_embedding=True)
         print(path)
+    vocab = len(tok["tokenizer.ggml.tokens"].value)
+    print(write_gemma4_gguf(gemma4_shape(vocab), args.weights, args.out / f"gemma4-{args.weights}.gguf", tok))
 
 
 if __name__ == "__main__":

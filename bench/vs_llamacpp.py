@@ -100,7 +100,8 @@ def main() -> None:
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--cpu-time", action="store_true", help="time CPU seconds of each process (use with -t 1)")
     args = ap.parse_args()
-    print(f"threads {args.threads}; tokens/s, mean ± sd over {args.reps} runs")
+    print(f"threads {args.threads}; tokens per {'CPU' if args.cpu_time else 'wall'} second, mean ± sd over "
+          f"{args.reps} runs")
     print("| model | test | llama.cpp | localllm | ratio |\n| --- | --- | ---: | ---: | ---: |")
     for spec in args.models:
         path = resolve_model(spec)

@@ -89,6 +89,7 @@ struct Decoder {
                    V(4), V(5), V(6), V(7), V(8), V(9), V(10)};
       w.rope = static_cast<int>(layers[NL * l]), w.window = layers[NL * l + 1];
       w.act = static_cast<int>(layers[NL * l + 2]);
+      w.D = m.D, w.Hkv = m.Hkv, w.F = m.ffn, w.rot = m.rot;
       m.layers.push_back(w);
     }
     m.embd = mat(mats[NM * L], qtypes[NM * L], Ns[NM * L], Ks[NM * L], tiled[NM * L]);
@@ -126,11 +127,49 @@ struct Decoder {
     return out;
   }
 
+  // Gemma 4's layer fields (cpu_gemma4.py gemma4_args). shapes: per layer D, Hkv, F, rot. mats: per layer
+  // inp_gate, proj (empty without PLE), then per_layer_token_embd, per_layer_model_proj; vecs: per layer
+  // post_norm, layer_output_scale, then per_layer_proj_norm. P: PLE width (0: none).
+  void gemma4(std::vector<int64_t> shapes, std::vector<at::Tensor> mats, std::vector<int64_t> qtypes,
+              std::vector<int64_t> Ns, std::vector<int64_t> Ks, std::vector<bool> tiled, std::vector<at::Tensor> vecs,
+              bool v_norm, int64_t P) {
+    keep.insert(keep.end(), mats.begin(), mats.end());
+    keep.insert(keep.end(), vecs.begin(), vecs.end());
+    auto M = [&](size_t j) { return mat(mats[j], qtypes[j], Ns[j], Ks[j], tiled[j]); };
+    const size_t L = m.layers.size();
+    for (size_t l = 0; l < L; l++) {
+      lq::LayerW& w = m.layers[l];
+      w.D = shapes[4 * l], w.Hkv = shapes[4 * l + 1], w.F = shapes[4 * l + 2], w.rot = shapes[4 * l + 3];
+      w.inp_gate = M(2 * l), w.proj = M(2 * l + 1);
+      w.post_norm = ptr_or_null(vecs[2 * l]), w.out_scale = ptr_or_null(vecs[2 * l + 1]);
+    }
+    m.ple_embd = M(2 * L), m.ple_proj = M(2 * L + 1), m.ple_norm = ptr_or_null(vecs[2 * L]);
+    m.v_norm = v_norm, m.P = P;
+  }
+
   // k, v: (L, 1, Hkv, S, D) fp32 cache; cos, sin: (n sets, rot/2) rope rows of pos -> logits (V,).
   at::Tensor step(int64_t token, int64_t pos, at::Tensor& k, at::Tensor& v, const at::Tensor& cos,
                   const at::Tensor& sin, int64_t threads) {
+    lq::Cache c{{}, {}, k.size(3)};
+    const int64_t L = k.size(0), per_layer = k.numel() / L;
+    for (int64_t l = 0; l < L; l++) c.k.push_back(k.data_ptr<float>() + l * per_layer);
+    for (int64_t l = 0; l < L; l++) c.v.push_back(v.data_ptr<float>() + l * per_layer);
+    return run(token, pos, c, cos, sin, threads);
+  }
+
+  // k, v: per layer (1, Hkv_l, S, D_l) fp32 buffers (model.py's layered KVCache: a KV-shared layer's
+  // are its source layer's).
+  at::Tensor step_layers(int64_t token, int64_t pos, std::vector<at::Tensor> k, std::vector<at::Tensor> v,
+                         const at::Tensor& cos, const at::Tensor& sin, int64_t threads) {
+    lq::Cache c{{}, {}, k.at(0).size(2)};
+    for (auto& t : k) c.k.push_back(t.data_ptr<float>());
+    for (auto& t : v) c.v.push_back(t.data_ptr<float>());
+    return run(token, pos, c, cos, sin, threads);
+  }
+
+  at::Tensor run(int64_t token, int64_t pos, const lq::Cache& c, const at::Tensor& cos, const at::Tensor& sin,
+                 int64_t threads) {
     at::Tensor logits = at::empty({m.out.N}, at::kFloat);
-    lq::Cache c{k.data_ptr<float>(), v.data_ptr<float>(), k.size(3)};
     lq::decode_step(m, token, pos, c, cos.data_ptr<float>(), sin.data_ptr<float>(), logits.data_ptr<float>(),
                     static_cast<int>(threads));
     return logits;
@@ -149,5 +188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
                           std::vector<int64_t>>())
       .def("add_moe", &Decoder::add_moe)
       .def("experts", &Decoder::experts)
-      .def("step", &Decoder::step);
+      .def("gemma4", &Decoder::gemma4)
+      .def("step", &Decoder::step)
+      .def("step_layers", &Decoder::step_layers);
 }

@@ -1,8 +1,9 @@
 // The decode step of cpu_decode.h. Reference: localllm/model.py Transformer.forward for one token
 // (RMSNorm in fp32, neox rope on the first rot dims (rope.rope_rotate), causal attention with grouped
 // kv heads, scale, soft cap, window and sinks as attention.attend, SiLU or tanh-GELU GLU, Gemma's post
-// norms, fp32 residual); tests/test_cpu_kernels.py and tests/test_cpu_families.py check its logits
-// against that forward and greedy output for 64 tokens.
+// norms, fp32 residual; Gemma 4: project_qkv's k_eq_v / value norm / KV-shared layers, Block.forward's
+// per-layer input and output scale); tests/test_cpu_kernels.py, tests/test_cpu_families.py and
+// tests/test_cpu_gemma4.py check its logits against that forward and greedy output for 64 tokens.
 #include "cpu_decode.h"
 
 #include <omp.h>
@@ -20,17 +21,20 @@ namespace {
 
 // Buffers of one step, reused across steps (one decoder runs at a time per thread).
 struct Scratch {
-  std::vector<float> x, xn, tmp, q, k, v, att, gate, up, scores, xd, xhs;
+  std::vector<float> x, xn, tmp, q, k, v, att, gate, up, scores, xd, xhs, ple, ptok, pg;
   std::vector<int16_t> xq;
   std::vector<int32_t> xl;
 };
 
 Scratch& scratch(const ModelW& m, int64_t S) {
   thread_local Scratch s;
-  const int64_t C = m.dim, widest = std::max({m.dim, m.ffn, m.H * m.D}), G = widest / 32;
+  int64_t D = 0, Hkv = 0, F = 0;  // the widest layer's (Gemma 4's differ)
+  for (const LayerW& w : m.layers) D = std::max(D, w.D), Hkv = std::max(Hkv, w.Hkv), F = std::max(F, w.F);
+  const int64_t C = m.dim, widest = std::max({C, F, m.H * D, m.P}), G = widest / 32;
   s.x.resize(C), s.xn.resize(C), s.tmp.resize(C);
-  s.q.resize(m.H * m.D), s.k.resize(m.Hkv * m.D), s.v.resize(m.Hkv * m.D), s.att.resize(m.H * m.D);
-  s.gate.resize(m.ffn), s.up.resize(m.ffn), s.scores.resize(m.H * S);
+  s.q.resize(m.H * D), s.k.resize(Hkv * D), s.v.resize(Hkv * D), s.att.resize(m.H * D);
+  s.gate.resize(F), s.up.resize(F), s.scores.resize(m.H * S);
+  s.ple.resize(m.layers.size() * m.P), s.ptok.resize(m.layers.size() * m.P), s.pg.resize(m.P);
   s.xq.resize(widest), s.xd.resize(G), s.xhs.resize(2 * G), s.xl.resize(2 * G);
   return s;
 }
@@ -40,6 +44,14 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
   const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+// x / rms(x) without a weight (model.py unit_rmsnorm: Gemma 4's value norm), in place.
+void unit_rmsnorm(float* x, int64_t n, float eps) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; i++) x[i] *= r;
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -148,45 +160,77 @@ void attend(const float* q, const float* kc, const float* vc, int64_t t0, int64_
   }
 }
 
+// Gemma 4 per-layer inputs of the token (Transformer.per_layer_inputs), into s.ple (L, P): the token's
+// row times sqrt(P), plus the RMS-normed projection of the scaled embedding x times C^-1/2, over sqrt(2).
+// Called by every thread of the team.
+void per_layer_inputs(const ModelW& m, int64_t token, const float* x, Scratch& s, QX& qx) {
+  const int64_t L = static_cast<int64_t>(m.layers.size()), P = m.P, C = m.dim;
+  float *ple = s.ple.data(), *row = s.ptok.data();
+#pragma omp single
+  {
+    mat_dequantize(m.ple_embd, token, token + 1, row);
+    quantize(x, C, s, qx);
+  }
+  products({{&m.ple_proj, ple}}, qx, x);
+#pragma omp single
+  {
+    // the reference's Python scalars, rounded to fp32 as torch rounds them
+    const float proj_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(C)));
+    const float tok_scale = static_cast<float>(std::sqrt(static_cast<double>(P)));
+    const float out_scale = static_cast<float>(1.0 / std::sqrt(2.0));
+    for (int64_t l = 0; l < L; l++) {
+      float* p = ple + l * P;
+      for (int64_t i = 0; i < P; i++) p[i] *= proj_scale;
+      rmsnorm(p, m.ple_norm, P, m.eps, p);
+      for (int64_t i = 0; i < P; i++) p[i] = (p[i] + row[l * P + i] * tok_scale) * out_scale;
+    }
+  }
+}
+
 }  // namespace
 
 void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, const float* cos, const float* sin,
                  float* logits, int threads) {
   Scratch& s = scratch(m, c.S);
-  const int64_t C = m.dim, H = m.H, Hkv = m.Hkv, D = m.D, F = m.ffn, S = c.S;
+  const int64_t C = m.dim, H = m.H, S = c.S;
   float *x = s.x.data(), *xn = s.xn.data(), *tmp = s.tmp.data();
   float *q = s.q.data(), *k = s.k.data(), *v = s.v.data(), *att = s.att.data();
   float *gate = s.gate.data(), *up = s.up.data();
   mat_dequantize(m.embd, token, token + 1, x);
   if (m.embed_scale != 1.f) for (int64_t i = 0; i < C; i++) x[i] *= m.embed_scale;
-  const int64_t half = m.rot / 2;
+  const int64_t stride = m.rot / 2;  // of the rope rows
   QX qx{};
   std::vector<const MoEW*> moes;
   for (const LayerW& w : m.layers) moes.push_back(w.moe);
   MoEScratch* ms = moe_scratch(moes, C);  // shared by the team (nullptr: no experts)
 #pragma omp parallel num_threads(threads)
   {
+    if (m.P) per_layer_inputs(m, token, x, s, qx);
     for (const LayerW& w : m.layers) {
       const int64_t l = &w - m.layers.data();
-      float* kc = c.k + l * Hkv * S * D;
-      float* vc = c.v + l * Hkv * S * D;
+      const int64_t D = w.D, Hkv = w.Hkv;
+      float* kc = c.k[l];
+      float* vc = c.v[l];
+      const bool own_kv = w.k.N > 0;  // else a KV-shared layer: kc, vc are its source layer's, row pos written
 #pragma omp single
       {
         rmsnorm(x, w.attn_norm, C, m.eps, xn);
         quantize(xn, C, s, qx);
       }
-      products({{&w.q, q}, {&w.k, k}, {&w.v, v}}, qx, xn);
+      products({{&w.q, q}, {&w.k, k}, {&w.v, v}}, qx, xn);  // (no rows where k or v are absent)
 #pragma omp single
       {
         add_bias(q, w.bq, H * D), add_bias(k, w.bk, Hkv * D), add_bias(v, w.bv, Hkv * D);
-        const float *lc = cos + w.rope * half, *ls = sin + w.rope * half;  // unread where w.rope < 0
+        if (own_kv && w.v.N == 0) std::copy(k, k + Hkv * D, v);  // k_eq_v: the values before k's norm
+        const float *lc = cos + w.rope * stride, *ls = sin + w.rope * stride;  // unread where w.rope < 0
         for (int64_t h = 0; h < H; h++) {
           if (w.q_norm) rmsnorm(q + h * D, w.q_norm, D, m.eps, q + h * D);
-          if (w.rope >= 0) rope(q + h * D, m.rot, lc, ls);
+          if (w.rope >= 0) rope(q + h * D, w.rot, lc, ls);
         }
-        for (int64_t h = 0; h < Hkv; h++) {
+        for (int64_t h = 0; own_kv && h < Hkv; h++) {
           if (w.k_norm) rmsnorm(k + h * D, w.k_norm, D, m.eps, k + h * D);
-          if (w.rope >= 0) rope(k + h * D, m.rot, lc, ls);
+          if (m.v_norm) unit_rmsnorm(v + h * D, D, m.eps);
+          if (w.rope >= 0) rope(k + h * D, w.rot, lc, ls);
           std::copy(k + h * D, k + (h + 1) * D, kc + (h * S + pos) * D);
           std::copy(v + h * D, v + (h + 1) * D, vc + (h * S + pos) * D);
         }
@@ -215,8 +259,8 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
         products({{&w.gate, gate}, {&w.up, up}}, qx, xn);
 #pragma omp single
         {
-          glu(w.act, gate, up, F);
-          quantize(gate, F, s, qx);
+          glu(w.act, gate, up, w.F);
+          quantize(gate, w.F, s, qx);
         }
         products({{&w.down, tmp}}, qx, gate);
       }
@@ -224,6 +268,26 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
       {
         if (w.post_ffn_norm) rmsnorm(tmp, w.post_ffn_norm, C, m.eps, tmp);
         for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+        if (w.inp_gate.N) quantize(x, C, s, qx);
+      }
+      if (w.inp_gate.N) {  // Gemma 4 PLE (model.py Block.forward): x += norm(proj(gelu_tanh(gate(x)) * ple_l))
+        float* pg = s.pg.data();
+        products({{&w.inp_gate, pg}}, qx, x);
+#pragma omp single
+        {
+          glu(GELU_TANH, pg, s.ple.data() + l * m.P, m.P);
+          quantize(pg, m.P, s, qx);
+        }
+        products({{&w.proj, tmp}}, qx, pg);
+#pragma omp single
+        {
+          rmsnorm(tmp, w.post_norm, C, m.eps, tmp);
+          for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+        }
+      }
+      if (w.out_scale) {
+#pragma omp single
+        for (int64_t i = 0; i < C; i++) x[i] *= *w.out_scale;
       }
     }
 #pragma omp single

@@ -10,9 +10,10 @@ rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
 
 The decoder runs the Llama layer and the dense families' fields (cpp_covers: Gemma 2/3, Phi-3,
 SmolLM3; tests/test_cpu_families.py): per layer its rope set (rope.layer_ropes, the tables the forward
-uses), window and activation, and the model's scales and soft caps; and the mixture-of-experts MLP of
-Mixtral, Qwen3-MoE and gpt-oss (cpu_moe.py, kernels/cpu_moe.cpp; tests/test_cpu_moe.py). Other configs
-(Gemma 4, a dense clamped GLU) run the torch forward on the same blocks (CpuEagerRuntime).
+uses), window and activation, and the model's scales and soft caps; Gemma 4's dense layer (cpu_gemma4.py:
+per-layer shapes, shared caches, per-layer embeddings); and the mixture-of-experts MLP of Mixtral,
+Qwen3-MoE and gpt-oss (cpu_moe.py, kernels/cpu_moe.cpp; tests/test_cpu_moe.py). Other configs (Gemma 4's
+experts beside its MLP, a dense clamped GLU) run the torch forward on the same blocks (CpuEagerRuntime).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..runtime import Runtime
 from ..settings import DEFAULT_CPU
 from ..weights import to_module_name
 from .cpu_moe import MOE_FIELDS, NO_MATRIX, add_moe_layers, moe_covers, moe_layers, parameter_names
+from .cpu_gemma4 import EMPTY_MAT, GEMMA4_FIELDS, gemma4_args, param_names, shapes_fit
 
 LINEARS = ("attn.attn_q", "attn.attn_k", "attn.attn_v", "attn.attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # Per layer, as GGUF names (to_module_name places them in the model): what cpu_bind.cpp's Decoder takes.
@@ -44,7 +46,7 @@ CPP_FIELDS = frozenset({
     "embed_scale", "activation", "post_norms", "attn_scale", "attn_softcap", "final_softcap", "attn_out_bias",
     "attn_sinks", "sliding_window", "sliding_layers", "rope_theta_local", "rope_layers", "rotary_dim",
     "rope_attn_factor", "rope_original_context",
-}) | MOE_FIELDS
+}) | MOE_FIELDS | GEMMA4_FIELDS
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.activation -> lq::Act
 
 
@@ -91,14 +93,15 @@ def model_tensors(model: Transformer) -> tuple[list, list] | None:
             if linear is None and n.startswith("ffn_") and getattr(blk, "moe", None) is not None:
                 mats.append(NO_MATRIX)  # the experts' (cpu_moe.py)
                 continue
-            mats.append(as_matrix(linear.w) if linear is not None else None)
+            absent_kv = linear is None and n in ("attn.attn_k", "attn.attn_v")  # Gemma 4: shared, or v = k
+            mats.append(EMPTY_MAT if absent_kv else as_matrix(linear.w) if linear is not None else None)
             read.add(f"blk.{i}.{n}.weight")
         names = [to_module_name(f"blk.{i}.{n}") for n in VECTORS]
         vecs += [fp32_vector(params.get(n)) for n in names]
         read.update(names)
     mats += [as_matrix(model.token_embd.weight), as_matrix(model.output_weight())]
     vecs.append(fp32_vector(model.output_norm.weight))
-    read |= parameter_names(model)
+    read |= parameter_names(model) | param_names(model.cfg)
     if any(m is None for m in mats) or any(v is None for v in vecs) or set(params) - read:
         return None
     return mats, vecs
@@ -113,11 +116,14 @@ def rope_sets(model: Transformer, positions: torch.Tensor, capacity: int) -> tup
         if r is not None and not any(r is s for s in sets):
             sets.append(r)
     index = [-1 if r is None else next(j for j, s in enumerate(sets) if s is r) for r in per_layer]
-    half = rotary_dims(model.cfg) // 2
     if not sets:
-        empty = torch.zeros(positions.shape[0], 1, half)
+        empty = torch.zeros(positions.shape[0], 1, rotary_dims(model.cfg) // 2)
         return index, empty, empty
-    return index, *(torch.stack([s[k] for s in sets], 1).contiguous() for k in (0, 1))
+    # rows of the widest set's length: a narrower set (Gemma 4's local one) fills the first of its row
+    half = max(s[0].shape[-1] for s in sets)
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, half - t.shape[-1]))
+    return index, *(torch.stack([pad(s[k]) for s in sets], 1).contiguous() for k in (0, 1))
 
 
 def layer_ints(model: Transformer, rope_index: list[int]) -> list[int]:
@@ -130,18 +136,21 @@ def layer_ints(model: Transformer, rope_index: list[int]) -> list[int]:
 
 
 class CpuDecoder:
-    def __init__(self, model: Transformer, ext):
+    def __init__(self, model: Transformer, ext, gemma4: tuple | None = None):
+        """gemma4: the arguments of the native Decoder.gemma4 (cpu_gemma4.gemma4_args), None for others."""
         self.model, self.ext = model, ext
         cfg = model.cfg
         mats, vecs = model_tensors(model)
-        dims = [cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rotary_dims(cfg)]
+        index, *self.rope = rope_sets(model, torch.arange(0), 0)
+        dims = [cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 2 * self.rope[0].shape[-1]]
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
         scalars = [cfg.norm_eps, cfg.embed_scale, scale, cfg.attn_softcap or 0.0, cfg.final_softcap or 0.0]
-        index, *self.rope = rope_sets(model, torch.arange(0), 0)
         self.rope_capacity = 0
         self.native = ext.Decoder(dims, scalars, *([m[i] for m in mats] for i in range(5)), vecs,
                                   layer_ints(model, index))
         add_moe_layers(self.native, moe_layers(model, as_matrix, fp32_vector))
+        if gemma4 is not None:
+            self.native.gemma4(*gemma4)
 
     def rope_rows(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (positions, sets, R/2) for positions [0, capacity), computed once per cache size
@@ -154,13 +163,17 @@ class CpuDecoder:
     def step(self, token: int, pos: int, cache: KVCache) -> torch.Tensor:
         """token at position pos -> logits (V,) fp32; writes cache row pos of every layer."""
         cos, sin = self.rope_rows(cache.capacity)
+        if isinstance(cache.k, list):  # per-layer buffers (Gemma 4)
+            return self.native.step_layers(token, pos, cache.k, cache.v, cos[pos], sin[pos], torch.get_num_threads())
         return self.native.step(token, pos, cache.k, cache.v, cos[pos], sin[pos], torch.get_num_threads())
 
 
 def cache_fits(cache: KVCache) -> bool:
-    k, v = cache.k, cache.v
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in (k, v)) and (
-        k.shape[1] == 1
+    """A batch-1 fp32 CPU cache: one (L, 1, Hkv, S, D) buffer, or per-layer (1, Hkv, S, D) ones."""
+    layered = isinstance(cache.k, list)
+    tensors = [*cache.k, *cache.v] if layered else [cache.k, cache.v]
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors) and (
+        tensors[0].shape[0 if layered else 1] == 1
     )
 
 
@@ -168,14 +181,19 @@ def build_decoder(model: Transformer) -> CpuDecoder | None:
     """The model's C++ decoder, or None where it does not fit: only models that keep the file's blocks
     (a quantized GGUF on the CPU); dense ones stay on the torch forward."""
     cfg = model.cfg
-    if not cpp_covers(cfg) or cfg.head_dim % 8 or rotary_dims(cfg) % 2 or rotary_dims(cfg) > cfg.head_dim:
+    if not cpp_covers(cfg) or not shapes_fit(cfg):
         return None
     if not isinstance(model.token_embd, QEmbedding) or model_tensors(model) is None:
         return None
     if moe_layers(model, as_matrix, fp32_vector) is None:
         return None
+    gemma4 = None
+    if any(getattr(cfg, f) != getattr(ModelConfig, f) for f in GEMMA4_FIELDS):  # (their defaults)
+        gemma4 = gemma4_args(model, as_matrix, fp32_vector)
+        if gemma4 is None:
+            return None
     ext = load_extension(DEFAULT_CPU.cache_dir)
-    return CpuDecoder(model, ext) if ext is not None else None
+    return CpuDecoder(model, ext, gemma4) if ext is not None else None
 
 
 class CpuRuntime(Runtime):
