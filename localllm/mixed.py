@@ -57,6 +57,15 @@ def candidates(cols: int) -> list[Q]:
     return [q for q in CANDIDATES if cols % BLOCK_SIZES[q][0] == 0]
 
 
+def options_of(t: TensorInfo) -> list[Q]:
+    """A tensor's types to choose from: the candidates of its rows, and its stored type where that is a
+    block type outside them (gpt-oss's MXFP4 experts): kept as stored, the file copies its blocks and
+    the model loses nothing (loss 0), instead of re-rounding MXFP4 values to another 4-bit type."""
+    types = candidates(t.shape[-1])
+    keep = t.source not in (Q.F32, Q.F16, Q.BF16) and t.source not in CANDIDATES and t.source in BLOCK_SIZES
+    return types + [t.source] if keep and types and t.shape[-1] % BLOCK_SIZES[t.source][0] == 0 else types
+
+
 def type_bytes(n_values: int, q: Q) -> int:
     block, size = BLOCK_SIZES[q]
     return n_values // block * size
@@ -131,7 +140,7 @@ def size_range(tensors: Sequence[TensorInfo], align: int = 1, fixed: Mapping[str
     """(smallest, largest) total bytes any plan_mixed choice can give: checked before calibrating."""
     todo, fixed = chosen_and_fixed(tensors, fixed)
     kept = kept_bytes(tensors, todo, fixed, align)
-    sizes = [[padded(type_bytes(math.prod(t.shape), q), align) for q in candidates(t.shape[-1])] for t in todo]
+    sizes = [[padded(type_bytes(math.prod(t.shape), q), align) for q in options_of(t)] for t in todo]
     return kept + sum(min(s) for s in sizes), kept + sum(max(s) for s in sizes)
 
 
@@ -164,8 +173,8 @@ def plan_mixed(
         if len(names) > 1:
             w = torch.cat([params[n].data.reshape(-1, cols) for n in names])
             f = torch.cat([fisher[n].reshape(-1, cols) for n in names])
-        types = candidates(t.shape[-1])
-        loss = sampled_losses(w, f, imat.get(t.name), types)
+        types, rounded = options_of(t), candidates(t.shape[-1])
+        loss = sampled_losses(w, f, imat.get(t.name), rounded) | {q: 0.0 for q in types if q not in rounded}
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))

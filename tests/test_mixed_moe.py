@@ -267,3 +267,28 @@ def test_imatrix_file_of_a_moe_model(moe_sources, tmp_path):
     again = tmp_path / "again.gguf"
     quantize_model(str(src), again, "Q4_0", imatrix_file=path, progress=False)  # read, not measured
     assert again.read_bytes() == out.read_bytes()
+
+
+# ---- MXFP4 experts (gpt-oss as released) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gguf", "hf"])
+def test_mxfp4_experts_kept_under_a_target(tmp_path, kind):
+    """gpt-oss's MXFP4 experts: keeping them costs 4.25 bits per weight and no loss, so no re-rounding
+    to another type is better (rows of 64 and 32 values take no K-quant): every expert stack stays
+    MXFP4, its bytes copied from the source; the rest is allocated to hit the target."""
+    import tiny_mxfp4 as mx
+
+    src = (mx.write_mxfp4_gguf(tmp_path / "mxfp4.gguf") if kind == "gguf"
+           else mx.write_released_folder(tmp_path / "released"))
+    raw = mx.released_tensors()[1]
+    out = tmp_path / "mixed.gguf"
+    result = quantize_model(str(src), out, None, target_bpw=6.0, progress=False)
+    assert 6.0 - 0.02 <= total_bpw(result.plan) <= 6.0
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    for name, (data, qtype) in raw.items():
+        assert qtype == Q.MXFP4 and tensors[name].tensor_type == Q.MXFP4, name
+        assert np.array_equal(np.asarray(tensors[name].data).reshape(-1), data.reshape(-1)), name
+    assert any(r.target not in (Q.MXFP4, Q.F32) for r in result.plan)
+    ref, ours = logits(src), logits(out)
+    assert ((ours - ref).norm() / ref.norm()).item() < 0.2
