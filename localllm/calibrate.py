@@ -197,7 +197,25 @@ def load_imatrix(path: str | Path, model: Transformer | Mapping[str, Sequence[in
         if problem := _mismatch(saved, expected):
             raise ValueError(f"{path} was collected on a different model ({len(saved)} tensors) than this one "
                              f"({len(expected)} tensors): {problem}")
+        if problem := _bad_value(d["imatrix"], expected):
+            raise ValueError(f"{path}: {problem}")
     return dict(d["imatrix"]), {**d["meta"], "chunks": d["chunks"], "tensors": saved}
+
+
+def _bad_value(imatrix: dict, shapes: dict) -> str:
+    """The first imatrix entry that is no tensor or not of its weight's shape: (cols,) for a matrix,
+    (E, cols) or (cols,) for an expert stack (E, F, cols); '' when all fit."""
+    if not isinstance(imatrix, dict):
+        return "no imatrix entries"
+    for name, v in imatrix.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        fits = [(shape[-1],)] + ([(shape[0], shape[-1])] if len(shape) == 3 else [])
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) not in fits:
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            return f"the entry of {name!r} has shape {got}, its weight {shape} takes {' or '.join(map(str, fits))}"
+    return ""
 
 
 def _mismatch(saved: dict, expected: dict) -> str:

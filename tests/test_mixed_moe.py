@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
 from localllm import calibrate as C
 from localllm import mixed
@@ -312,3 +313,23 @@ def test_target_bpw_gemma4_moe(tmp_path):
     ref, ours = logits(src), logits(out)
     # measured 0.24 (the tiny Gemma 4 is touchy: its Q8_0 preset file 0.27, Q5_0 0.70, Q4_0 0.83)
     assert ((ours - ref).norm() / ref.norm()).item() < 0.35
+
+
+@pytest.mark.parametrize("flags", [("--type", "Q4_0"), ("--target-bpw", "6")])
+@pytest.mark.parametrize("bad", ["experts", "columns", "dense"])
+def test_imatrix_entry_of_a_wrong_shape_is_one_error(moe_sources, tmp_path, bad, flags):
+    """A file whose expert entry has 3 rows for 8 experts, or rows of the wrong length, or a dense
+    weight with an (E, C) entry: refused in one line before any work (it would fail the encoders mid-file)."""
+    src = moe_sources("mixtral", "gguf")
+    model = load_model(str(src), "cpu", torch.float32).model
+    im = {"blk.0.attn_q.weight": torch.ones(64), "blk.0.ffn_down_exps.weight": torch.ones(8, 64)}
+    name, value = {"experts": ("blk.0.ffn_down_exps.weight", torch.ones(3, 64)),
+                   "columns": ("blk.0.ffn_down_exps.weight", torch.ones(8, 32)),
+                   "dense": ("blk.0.attn_q.weight", torch.ones(8, 64))}[bad]
+    path = tmp_path / "bad.imatrix"
+    C.save_imatrix(path, im | {name: value}, C.imatrix_meta(model, 1))
+    result = invoke(src, tmp_path / "o.gguf", *flags, "--imatrix", path)
+    assert_one_error(result, name)
+    assert not (tmp_path / "o.gguf").exists()
+    C.save_imatrix(path, im, C.imatrix_meta(model, 1))  # the good one is read
+    assert torch.equal(C.load_imatrix(path, model)[0]["blk.0.ffn_down_exps.weight"], torch.ones(8, 64))
