@@ -233,18 +233,14 @@ def test_imatrix_changes_and_improves_the_experts(moe_sources, tmp_path):
     weights = f32_experts(src)
     errors = {label: 0.0 for label in files}
     for name, w in weights.items():
-        raw = {label: np.asarray(r[name].data) for label, r in read.items()}
+        raw = {label: np.array(r[name].data) for label, r in read.items()}  # (E, F, row bytes)
+        assert all(r[name].tensor_type == Q.Q4_0 for r in read.values())
         assert not np.array_equal(raw["none"], raw["experts"]), name
-        for label, t in read.items():
-            assert t[name].tensor_type == Q.Q4_0
-            back = dequantize_torch(torch.from_numpy(np.ascontiguousarray(raw[label]).reshape(-1, raw[label].shape[-1])),
-                                    Q.Q4_0).reshape(w.shape)
-            err = C.weighted_error(torch.from_numpy(w), back, im[name])
-            errors[label] += err
-            if label == "experts":
-                assert err < C.weighted_error(torch.from_numpy(w), dequantize_torch(torch.from_numpy(
-                    np.ascontiguousarray(raw["none"]).reshape(-1, raw["none"].shape[-1])), Q.Q4_0).reshape(w.shape),
-                    im[name]), name
+        err = {label: C.weighted_error(torch.from_numpy(w), dequantize_torch(
+            torch.from_numpy(r.reshape(-1, r.shape[-1])), Q.Q4_0).reshape(w.shape), im[name]) for label, r in raw.items()}
+        assert err["experts"] < err["none"], (name, err)
+        for label in errors:
+            errors[label] += err[label]
     assert errors["experts"] < errors["pooled"] < errors["none"], errors
 
 
