@@ -8,7 +8,9 @@ norm_rope_store: the q/k norms (cfg.qk_norm: Gemma 3, Qwen3) with rope and the c
   kernels a layer, which also broke the PDL chain: kernels/triton_base.py).
 add_normed: Gemma's post norms: x (T, C) int64 fixed point += to_fixed(RMSNorm(h)) in one kernel (was
   rmsnorm_rows, to_fixed and add_), h read from the int64 accumulator its product summed into (split K
-  like the residual's products; the product writing a bf16 h could not split) and cleared.
+  like the residual's products; the product writing a bf16 h could not split) and cleared; with
+  quantize, also the next integer-dot products' int8 input (triton_q8.quantize_act of their RMSNorm
+  of the new x), the kernel that followed.
 
 Reference: that composition itself, bit for bit (tests/test_triton_norm_fused.py, under the
 interpreter): the norm as triton_prefill.rmsnorm_rows computes it (model.RMSNorm: weight * (x
@@ -28,6 +30,7 @@ import triton.language as tl
 
 from .triton_base import PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit
+from .triton_q8 import WHOLE_ROW_BLOCKS, act_buffers, store_blocks
 
 
 @triton.jit
@@ -110,11 +113,13 @@ def norm_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 @triton.jit
-def _add_normed_kernel(x_ptr, h_ptr, w_ptr, act_ref, C, eps, BLOCK: tl.constexpr, ROUND: tl.constexpr,
-                       PDL: tl.constexpr):
+def _add_normed_kernel(x_ptr, h_ptr, w_ptr, act_ref, nw_ptr, q_ptr, d_ptr, s_ptr, C, eps, eps2, BLOCK: tl.constexpr,
+                       ROUND: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
     """Row r: x[r] += to_fixed(rmsnorm_rows(h[r])) (the same reduction and roundings as
     triton_prefill._rmsnorm_rows_kernel; to_fixed truncates). An int64 h: a fixed-point accumulator,
-    its values rounded to act_ref's dtype (ROUND) and the row zeroed."""
+    its values rounded to act_ref's dtype (ROUND) and the row zeroed. QUANT: also the next product's
+    input, triton_q8.quantize_act(x[r], nw, eps2)'s (q, d, s), by that kernel's operations (its
+    whole-row form: the row as (BLOCK / 32, 32) blocks)."""
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
@@ -128,21 +133,38 @@ def _add_normed_kernel(x_ptr, h_ptr, w_ptr, act_ref, C, eps, BLOCK: tl.constexpr
     ty = w_ptr.dtype.element_ty
     w = tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
     y = ((h * rstd).to(ty).to(tl.float32) * w).to(ty).to(tl.float32)
-    x = tl.load(x_ptr + row * C + c, mask=mask, other=0)
-    tl.store(x_ptr + row * C + c, x + (y * FIXED_ONE).to(tl.int64), mask=mask)
+    x = tl.load(x_ptr + row * C + c, mask=mask, other=0) + (y * FIXED_ONE).to(tl.int64)
+    tl.store(x_ptr + row * C + c, x, mask=mask)
+    if QUANT:
+        NB: tl.constexpr = BLOCK // 32
+        b = tl.arange(0, NB)
+        bm = b < C // 32
+        cols = 32 * b[:, None] + tl.arange(0, 32)[None, :]
+        v = tl.reshape(from_fixed_jit(x), (NB, 32))
+        nw = tl.load(nw_ptr + cols, mask=bm[:, None], other=0.0).to(tl.float32)
+        rstd2 = 1.0 / tl.sqrt(tl.sum(tl.sum(v * v, 1), 0) / C + eps2)
+        store_blocks(v * rstd2 * nw, b, bm, q_ptr + row * C, d_ptr + row * (C // 32), s_ptr + row * (C // 16), NB)
 
 
 def add_normed(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float,
-               act_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               act_dtype: torch.dtype = torch.float32, quantize: tuple[torch.Tensor, float] | None = None):
     """x (T, C) int64 fixed point += to_fixed(model.RMSNorm(h)) (h (T, C), weight (C,): the norm's
     output in weight's dtype) -> x. h may be an int64 fixed-point accumulator of the product that
     yields it (split K, any grid): its values are then rounded to act_dtype, as that product's output
-    would have been, and h is left zero."""
+    would have been, and h is left zero. quantize = (norm weight, eps) of the next product's norm
+    (an integer-dot product; C <= triton_q8.WHOLE_ROW_BLOCKS * 32): -> (x, quantize_act(x, *quantize)),
+    the next product's input from the same kernel."""
     assert x.dtype == torch.int64 and x.is_contiguous() and h.shape == x.shape and h.is_contiguous()
-    c = x.shape[-1]
+    m, c = x.shape
     block = triton.next_power_of_2(c)
     act_ref = torch.empty(1, dtype=act_dtype, device=x.device)
+    if quantize is not None:
+        assert c % 32 == 0 and c // 32 <= WHOLE_ROW_BLOCKS
+        xq, (nw, eps2) = act_buffers(m, c, x.device), quantize
+    else:
+        xq, nw, eps2 = (x, x, x), x, 0.0
     # rmsnorm_rows' block and warps (the same reduction)
-    _add_normed_kernel[(x.numel() // c,)](x, h, weight, act_ref, c, eps, BLOCK=block, ROUND=act_dtype != torch.float32,
-                                         PDL=PDL, num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
-    return x
+    _add_normed_kernel[(m,)](x, h, weight, act_ref, nw, *xq, c, eps, eps2, BLOCK=block,
+                             ROUND=act_dtype != torch.float32, QUANT=quantize is not None, PDL=PDL,
+                             num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
+    return x if quantize is None else (x, xq)

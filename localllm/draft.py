@@ -13,7 +13,7 @@ from localllm.quantize import quantize_tensor
 from localllm.quantize.presets import FLOAT_TYPES, PRESETS, ModelShape, fallback, find_preset, preset_types
 
 from . import options
-from .footprint import linear_weights, nbytes
+from .footprint import expert_share, expert_weights, linear_weights, nbytes
 from .cache import KVCache
 from .device import check_dtype_name, pick_dtype
 from .errors import LocalLLMError
@@ -215,4 +215,5 @@ def step_bytes(model: Transformer) -> int:
     """Weight bytes a decode step reads, about (every linear and the output head): decoding is bound by
     reading them, so their ratio is a draft step's cost relative to the target's."""
     head = [model.token_embd.weight] if model.cfg.tied_output else []
-    return sum(nbytes(w) for w in linear_weights(model) + head)
+    experts = sum(nbytes(w) for w in expert_weights(model)) * expert_share(model)  # k of E experts
+    return sum(nbytes(w) for w in linear_weights(model) + head) + round(experts)

@@ -82,10 +82,17 @@ class MoE(nn.Module):
         self.ffn_gate_exps = ExpertLinear(E, C, F, bias=cfg.moe_bias)
         self.ffn_up_exps = ExpertLinear(E, C, F, bias=cfg.moe_bias)
         self.ffn_down_exps = ExpertLinear(E, F, C, bias=cfg.moe_bias)
+        # (gate stack then up stack as one weight, their biases or None) whose rows the two ExpertLinears
+        # view, for backends that fuse them at load (backends/cuda_moe.py); None: two products
+        self.fused_gate_up: tuple | None = None
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h (N, C) -> (weights (N, k), experts (N, k)): route() on this block's router."""
-        return route(self.cfg, self.ffn_gate_inp(h))
+        """h (N, C) -> (weights (N, k), experts (N, k)): route() on this block's router, its product
+        in fp32 whatever the activation dtype (llama.cpp keeps the router in F32: a bf16 product's
+        rounding can flip a near tie between experts)."""
+        r = self.ffn_gate_inp
+        w = r.w if isinstance(r.w, QWeight) else r.w.float()
+        return route(self.cfg, linear(h.float(), w, None if r.bias is None else r.bias.float()))
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """x (n, C) -> (n, C): expert e's GLU MLP."""

@@ -38,10 +38,12 @@ SINKS = replace(TINY, attn_sinks=True, attn_out_bias=True, sliding_window=3, sli
 FAMILIES = {"gemma": GEMMA, "phi": PHI, "sinks": SINKS}
 
 
-def test_the_cuda_backend_covers_these_families_and_not_experts():
+def test_the_cuda_backend_covers_these_families_and_not_gemma4_experts():
+    """(Mixtral-style experts are covered: tests/test_triton_moe_decode.py; Gemma 4's beside a dense
+    MLP are not.)"""
     for cfg in FAMILIES.values():
         assert covers(cfg) and runtime_class("cuda", cfg) is CudaRuntime
-    moe = replace(TINY, n_experts=4, n_experts_used=2, expert_ffn_dim=64)
+    moe = replace(TINY, n_experts=4, n_experts_used=2, expert_ffn_dim=64, moe_with_mlp=True)
     assert not covers(moe) and runtime_class("cuda", moe) is CudaEagerRuntime
 
 

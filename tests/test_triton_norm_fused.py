@@ -159,3 +159,20 @@ def test_qk_norm_verify_rows_equal_single_steps(name, monkeypatch):
         for t in range(3):
             assert torch.equal(one.step(tokens[0, 5 + t]), rows[t]), t
         assert torch.equal(caches[0].k[:, :, :, :8], caches[1].k[:, :, :, :8])
+
+
+@pytest.mark.parametrize("C", [256, 320])
+def test_add_normed_quantizes_the_next_products_input(C):
+    """With quantize: x as without it, and the next product's int8 input as quantize_act(x, weight,
+    eps) gives it, bit for bit."""
+    from localllm.kernels.triton_q8 import quantize_act
+
+    g = torch.Generator().manual_seed(C + 1)
+    x = to_fixed(torch.randn(2, C, generator=g))
+    h = to_fixed(3 * torch.randn(2, C, generator=g))
+    w, nw = (1 + 0.2 * torch.randn(2, C, generator=g)).unbind(0)
+    want_x = add_normed(x.clone(), h.clone(), w, 1e-6)
+    got_x, xq = add_normed(x, h, w, 1e-6, quantize=(nw, 1e-5))
+    assert torch.equal(got_x, want_x) and not h.any()
+    for got, want in zip(xq, quantize_act(want_x, nw, 1e-5)):
+        assert torch.equal(got, want)

@@ -5,7 +5,9 @@
 - Prompts: the model's forward with CUDA_OPS (Triton norm, rope + cache write, silu * up); a prompt
   shape seen before replays a captured graph (PrefillGraph).
 - Decode, greedy steps and speculative verify passes: backends/cuda_graph.py's GraphDecoder, one
-  captured graph a step; a greedy step's argmax is its last kernel.
+  captured graph a step; a greedy step's argmax is its last kernel. Mixture-of-experts layers route
+  and run their chosen experts on the device inside it (backends/cuda_moe.py); their prompts take
+  the eager forward (MoE.forward picks experts on the host: no prefill graph).
 Each op computes what model.py's reference op computes, within rounding (tests/gpu).
 """
 
@@ -25,6 +27,7 @@ from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from .cuda_graph import GraphDecoder
+from .cuda_moe import fuse_experts
 
 
 # ---- load: q|k|v and gate/up as one product each
@@ -64,7 +67,10 @@ def fuse(model: Transformer) -> None:
         qkv = fuse_rows([a.attn_q, a.attn_k, a.attn_v])
         bias = torch.cat([a.attn_q.bias, a.attn_k.bias, a.attn_v.bias]) if a.attn_q.bias is not None else None
         a.fused_qkv = (qkv, bias) if qkv is not None else None
-        blk.fused_gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
+        if blk.moe is None:
+            blk.fused_gate_up = fuse_rows([blk.ffn_gate, blk.ffn_up], interleave=True)
+        else:  # a mixture of experts' gate and up stacks (backends/cuda_moe.py)
+            fuse_experts(blk.moe)
 
 
 # ---- the model's ops for prompts
@@ -153,8 +159,11 @@ class PrefillGraph:
 # ---- the runtime
 
 # The fields of the families beyond the Llama layer that the decode step's kernels implement
-# (cuda_graph.GraphDecoder's family path); a config setting any other (experts) runs CudaEagerRuntime.
-GRAPH_FIELDS = {"embed_scale": 1.0, "post_norms": False, "attn_scale": None, "attn_softcap": None,
+# (cuda_graph.GraphDecoder's family path, cuda_moe.py's experts); a config setting any other (Gemma 4's)
+# runs CudaEagerRuntime.
+GRAPH_FIELDS = {"n_experts": 0, "n_experts_used": 0, "expert_ffn_dim": 0, "moe_norm_topk": True,
+                "moe_bias": False, "moe_gating": "softmax", "swiglu_limit": None,
+                "embed_scale": 1.0, "post_norms": False, "attn_scale": None, "attn_softcap": None,
                 "final_softcap": None, "attn_out_bias": False, "attn_sinks": False, "sliding_window": None,
                 "sliding_layers": (), "rope_theta_local": None, "rope_layers": (), "rotary_dim": None,
                 "rope_attn_factor": 1.0, "rope_original_context": None, "activation": "silu"}
@@ -162,9 +171,12 @@ GRAPH_FIELDS = {"embed_scale": 1.0, "post_norms": False, "attn_scale": None, "at
 
 def covers(cfg: ModelConfig) -> bool:
     """CudaRuntime runs cfg: the Llama layer, or only GRAPH_FIELDS' variants of it, with power-of-two
-    heads of >= 16 dims (the attention kernels' tiles)."""
+    heads of >= 16 dims (the attention kernels' tiles); mixtures of experts (Mixtral, Qwen3-MoE,
+    gpt-oss) of silu or gpt-oss's swiglu experts whose widths are whole 32-value blocks."""
     d = cfg.head_dim
-    return (replace(cfg, **GRAPH_FIELDS).llama_layer and cfg.activation in ("silu", "gelu_tanh")
+    acts = ("silu", "swiglu_oai") if cfg.n_experts else ("silu", "gelu_tanh")
+    experts = not cfg.n_experts or (cfg.expert_ffn_dim % 32 == 0 and cfg.dim % 32 == 0)
+    return (replace(cfg, **GRAPH_FIELDS).llama_layer and cfg.activation in acts and experts
             and (cfg.llama_layer or (d >= 16 and d & (d - 1) == 0)))
 
 
@@ -191,6 +203,8 @@ class CudaRuntime(Runtime):
             self.prefill_graph = PrefillGraph(self.model, cache)
         tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
         with torch.inference_mode():
+            if self.model.cfg.n_experts:  # MoE.forward picks its experts on the host: no graph
+                return self.model(tokens, cache, start, last_only=True)[:, -1]
             return self.prefill_graph.run(tokens, start)[:, -1]
 
     def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,10 @@ Dense weights take tensor-core products (kernels/triton_dense.py); Q8_0/Q4_0/Q4_
 integer dot products (kernels/triton_q8.py). Every kernel matches the module ops of model.py (its
 reference) within rounding (the products' sums are added to x unrounded, and Q8_0's rounding of the
 activations for integer-dot weights): tests/gpu/test_gpu_logits.py checks it against the CPU fp32
-model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not here.
+model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not here. Q/k norms (Gemma 3,
+Qwen3): one kernel normalises, rotates and stores from the q|k|v accumulator (triton_norm_fused's
+norm_rope_store); post norms (Gemma): the product sums into a third accumulator (h_acc) that
+add_normed normalises into x.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ from localllm.kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, gr
 from localllm.kernels.triton_epilogue import COUNTERS
 from localllm.kernels.triton_norm_fused import add_normed, norm_rope_store
 from localllm.kernels.triton_prefill import rmsnorm_rows
-from localllm.kernels.triton_q8 import quantize_act
+from localllm.kernels.triton_q8 import WHOLE_ROW_BLOCKS, quantize_act
 from localllm.kernels.triton_rope import rope_store_family
 
 from ..cache import KVCache
 from ..model import Transformer
 from ..rope import rotary_dims
+from .cuda_moe import MoEDecode
 
 
 def int_dot(w) -> bool:
@@ -106,9 +110,14 @@ class GraphDecoder:
         # GLU form).
         self.x = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev)
         self.qkv_acc = torch.zeros(rows, cfg.q_dim + 2 * cfg.kv_dim, dtype=torch.int64, device=dev)
-        self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim, dtype=torch.int64, device=dev)
+        self.gu_acc = torch.zeros(rows, 2 * cfg.ffn_dim if not cfg.n_experts else 0, dtype=torch.int64, device=dev)
+        # mixture-of-experts layers: routing and the chosen experts' products on the device (cuda_moe.py)
+        self.moe = MoEDecode(model, rows, self.act) if cfg.n_experts else None
         # post norms (Gemma): the sums of the product they normalise (add_normed reads and clears it)
         self.h_acc = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev) if cfg.post_norms else None
+        # the next products' int8 input (triton_q8.quantize_act's (q, d, s) of RMSNorm(x)) where the post
+        # norm's kernel made it (add_normed's quantize), taken by them (_take_xq)
+        self.xq_next: tuple | None = None
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)
         self.counters = torch.zeros(COUNTERS, dtype=torch.int32, device=dev)
         self.best, self.count = greedy_state(rows, dev)  # greedy_ids' state
@@ -132,10 +141,13 @@ class GraphDecoder:
         # clears it as it reads); separate integer-dot products (Q4_K_M's Q6_K attn_v) share one
         # quantized x.
         qkv = self.qkv_acc
+        xq = self._take_xq()
         if L.qkv is not None:
-            self._lin(x, L.qkv, bias=L.qkv_bias, norm=norm, residual=qkv, inplace=True, split=None)
+            kw = {"xq": xq} if xq is not None else {"norm": norm}
+            self._lin(x, L.qkv, bias=L.qkv_bias, residual=qkv, inplace=True, split=None, **kw)
         else:
-            xq = quantize_act(x, *norm) if all(int_dot(m.w) for m in ms) else None
+            if xq is None and all(int_dot(m.w) for m in ms):
+                xq = quantize_act(x, *norm)
             start = 0
             for j, m in enumerate(ms):
                 n = m.w.shape[0]
@@ -185,23 +197,50 @@ class GraphDecoder:
         if L.blk.post_attention_norm is None:
             return self._lin(att, a.attn_output.w, bias=bias, residual=x, split=None, inplace=True, **kw)
         self._lin(att, a.attn_output.w, bias=bias, residual=self.h_acc, split=None, inplace=True, **kw)
-        return self._add_normed(x, L.blk.post_attention_norm.weight)
+        ffn = [L.gate_up] if L.gate_up is not None else []
+        return self._add_normed(x, L.blk.post_attention_norm.weight, (L.blk.ffn_norm.weight, ffn))
 
-    def _add_normed(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _add_normed(self, x: torch.Tensor, weight: torch.Tensor, nxt: tuple) -> torch.Tensor:
         """x (the int64 fixed-point residual) += RMSNorm(h) (Gemma's post norms, in the weight's dtype
         as model.rmsnorm rounds it) of h, the product summed into h_acc (split K like the residual's
-        products), rounded to the activation dtype as a product's output is; one kernel, h_acc cleared."""
+        products), rounded to the activation dtype as a product's output is; one kernel, h_acc cleared.
+        nxt = (norm weight, weights) of the products that take x next: integer-dot ones take their
+        int8 input from this kernel too (xq_next)."""
+        nw, ws = nxt
+        c = self.cfg.dim
+        if ws and all(int_dot(w) for w in ws) and c % 32 == 0 and c // 32 <= WHOLE_ROW_BLOCKS:
+            x, self.xq_next = add_normed(x, self.h_acc, weight, self.cfg.norm_eps, self.act,
+                                         quantize=(nw, self.cfg.norm_eps))
+            return x
         return add_normed(x, self.h_acc, weight, self.cfg.norm_eps, self.act)
 
-    def _ffn(self, x: torch.Tensor, L: LayerWeights) -> torch.Tensor:
+    def _take_xq(self) -> tuple | None:
+        """The int8 input the kernel before made for the products about to run (once)."""
+        xq, self.xq_next = self.xq_next, None
+        return xq
+
+    def _next_products(self, i: int) -> tuple:
+        """(norm weight, weights) of the products taking x after layer i - 1: layer i's q|k|v, or the head."""
+        if i == len(self.layers):
+            m = self.model
+            return m.output_norm.weight, [m.output_weight()]
+        L = self.layers[i]
+        a = L.attn
+        return L.blk.attn_norm.weight, [L.qkv] if L.qkv is not None else [a.attn_q.w, a.attn_k.w, a.attn_v.w]
+
+    def _ffn(self, x: torch.Tensor, L: LayerWeights, i: int) -> torch.Tensor:
         b, norm = L.blk, (L.blk.ffn_norm.weight, self.cfg.norm_eps)
         gelu = self.cfg.activation == "gelu_tanh"
         kw = {}
+        xq = self._take_xq()
+        if b.moe is not None:  # (no post norms in these families: xq is None)
+            return self.moe.ffn(x, b)
         if L.gate_up is not None:
             # gate/up sums split over K into the accumulator; silu(gate) * up is formed (and the
             # accumulator cleared) by glu_rows, or by the kernel that quantizes an integer-dot down
             # projection's input.
-            self._lin(x, L.gate_up, norm=norm, residual=self.gu_acc, inplace=True, split=None)
+            nkw = {"xq": xq} if xq is not None else {"norm": norm}
+            self._lin(x, L.gate_up, residual=self.gu_acc, inplace=True, split=None, **nkw)
             if int_dot(b.ffn_down.w):
                 a, kw = x, {"xq": quantize_act(self.gu_acc, glu_dtype=self.act, gelu=gelu)}
             else:
@@ -212,7 +251,7 @@ class GraphDecoder:
         if b.post_ffw_norm is None:
             return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True, **kw)
         self._lin(a, b.ffn_down.w, residual=self.h_acc, split=None, inplace=True, **kw)
-        return self._add_normed(x, b.post_ffw_norm.weight)
+        return self._add_normed(x, b.post_ffw_norm.weight, self._next_products(i + 1))
 
     def _step(self) -> torch.Tensor:
         """tokens (T,) at positions pos.. -> logits (T, V) fp32; advances pos. Static inputs only."""
@@ -221,9 +260,10 @@ class GraphDecoder:
         embed_fixed(self.token, m.token_embd.weight, x, scale=self.cfg.embed_scale)
         for i, L in enumerate(self.layers):
             x = self._attention(x, i, L)
-            x = self._ffn(x, L)
-        logits = self._lin(x, m.output_weight(), norm=(m.output_norm.weight, self.cfg.norm_eps),
-                           out_dtype=torch.float32)
+            x = self._ffn(x, L, i)
+        xq = self._take_xq()
+        kw = {"xq": xq} if xq is not None else {"norm": (m.output_norm.weight, self.cfg.norm_eps)}
+        logits = self._lin(x, m.output_weight(), out_dtype=torch.float32, **kw)
         if self.cfg.final_softcap is not None:  # Transformer.head's soft-cap
             c = self.cfg.final_softcap
             logits = torch.tanh(logits / c) * c

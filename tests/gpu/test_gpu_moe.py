@@ -1,13 +1,17 @@
-"""Mixture-of-experts models on CUDA (CudaEagerRuntime: expert tensors as QWeights, each expert's
-product on its row view: kernels.linear.linear_rows) against the CPU fp32 reference of the same file
-(tests/test_moe.py checks that one against transformers).
+"""Mixture-of-experts models on CUDA against the CPU fp32 reference of the same file (tests/test_moe.py
+checks that one against transformers): CudaRuntime (prompts: the torch forward, each expert's product on
+its row view, kernels.linear.linear_rows; decode: the graph step's device routing and expert kernels,
+backends/cuda_moe.py).
 
 The tiny MoE models of tiny_models.MOE_CASES as GGUF: F32 (CUDA fp32: the same math, bound 1e-3), and
-Q8_0 / MXFP4 experts in bf16 (the bounds of test_gpu_logits.py: quantized activations and bf16
-rounding, not a wrong expert: a wrong routing or row range gives errors near 1).
+Q8_0 / Q4_K / MXFP4 experts in bf16 (the bounds of test_gpu_logits.py: quantized activations and bf16
+rounding, not a wrong expert: a wrong routing or row range gives errors near 1). Q4_K: 256 wide (its
+super-blocks), experts only; the router stays fp32 on the GPU (llama.cpp's F32 router).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import gguf
 import pytest
@@ -27,20 +31,34 @@ def mxfp4_experts(spec) -> dict:
             for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
 
 
+def q4k_experts(spec) -> dict:
+    """GGUF name -> (raw, Q4_K) for every expert tensor, the rest F32."""
+    from localllm.quantize import quantize_tensor
+
+    return {n: (quantize_tensor(torch.from_numpy(d.reshape(-1, d.shape[-1]).copy()), Q.Q4_K).reshape(*d.shape[:-1], -1),
+                Q.Q4_K) for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
+
+
 @pytest.mark.parametrize("wtype,dtype,bound", [("F32", torch.float32, 1e-3), ("Q8_0", torch.bfloat16, 5e-2),
-                                               ("MXFP4", torch.bfloat16, 5e-2)])
+                                               ("Q4_K", torch.bfloat16, 5e-2), ("MXFP4", torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("case", list(tm.MOE_CASES))
 @torch.inference_mode()
 def test_cuda_moe_logits_match_cpu_fp32(tmp_path, case, wtype, dtype, bound):
     from localllm.load import load_model
 
+    from localllm.backends.cuda import CudaRuntime
+
     spec = tm.MOE_CASES[case]
     path = tmp_path / f"{case}-{wtype}.gguf"
     if wtype == "MXFP4":
         tm.write_gguf(spec, path, raw=mxfp4_experts(spec))
+    elif wtype == "Q4_K":
+        spec = replace(spec, dim=256, ffn_dim=256, expert_ffn_dim=256)  # (Mixtral: ffn_dim is the experts')
+        tm.write_gguf(spec, path, raw=q4k_experts(spec))
     else:
         tm.write_gguf(spec, path, Q[wtype])
     gpu = load_model(str(path), "cuda", dtype).runtime
+    assert isinstance(gpu, CudaRuntime)
     ref = load_model(str(path), "cpu", torch.float32, keep_quantized=False).runtime
     take_dense_values(ref.model, gpu.model)  # the GPU's bf16 router, norms, biases, sinks: the same choices
     ids = random_ids(tm.vocab_size(), PROMPT + STEPS, seed=2)

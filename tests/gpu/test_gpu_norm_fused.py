@@ -69,6 +69,25 @@ def test_add_normed_matches_the_composition(fixed):
     assert not fixed or not h.any()
 
 
+def test_add_normed_quantizes_like_quantize_act():
+    """add_normed's quantize: the next product's int8 input as quantize_act(x) gives it (its norm's
+    sum in another order may move a value by one step)."""
+    from localllm.kernels.triton_epilogue import from_fixed, to_fixed
+    from localllm.kernels.triton_norm_fused import add_normed
+    from localllm.kernels.triton_q8 import quantize_act
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = to_fixed(torch.randn(3, 2560, generator=g, device="cuda"))
+    h = to_fixed(4 * torch.randn(3, 2560, generator=g, device="cuda"))
+    w, nw = (1 + 0.2 * torch.randn(2, 2560, generator=g, device="cuda")).bfloat16().unbind(0)
+    want_x = add_normed(x.clone(), h.clone(), w, 1e-6, torch.bfloat16)
+    got_x, (q, d, s) = add_normed(x, h, w, 1e-6, torch.bfloat16, quantize=(nw, 1e-6))
+    close_in_bf16(from_fixed(got_x), from_fixed(want_x))
+    wq, wd, ws = quantize_act(got_x, nw, 1e-6)
+    assert (q.int() - wq.int()).abs().max() <= 1 and torch.allclose(d, wd, rtol=1e-6, atol=0)
+    assert (s - ws).abs().max() <= 16
+
+
 def runtimes(wtype: str):
     """(CudaRuntime bf16, CPU fp32 dense reference) of a Qwen3 shape's random weights (4 layers)."""
     from localllm.backends.cuda import CudaRuntime

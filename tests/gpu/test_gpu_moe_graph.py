@@ -1,0 +1,117 @@
+"""Mixture-of-experts decode inside CudaRuntime's CUDA graph (backends/cuda_moe.py, kernels/triton_moe.py)
+at real widths: Qwen3-30B-A3B's (128 experts, top 8, 768 wide), gpt-oss-20b's (32 experts, top 4,
+clamped SwiGLU, biases, sinks) and Mixtral's layer shapes (few layers, random weights: synthetic
+.synthetic_state), against the same weights on the CPU in fp32 (the bounds of test_gpu_families.py);
+greedy graph steps == decode + argmax, a verify pass == plain steps bit for bit, greedy speculative
+decoding == plain greedy decoding."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from .gpu_helpers import decode_errors, random_ids, rel, take_dense_values
+
+PROMPT, STEPS = 40, 8
+
+
+def shapes():
+    from localllm.config import ModelConfig
+
+    qwen3moe = ModelConfig(arch="qwen3moe", n_layers=3, dim=2048, ffn_dim=6144, n_heads=32, n_kv_heads=4,
+                           head_dim=128, vocab_size=32000, context_length=4096, norm_eps=1e-6, rope_theta=1e6,
+                           qk_norm=True, n_experts=128, n_experts_used=8, expert_ffn_dim=768)
+    gptoss = ModelConfig(arch="gpt-oss", n_layers=4, dim=2880, ffn_dim=2880, n_heads=64, n_kv_heads=8, head_dim=64,
+                         vocab_size=32000, context_length=4096, norm_eps=1e-5, rope_theta=15e4, qkv_bias=True,
+                         attn_out_bias=True, attn_sinks=True, sliding_window=16, sliding_layers=(True, False) * 2,
+                         n_experts=32, n_experts_used=4, expert_ffn_dim=2880, activation="swiglu_oai",
+                         swiglu_limit=7.0, moe_bias=True, moe_gating="topk_softmax")
+    mixtral = ModelConfig(arch="llama", n_layers=2, dim=1024, ffn_dim=3584, n_heads=16, n_kv_heads=4, head_dim=64,
+                          vocab_size=32000, context_length=4096, norm_eps=1e-5, rope_theta=1e6,
+                          n_experts=8, n_experts_used=2, expert_ffn_dim=3584)
+    return {"qwen3moe": qwen3moe, "gptoss": gptoss, "mixtral": mixtral}
+
+
+def runtimes(name: str, wtype: str):
+    """(CudaRuntime bf16, CPU fp32 dense reference) of the same random weights; wtype MXFP4: experts
+    MXFP4, the rest Q8_0."""
+    from localllm.backends.cuda import CudaRuntime
+    from localllm.load import build_model
+    from localllm.synthetic import synthetic_state
+
+    cfg = shapes()[name]
+    state, _ = synthetic_state(cfg, "Q8_0" if wtype == "MXFP4" else wtype, "cpu", seed=3)
+    if wtype == "MXFP4":
+        import gguf
+        from moe_states import experts_as
+
+        state = experts_as(state, gguf.GGMLQuantizationType.MXFP4)
+    gpu = build_model(cfg, dict(state), "cuda", torch.bfloat16)
+    assert isinstance(gpu, CudaRuntime)
+    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False)
+    take_dense_values(ref.model, gpu.model)
+    return gpu, ref
+
+
+@pytest.mark.parametrize("name,wtype", [("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q8_0"), ("qwen3moe", "bf16"),
+                                        ("gptoss", "MXFP4"), ("gptoss", "Q8_0"), ("mixtral", "Q4_K_M")])
+@torch.inference_mode()
+def test_moe_logits_match_cpu_fp32(name, wtype):
+    gpu, ref = runtimes(name, wtype)
+    ids = random_ids(gpu.cfg.vocab_size, PROMPT + STEPS, seed=1)
+    cg, cc = gpu.new_cache(64), ref.new_cache(64)
+    lg, lc = gpu.prefill(cg, [ids[:PROMPT]], 0)[0], ref.prefill(cc, [ids[:PROMPT]], 0)[0]
+    assert rel(lg.float(), lc) < 3e-2
+    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[PROMPT:])
+    assert max(errs) < 5e-2, errs
+    assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
+
+
+@pytest.mark.parametrize("name,wtype", [("qwen3moe", "Q4_K_M"), ("gptoss", "MXFP4"), ("mixtral", "bf16")])
+@torch.inference_mode()
+def test_moe_greedy_graph_and_verify(name, wtype, steps=24):
+    """greedy_step (graph) == decode + argmax, and a verify pass of 6 ids == 6 plain steps bit for bit."""
+    gpu, _ = runtimes(name, wtype)
+    prompt = random_ids(gpu.cfg.vocab_size, PROMPT, seed=5)
+    caches = [gpu.new_cache(PROMPT + steps + 8) for _ in range(2)]
+    ids, want = (gpu.prefill(c, [prompt], 0).argmax(-1) for c in caches)
+    for i in range(steps):
+        ids = gpu.greedy_step(caches[0], ids)
+        want = gpu.decode(caches[1], want).argmax(-1)
+        assert torch.equal(ids, want), f"step {i}"
+    cache, six = caches[1], random_ids(gpu.cfg.vocab_size, 6, seed=6)
+    depth = cache.length
+    rows = gpu.verify(cache, six).clone()
+    cache.length = depth
+    plain = torch.stack([gpu.decode(cache, torch.tensor([t], device=gpu.device))[0].clone() for t in six])
+    assert torch.equal(rows, plain), (rows - plain).abs().max().item()
+
+
+@pytest.mark.parametrize("name,wtype", [("qwen3moe", "Q4_K_M"), ("gptoss", "MXFP4")])
+@torch.inference_mode()
+def test_moe_greedy_speculative_equals_plain(name, wtype, n=40):
+    """Prompt lookup on a repetitive prompt drafts up to 5 ids a round (verify passes of several rows)."""
+    from localllm.draft import LookupDrafter
+    from localllm.generate import generate
+    from localllm.sampling import Sampler
+    from localllm.settings import DraftSettings, SamplingSettings
+    from localllm.speculative import generate_speculative
+
+    rt, _ = runtimes(name, wtype)
+    prompt = random_ids(rt.cfg.vocab_size, 32, seed=2) * 4
+    greedy = SamplingSettings(temperature=0)
+    plain = list(generate(rt, rt.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, rt.device), n))
+    spec = list(generate_speculative(rt, rt.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, rt.device),
+                                     LookupDrafter(3, 0.0), n, settings=DraftSettings(lookup=3, max_draft=5)))
+    assert len(plain) == n and spec == plain
+
+
+def test_moe_shapes_take_the_graph_runtime():
+    from localllm.backends import runtime_class
+    from localllm.backends.cuda import CudaRuntime
+
+    for cfg in shapes().values():
+        assert runtime_class("cuda", cfg) is CudaRuntime
+    assert runtime_class("cuda", replace(shapes()["mixtral"], expert_ffn_dim=3600)) is not CudaRuntime
