@@ -1,7 +1,8 @@
 """Calibration: the measurements behind `localllm quantize --target-bpw` (quantize/allocate.py).
 
 - `collect_imatrix`: per weight matrix W (out, in) consumed by a linear layer, the importance of each
-  input column j, I_j = E[x_j^2] over all calibration tokens (llama.cpp's imatrix). For a rounding
+  input column j, I_j = E[x_j^2] over all calibration tokens (llama.cpp's imatrix); per expert for the
+  expert stacks of a mixture of experts, over the tokens routed to it (E, in). For a rounding
   error dW, E||dW x||^2 = tr(dW E[x x^T] dW^T) ~ sum_j I_j ||dW[:, j]||^2 (the diagonal of the input
   covariance, as llama.cpp keeps it): `weighted_error`.
 - `measure_sensitivity`: the model's real response to one tensor's error, as the mean KL(base || perturbed)
@@ -27,6 +28,7 @@ from localllm.quantize.partial import make_partial, remove_stale_partials
 from .cache import KVCache, make_cache
 from .errors import LocalLLMError
 from .model import Linear, Transformer
+from .moe import ExpertLinear
 from .settings import DEFAULT_FILES
 from .fused import file_imatrix, file_shapes
 from .weights import ROPE_BUFFERS, gguf_name, to_module_name
@@ -96,20 +98,37 @@ def _device_cache(model: Transformer, length: int) -> KVCache:
 def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None
                     ) -> dict[str, torch.Tensor]:
     """GGUF weight name -> (in_features,) fp32 mean of x_j^2 over all tokens of all chunks, where x is
-    the input of the matmul that weight takes part in (one forward pass per chunk)."""
-    sums: dict[str, torch.Tensor] = {}  # name -> (in,) float64 sum of x^2 over tokens
-    counts: dict[str, int] = {}
+    the input of the matmul that weight takes part in (one forward pass per chunk).
+
+    Expert stacks (E, out, in) (moe.ExpertLinear) get (E, in): row e the mean over the tokens routed to
+    expert e, as llama.cpp's imatrix keeps its MUL_MAT_ID statistics (in_sum2 (E, in), counts (E,));
+    an expert no token reached gets 1 in every column, as llama-quantize reads a zero count."""
+    sums: dict[str, torch.Tensor] = {}  # name -> (in,) or (E, in) float64 sum of x^2 over tokens
+    counts: dict[str, int | torch.Tensor] = {}  # tokens seen: int, or (E,) float64 per expert
     memo: list = [None, None]  # (last input, its sums): q/k/v and gate/up read the very same tensor
 
-    def record(name: str, x: torch.Tensor) -> None:
-        # x: (B, T, in) -> add sum_t x_t^2 (in,) in float64 (fp32 per chunk, exact enough for a mean).
+    def square_sums(x: torch.Tensor) -> torch.Tensor:
+        # x: (..., in) -> sum over tokens of x^2 (in,) in float64 (fp32 per call, exact enough for a mean).
         if memo[0] is not x:
             memo[:] = [x, x.float().pow(2).reshape(-1, x.shape[-1]).sum(0).double()]
-        sums[name] = sums[name] + memo[1] if name in sums else memo[1].clone()
+        return memo[1]
+
+    def record(name: str, x: torch.Tensor) -> None:
+        sums[name] = sums[name] + square_sums(x) if name in sums else square_sums(x).clone()
         counts[name] = counts.get(name, 0) + x.numel() // x.shape[-1]
+
+    def record_expert(mod: ExpertLinear, name: str, x: torch.Tensor, expert: int) -> None:
+        # ExpertLinear.forward(x (n, in), expert): the n tokens routed to this expert
+        if name not in sums:
+            sums[name] = torch.zeros(mod.n_experts, x.shape[-1], dtype=torch.float64, device=x.device)
+            counts[name] = torch.zeros(mod.n_experts, dtype=torch.float64, device=x.device)
+        sums[name][expert] += square_sums(x)
+        counts[name][expert] += x.numel() // x.shape[-1]
 
     hooks = [m.register_forward_pre_hook(lambda mod, args, name=gguf_name(n) + ".weight": record(name, args[0]))
              for n, m in model.named_modules() if isinstance(m, Linear)]
+    hooks += [m.register_forward_pre_hook(lambda mod, args, name=gguf_name(n) + ".weight": record_expert(mod, name, *args))
+              for n, m in model.named_modules() if isinstance(m, ExpertLinear)]
     # The output matmul runs inside Transformer.forward (kernels.linear): its input is output_norm's output.
     out_name = "token_embd.weight" if model.cfg.tied_output else "output.weight"  # the tensor it reads
     hooks.append(model.output_norm.register_forward_hook(lambda mod, args, out: record(out_name, out)))
@@ -123,7 +142,15 @@ def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progres
         for h in hooks:
             h.remove()
         memo.clear()
-    return file_imatrix(model.cfg, {name: (s / counts[name]).float().cpu() for name, s in sums.items()})
+    return file_imatrix(model.cfg, {name: _mean(s, counts[name]) for name, s in sums.items()})
+
+
+def _mean(sums: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
+    """sums / count as fp32 on the CPU; per expert (count (E,)), 1 where an expert saw no token."""
+    if isinstance(count, int):
+        return (sums / count).float().cpu()
+    seen = count[:, None] > 0
+    return torch.where(seen, sums / torch.where(seen, count[:, None], 1.0), 1.0).float().cpu()
 
 
 def imatrix_meta(model: Transformer, n_chunks: int, **extra) -> dict:
@@ -170,7 +197,25 @@ def load_imatrix(path: str | Path, model: Transformer | Mapping[str, Sequence[in
         if problem := _mismatch(saved, expected):
             raise ValueError(f"{path} was collected on a different model ({len(saved)} tensors) than this one "
                              f"({len(expected)} tensors): {problem}")
+        if problem := _bad_value(d["imatrix"], expected):
+            raise ValueError(f"{path}: {problem}")
     return dict(d["imatrix"]), {**d["meta"], "chunks": d["chunks"], "tensors": saved}
+
+
+def _bad_value(imatrix: dict, shapes: dict) -> str:
+    """The first imatrix entry that is no tensor or not of its weight's shape: (cols,) for a matrix,
+    (E, cols) or (cols,) for an expert stack (E, F, cols); '' when all fit."""
+    if not isinstance(imatrix, dict):
+        return "no imatrix entries"
+    for name, v in imatrix.items():
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        fits = [(shape[-1],)] + ([(shape[0], shape[-1])] if len(shape) == 3 else [])
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) not in fits:
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            return f"the entry of {name!r} has shape {got}, its weight {shape} takes {' or '.join(map(str, fits))}"
+    return ""
 
 
 def _mismatch(saved: dict, expected: dict) -> str:
@@ -311,9 +356,14 @@ def measure_sensitivity(model: Transformer, chunks: Sequence[Sequence[int]], ten
 
 def weighted_error(w: torch.Tensor, w_hat: torch.Tensor, importance: torch.Tensor | None) -> float:
     """sum_j importance_j * ||w[:, j] - w_hat[:, j]||^2 for w, w_hat (out, in), importance (in,) or None
-    (plain squared error): E||(W - W_hat) x||^2 under the imatrix's diagonal input covariance."""
-    col = (w.detach().double() - w_hat.detach().double()).pow(2).sum(0)  # (in,)
-    return float(col.sum() if importance is None else (col * importance.double().to(col.device)).sum())
+    (plain squared error): E||(W - W_hat) x||^2 under the imatrix's diagonal input covariance.
+
+    An expert stack w, w_hat (E, out, in) (or its (E * out, in) rows) with a per-expert importance
+    (E, in): the sum over experts of each expert's own weighted error."""
+    groups = importance.shape[0] if importance is not None and importance.dim() == 2 else 1
+    diff = w.detach().double() - w_hat.detach().double()
+    col = diff.reshape(groups, -1, diff.shape[-1]).pow(2).sum(1)  # (groups, in)
+    return float(col.sum() if importance is None else (col * importance.double().to(col.device).reshape(groups, -1)).sum())
 
 
 def predict_losses(sens_kl: float, probe_err: float, errs: Mapping[Hashable, float]) -> dict[Hashable, float]:

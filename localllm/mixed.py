@@ -10,6 +10,10 @@ predicted loss that fit the size budget:
    from the model itself, over the calibration chunks (one backward pass per chunk for all tensors).
 3. candidates: every type whose block fits the row length, round-tripped (with the imatrix) on a
    sample of rows; L(t, q) = 1/2 sum F_ij dW_ij^2 over the sampled rows, scaled to all rows.
+A mixture of experts' stack (E, F, C) (GGUF blk.N.ffn_*_exps.weight, module blk.N.moe.*) is one tensor
+of one type, as llama.cpp quantizes it: its E * F rows of C values are a 2-D weight's rows here (the
+candidates by C, the Fisher of each expert's slice from the tokens routed to it), and each row is
+rounded with its own expert's imatrix row (calibrate.collect_imatrix's (E, C)).
 Measuring each tensor's KL with a probe (calibrate.measure_sensitivity) predicts as well but costs half
 a forward pass per tensor (~10 minutes for the default model on 2 cores), the Fisher a few seconds.
 """
@@ -53,6 +57,15 @@ def candidates(cols: int) -> list[Q]:
     return [q for q in CANDIDATES if cols % BLOCK_SIZES[q][0] == 0]
 
 
+def options_of(t: TensorInfo) -> list[Q]:
+    """A tensor's types to choose from: the candidates of its rows, and its stored type where that is a
+    block type outside them (gpt-oss's MXFP4 experts): kept as stored, the file copies its blocks and
+    the model loses nothing (loss 0), instead of re-rounding MXFP4 values to another 4-bit type."""
+    types = candidates(t.shape[-1])
+    keep = t.source not in (Q.F32, Q.F16, Q.BF16) and t.source not in CANDIDATES and t.source in BLOCK_SIZES
+    return types + [t.source] if keep and types and t.shape[-1] % BLOCK_SIZES[t.source][0] == 0 else types
+
+
 def type_bytes(n_values: int, q: Q) -> int:
     block, size = BLOCK_SIZES[q]
     return n_values // block * size
@@ -65,10 +78,13 @@ def padded(nbytes: int, align: int) -> int:
 def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q]) -> dict[Q, float]:
     """1/2 sum F_ij dW_ij^2 of each type's round trip, over SAMPLE_ROWS rows, scaled to all rows.
 
-    w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None."""
+    w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None, or
+    (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert)."""
     rows = sample_rows(w.shape[0], SAMPLE_ROWS).to(w.device)
     ws, fs = w[rows].float(), f[rows].double()
     scale = w.shape[0] / ws.shape[0]
+    if imp is not None and imp.dim() == 2 and imp.shape[0] > 1:  # each sampled row its group's
+        imp = imp.to(w.device)[rows // (w.shape[0] // imp.shape[0])]
     return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp) - ws).double().pow(2)).sum()) for q in types}
 
 
@@ -76,8 +92,9 @@ def fisher_diagonal(model, chunks: Sequence[Sequence[int]], progress=lambda done
                     seed: int = 0) -> dict[str, torch.Tensor]:
     """Module parameter name -> E[(d log p(y) / dW)^2] (same shape as W), y ~ the model's own p.
 
-    Sums over positions within a chunk (the Fisher of the whole chunk's output), averaged over chunks."""
-    params = {n: p for n, p in model.named_parameters() if p.dim() == 2}
+    Sums over positions within a chunk (the Fisher of the whole chunk's output), averaged over chunks.
+    Matrices and expert stacks (E, F, C): an expert no token reached has a zero gradient, so 0."""
+    params = {n: p for n, p in model.named_parameters() if p.dim() in (2, 3)}
     fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
     gen = torch.Generator(device=next(iter(params.values())).device).manual_seed(seed)
     device = next(iter(params.values())).device
@@ -123,7 +140,7 @@ def size_range(tensors: Sequence[TensorInfo], align: int = 1, fixed: Mapping[str
     """(smallest, largest) total bytes any plan_mixed choice can give: checked before calibrating."""
     todo, fixed = chosen_and_fixed(tensors, fixed)
     kept = kept_bytes(tensors, todo, fixed, align)
-    sizes = [[padded(type_bytes(math.prod(t.shape), q), align) for q in candidates(t.shape[-1])] for t in todo]
+    sizes = [[padded(type_bytes(math.prod(t.shape), q), align) for q in options_of(t)] for t in todo]
     return kept + sum(min(s) for s in sizes), kept + sum(max(s) for s in sizes)
 
 
@@ -151,11 +168,13 @@ def plan_mixed(
     options = []
     for i, t in enumerate(todo):
         names = [_module_name(params, n) for n in fused_parts(lm.config, t.name)]  # one, or a fused tensor's
-        w, f = params[names[0]].data, fisher[names[0]]
+        cols = t.shape[-1]  # an expert stack (E, F, C) as its E * F rows
+        w, f = params[names[0]].data.reshape(-1, cols), fisher[names[0]].reshape(-1, cols)
         if len(names) > 1:
-            w, f = torch.cat([params[n].data for n in names]), torch.cat([fisher[n] for n in names])
-        types = candidates(t.shape[-1])
-        loss = sampled_losses(w, f, imat.get(t.name), types)
+            w = torch.cat([params[n].data.reshape(-1, cols) for n in names])
+            f = torch.cat([fisher[n].reshape(-1, cols) for n in names])
+        types, rounded = options_of(t), candidates(t.shape[-1])
+        loss = sampled_losses(w, f, imat.get(t.name), rounded) | {q: 0.0 for q in types if q not in rounded}
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))

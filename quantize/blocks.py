@@ -31,7 +31,10 @@ CHUNK_VALUES = 1 << 22
 def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None) -> np.ndarray:
     """w (rows, cols) float -> uint8 (rows, bytes per row), the standard ggml block layout of qtype.
 
-    importance: (cols,) imatrix-style mean of x^2 per input column, or None.
+    importance: (cols,) imatrix-style mean of x^2 per input column, or None; or (G, cols), one per
+    group of rows / G consecutive rows: the per-expert imatrix of an expert stack (E, F, cols) quantized
+    as its E * F rows, each expert's rows with its own statistics (llama.cpp's llama-quant.cpp passes
+    each 3-D slice i its imatrix + i * cols). G = rows gives each row its own.
     """
     fmt = format_of(qtype)
     if w.dim() != 2:
@@ -46,20 +49,43 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     if not torch.isfinite(w).all():
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
     if importance is not None:
-        importance = importance.detach().float().to(w.device).reshape(-1)
-        if importance.shape[0] != cols:
-            raise ValueError(f"importance has {importance.shape[0]} values for {cols} columns")
+        importance = check_importance(importance.detach().float().to(w.device), rows, cols)
     step = max(1, CHUNK_VALUES // cols)
-    parts = [encode_rows(w[r:r + step], qtype, importance) for r in range(0, rows, step)]
+    parts = [encode_rows(w[r:r + step], qtype, chunk_importance(importance, rows, r, min(r + step, rows)))
+             for r in range(0, rows, step)]
     return torch.cat(parts).reshape(rows, cols // block * nbytes).cpu().numpy()
 
 
+def check_importance(importance: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """(cols,) or (G, cols) with rows % G == 0 (a 1-D one, or (1, cols), comes back as (cols,))."""
+    if importance.dim() == 2 and importance.shape[0] > 1:
+        groups = importance.shape[0]
+        if importance.shape[1] != cols or rows % groups:
+            raise ValueError(f"importance of shape {tuple(importance.shape)} for {rows} rows of {cols} columns "
+                             f"(want ({cols},) or (groups, {cols}) with groups dividing the rows)")
+        return importance
+    importance = importance.reshape(-1)
+    if importance.shape[0] != cols:
+        raise ValueError(f"importance has {importance.shape[0]} values for {cols} columns")
+    return importance
+
+
+def chunk_importance(importance: torch.Tensor | None, rows: int, r0: int, r1: int) -> torch.Tensor | None:
+    """The importance of rows r0 .. r1: (cols,) as given, or (r1 - r0, cols), each row its group's."""
+    if importance is None or importance.dim() == 1:
+        return importance
+    per_group = rows // importance.shape[0]
+    return importance[torch.arange(r0, r1, device=importance.device) // per_group]
+
+
 def encode_rows(x: torch.Tensor, qtype: Q, importance: torch.Tensor | None) -> torch.Tensor:
-    """(rows, cols) -> (rows * blocks per row, bytes per block): the best candidate of each block."""
+    """(rows, cols) -> (rows * blocks per row, bytes per block): the best candidate of each block.
+
+    importance: (cols,) for all rows, (rows, cols) per row, or None."""
     fmt = FORMATS[qtype]
     block = fmt.block
     xb = x.reshape(-1, block)
-    qw = None if importance is None else importance.reshape(1, -1, block).expand(x.shape[0], -1, -1).reshape(-1, block)
+    qw = None if importance is None else importance.expand(x.shape).reshape(-1, block)
     if fmt.imatrix or qw is None:
         weights = qw
     else:
