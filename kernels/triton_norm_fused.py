@@ -31,6 +31,7 @@ import triton.language as tl
 from .triton_base import PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit
 from .triton_q8 import WHOLE_ROW_BLOCKS, act_buffers, store_blocks
+from .triton_rope import rotate_pair
 
 
 @triton.jit
@@ -58,11 +59,7 @@ def _norm_rotate_head(src, dst, pos, inv_freq_ptr, factor, w_ptr, eps, R: tl.con
         xp = from_fixed_jit(tl.load(src + partner, mask=rot, other=0))
         if NORM:  # the partner's normed value: the same elementwise ops on the same rstd
             xp = _rms_scale(xp, rstd, tl.load(w_ptr + partner, mask=rot, other=0.0), ty)
-        ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % half, mask=rot, other=0.0)
-        c = tl.cos(ang) * factor
-        s = tl.sin(ang) * factor
-        y = tl.where(i < half, x * c - xp * s, x * c + xp * s)
-        y = tl.where(rot, y, x)
+        y = rotate_pair(x, xp, i, pos, inv_freq_ptr, factor, R)
     else:
         y = x
     tl.debug_barrier()  # every thread has loaded its values and partners before any is zeroed

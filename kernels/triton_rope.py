@@ -20,6 +20,18 @@ from .triton_epilogue import from_fixed_jit
 
 
 @triton.jit
+def rotate_pair(x, xp, i, pos, inv_freq_ptr, factor, R: tl.constexpr):
+    """Values x[i] of a head and their rotation partners xp (x[i + R/2] or x[i - R/2]) -> the neox rope
+    of the first R dims at position pos (cos and sin times factor), the rest unchanged: rope.rope_rotate."""
+    half: tl.constexpr = R // 2
+    rot = i < R
+    ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % half, mask=rot, other=0.0)
+    c = tl.cos(ang) * factor
+    s = tl.sin(ang) * factor
+    return tl.where(rot, tl.where(i < half, x * c - xp * s, x * c + xp * s), x)
+
+
+@triton.jit
 def _rotate_head(src, dst, pos, inv_freq_ptr, factor, R: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr,
                  CLEAR: tl.constexpr):
     """One head's D values at src (fp32, or an int64 fixed-point accumulator) -> dst, the first R
@@ -31,11 +43,7 @@ def _rotate_head(src, dst, pos, inv_freq_ptr, factor, R: tl.constexpr, D: tl.con
         rot = i < R
         partner = tl.where(i < half, i + half, i - half)
         xp = from_fixed_jit(tl.load(src + partner, mask=rot, other=0))
-        ang = pos.to(tl.float32) * tl.load(inv_freq_ptr + i % half, mask=rot, other=0.0)
-        c = tl.cos(ang) * factor
-        s = tl.sin(ang) * factor
-        y = tl.where(i < half, x * c - xp * s, x * c + xp * s)
-        y = tl.where(rot, y, x)
+        y = rotate_pair(x, xp, i, pos, inv_freq_ptr, factor, R)
     else:
         y = x
     if CLEAR:  # every thread has loaded its values and partners before any is zeroed

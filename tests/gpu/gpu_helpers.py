@@ -43,3 +43,49 @@ def decode_errors(gpu, ref, gpu_cache, ref_cache, ids: list[int]) -> tuple[list[
         errs.append(rel(lg, lc))
         disagree += int(lg.argmax() != lc.argmax())
     return errs, disagree
+
+
+def check_logits(gpu, ref, prompt: int, steps: int, seed: int = 1) -> None:
+    """The prompt's logits (rel < 3e-2), then `steps` decode steps (rel < 5e-2, greedy ids differing on
+    at most one step) of the GPU runtime against the CPU fp32 reference: test_gpu_logits.py's bounds."""
+    ids = random_ids(gpu.cfg.vocab_size, prompt + steps, seed=seed)
+    cg, cc = gpu.new_cache(64), ref.new_cache(64)
+    lg, lc = gpu.prefill(cg, [ids[:prompt]], 0)[0], ref.prefill(cc, [ids[:prompt]], 0)[0]
+    assert rel(lg.float(), lc) < 3e-2
+    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[prompt:])
+    assert max(errs) < 5e-2, errs
+    assert disagree <= 1, f"greedy ids differ on {disagree} of {steps} steps"
+
+
+def check_greedy_graph_and_verify(gpu, prompt_len: int, steps: int = 24) -> None:
+    """greedy_step (graph) == decode + argmax for `steps` steps, and a verify pass of 6 ids == 6 plain
+    steps bit for bit."""
+    prompt = random_ids(gpu.cfg.vocab_size, prompt_len, seed=5)
+    caches = [gpu.new_cache(prompt_len + steps + 8) for _ in range(2)]
+    ids, want = (gpu.prefill(c, [prompt], 0).argmax(-1) for c in caches)
+    for i in range(steps):
+        ids = gpu.greedy_step(caches[0], ids)
+        want = gpu.decode(caches[1], want).argmax(-1)
+        assert torch.equal(ids, want), f"step {i}"
+    cache, six = caches[1], random_ids(gpu.cfg.vocab_size, 6, seed=6)
+    depth = cache.length
+    rows = gpu.verify(cache, six).clone()
+    cache.length = depth
+    plain = torch.stack([gpu.decode(cache, torch.tensor([t], device=gpu.device))[0].clone() for t in six])
+    assert torch.equal(rows, plain), (rows - plain).abs().max().item()
+
+
+def check_speculative_equals_plain(rt, prompt: list[int], n: int) -> None:
+    """Greedy speculative decoding with prompt lookup (up to 5 drafts a round: verify passes of several
+    rows) yields plain greedy decoding's n ids."""
+    from localllm.draft import LookupDrafter
+    from localllm.generate import generate
+    from localllm.sampling import Sampler
+    from localllm.settings import DraftSettings, SamplingSettings
+    from localllm.speculative import generate_speculative
+
+    greedy = SamplingSettings(temperature=0)
+    plain = list(generate(rt, rt.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, rt.device), n))
+    spec = list(generate_speculative(rt, rt.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, rt.device),
+                                     LookupDrafter(3, 0.0), n, settings=DraftSettings(lookup=3, max_draft=5)))
+    assert len(plain) == n and spec == plain

@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from .gpu_helpers import decode_errors, random_ids, rel, take_dense_values
+from .gpu_helpers import (check_greedy_graph_and_verify, check_logits, check_speculative_equals_plain,
+                          random_ids, take_dense_values)
 
 PROMPT, STEPS = 40, 8
 
@@ -54,52 +55,20 @@ def runtimes(name: str, wtype: str):
 @pytest.mark.parametrize("name", ["gemma3", "gemma2", "phi4", "sinks"])
 @torch.inference_mode()
 def test_family_logits_match_cpu_fp32(name, wtype):
-    gpu, ref = runtimes(name, wtype)
-    ids = random_ids(gpu.cfg.vocab_size, PROMPT + STEPS, seed=1)
-    cg, cc = gpu.new_cache(64), ref.new_cache(64)
-    lg, lc = gpu.prefill(cg, [ids[:PROMPT]], 0)[0], ref.prefill(cc, [ids[:PROMPT]], 0)[0]
-    assert rel(lg.float(), lc) < 3e-2
-    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[PROMPT:])
-    assert max(errs) < 5e-2, errs
-    assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
+    check_logits(*runtimes(name, wtype), PROMPT, STEPS)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gemma2", "phi4", "sinks"])
 @torch.inference_mode()
 def test_family_greedy_graph_and_verify(name, steps=24):
     """greedy_step (graph) == decode + argmax, and a verify pass of 6 ids == 6 plain steps bit for bit."""
-    gpu, _ = runtimes(name, "Q4_K_M")
-    prompt = random_ids(gpu.cfg.vocab_size, PROMPT, seed=5)
-    caches = [gpu.new_cache(PROMPT + steps + 8) for _ in range(2)]
-    ids, want = (gpu.prefill(c, [prompt], 0).argmax(-1) for c in caches)
-    for i in range(steps):
-        ids = gpu.greedy_step(caches[0], ids)
-        want = gpu.decode(caches[1], want).argmax(-1)
-        assert torch.equal(ids, want), f"step {i}"
-    cache, six = caches[1], random_ids(gpu.cfg.vocab_size, 6, seed=6)
-    depth = cache.length
-    rows = gpu.verify(cache, six).clone()
-    cache.length = depth
-    plain = torch.stack([gpu.decode(cache, torch.tensor([t], device=gpu.device))[0].clone() for t in six])
-    assert torch.equal(rows, plain), (rows - plain).abs().max().item()
+    check_greedy_graph_and_verify(runtimes(name, "Q4_K_M")[0], PROMPT, steps)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gemma2", "phi4", "sinks"])
 @torch.inference_mode()
 def test_family_greedy_speculative_equals_plain(name, n=40):
-    """Prompt lookup on a repetitive prompt (a block of 48 random ids three times) drafts 5 ids a round:
-    the verify passes give plain greedy decoding's ids (sliding windows of 16 are crossed)."""
-    from localllm.draft import LookupDrafter
-    from localllm.generate import generate
-    from localllm.sampling import Sampler
-    from localllm.settings import DraftSettings, SamplingSettings
-    from localllm.speculative import generate_speculative
-
+    """Prompt lookup on a repetitive prompt (a block of 48 random ids three times): verify passes give
+    plain greedy decoding's ids (sliding windows of 16 are crossed)."""
     gpu, _ = runtimes(name, "Q4_K_M")
-    prompt = random_ids(gpu.cfg.vocab_size, 48, seed=7) * 3
-    greedy = SamplingSettings(temperature=0)
-    plain = list(generate(gpu, gpu.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, gpu.device), n))
-    spec = list(generate_speculative(gpu, gpu.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, gpu.device),
-                                     LookupDrafter(3, 0.0), n, settings=DraftSettings(lookup=3, max_draft=5)))
-    assert len(plain) == n
-    assert spec == plain
+    check_speculative_equals_plain(gpu, random_ids(gpu.cfg.vocab_size, 48, seed=7) * 3, n)

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from .gpu_helpers import decode_errors, random_ids, rel, take_dense_values
+from .gpu_helpers import (check_greedy_graph_and_verify, check_logits, check_speculative_equals_plain,
+                          random_ids, take_dense_values)
 
 PROMPT, STEPS = 40, 8
 
@@ -59,53 +60,22 @@ def runtimes(name: str, wtype: str):
                                         ("gptoss", "MXFP4"), ("gptoss", "Q8_0"), ("mixtral", "Q4_K_M")])
 @torch.inference_mode()
 def test_moe_logits_match_cpu_fp32(name, wtype):
-    gpu, ref = runtimes(name, wtype)
-    ids = random_ids(gpu.cfg.vocab_size, PROMPT + STEPS, seed=1)
-    cg, cc = gpu.new_cache(64), ref.new_cache(64)
-    lg, lc = gpu.prefill(cg, [ids[:PROMPT]], 0)[0], ref.prefill(cc, [ids[:PROMPT]], 0)[0]
-    assert rel(lg.float(), lc) < 3e-2
-    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[PROMPT:])
-    assert max(errs) < 5e-2, errs
-    assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
+    check_logits(*runtimes(name, wtype), PROMPT, STEPS)
 
 
 @pytest.mark.parametrize("name,wtype", [("qwen3moe", "Q4_K_M"), ("gptoss", "MXFP4"), ("mixtral", "bf16")])
 @torch.inference_mode()
 def test_moe_greedy_graph_and_verify(name, wtype, steps=24):
     """greedy_step (graph) == decode + argmax, and a verify pass of 6 ids == 6 plain steps bit for bit."""
-    gpu, _ = runtimes(name, wtype)
-    prompt = random_ids(gpu.cfg.vocab_size, PROMPT, seed=5)
-    caches = [gpu.new_cache(PROMPT + steps + 8) for _ in range(2)]
-    ids, want = (gpu.prefill(c, [prompt], 0).argmax(-1) for c in caches)
-    for i in range(steps):
-        ids = gpu.greedy_step(caches[0], ids)
-        want = gpu.decode(caches[1], want).argmax(-1)
-        assert torch.equal(ids, want), f"step {i}"
-    cache, six = caches[1], random_ids(gpu.cfg.vocab_size, 6, seed=6)
-    depth = cache.length
-    rows = gpu.verify(cache, six).clone()
-    cache.length = depth
-    plain = torch.stack([gpu.decode(cache, torch.tensor([t], device=gpu.device))[0].clone() for t in six])
-    assert torch.equal(rows, plain), (rows - plain).abs().max().item()
+    check_greedy_graph_and_verify(runtimes(name, wtype)[0], PROMPT, steps)
 
 
 @pytest.mark.parametrize("name,wtype", [("qwen3moe", "Q4_K_M"), ("gptoss", "MXFP4")])
 @torch.inference_mode()
 def test_moe_greedy_speculative_equals_plain(name, wtype, n=40):
     """Prompt lookup on a repetitive prompt drafts up to 5 ids a round (verify passes of several rows)."""
-    from localllm.draft import LookupDrafter
-    from localllm.generate import generate
-    from localllm.sampling import Sampler
-    from localllm.settings import DraftSettings, SamplingSettings
-    from localllm.speculative import generate_speculative
-
     rt, _ = runtimes(name, wtype)
-    prompt = random_ids(rt.cfg.vocab_size, 32, seed=2) * 4
-    greedy = SamplingSettings(temperature=0)
-    plain = list(generate(rt, rt.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, rt.device), n))
-    spec = list(generate_speculative(rt, rt.new_cache(len(prompt) + n + 1), prompt, Sampler(greedy, rt.device),
-                                     LookupDrafter(3, 0.0), n, settings=DraftSettings(lookup=3, max_draft=5)))
-    assert len(plain) == n and spec == plain
+    check_speculative_equals_plain(rt, random_ids(rt.cfg.vocab_size, 32, seed=2) * 4, n)
 
 
 def test_moe_shapes_take_the_graph_runtime():

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from .gpu_helpers import decode_errors, random_ids, rel, take_dense_values
+from .gpu_helpers import check_greedy_graph_and_verify, check_logits, take_dense_values
 
 PROMPT, STEPS = 40, 8
 
@@ -108,30 +108,10 @@ def runtimes(wtype: str):
 @pytest.mark.parametrize("wtype", ["bf16", "Q4_K_M"])
 @torch.inference_mode()
 def test_qwen3_logits_match_cpu_fp32(wtype):
-    gpu, ref = runtimes(wtype)
-    ids = random_ids(gpu.cfg.vocab_size, PROMPT + STEPS, seed=1)
-    cg, cc = gpu.new_cache(64), ref.new_cache(64)
-    lg, lc = gpu.prefill(cg, [ids[:PROMPT]], 0)[0], ref.prefill(cc, [ids[:PROMPT]], 0)[0]
-    assert rel(lg.float(), lc) < 3e-2
-    errs, disagree = decode_errors(gpu, ref, cg, cc, ids[PROMPT:])
-    assert max(errs) < 5e-2, errs
-    assert disagree <= 1, f"greedy ids differ on {disagree} of {STEPS} steps"
+    check_logits(*runtimes(wtype), PROMPT, STEPS)
 
 
 @torch.inference_mode()
 def test_qwen3_greedy_graph_and_verify(steps=24):
     """greedy_step (graph) == decode + argmax, and a verify pass of 6 ids == 6 plain steps bit for bit."""
-    gpu, _ = runtimes("Q4_K_M")
-    prompt = random_ids(gpu.cfg.vocab_size, PROMPT, seed=5)
-    caches = [gpu.new_cache(PROMPT + steps + 8) for _ in range(2)]
-    ids, want = (gpu.prefill(c, [prompt], 0).argmax(-1) for c in caches)
-    for i in range(steps):
-        ids = gpu.greedy_step(caches[0], ids)
-        want = gpu.decode(caches[1], want).argmax(-1)
-        assert torch.equal(ids, want), f"step {i}"
-    cache, six = caches[1], random_ids(gpu.cfg.vocab_size, 6, seed=6)
-    depth = cache.length
-    rows = gpu.verify(cache, six).clone()
-    cache.length = depth
-    plain = torch.stack([gpu.decode(cache, torch.tensor([t], device=gpu.device))[0].clone() for t in six])
-    assert torch.equal(rows, plain), (rows - plain).abs().max().item()
+    check_greedy_graph_and_verify(runtimes("Q4_K_M")[0], PROMPT, steps)
