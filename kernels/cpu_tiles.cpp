@@ -113,8 +113,8 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
   }
 }
 
-// One group's integer row sums (values 0..15, 16..31) into the fp32 accumulator: s * d * sum (a scale a
-// half, or one for both) plus m * d * sum(x) for formats with a min term.
+// One group's integer row sums (values 0..15, 16..31; half[0] alone holds both where one scale serves
+// both) into the fp32 accumulator: s * d * sum (a scale a half, or one for both) plus m * d * sum(x) for formats with a min term.
 template <class V, TileKind k>
 inline typename V::F accumulate(const typename V::I half[2], typename V::F s0, typename V::F s1, typename V::F m,
                                 const QX& x, int64_t ti, typename V::F acc) {
@@ -123,7 +123,7 @@ inline typename V::F accumulate(const typename V::I half[2], typename V::F s0, t
     acc = V::fmadd(V::to_float(half[0]), V::mul(s0, dx), acc);
     acc = V::fmadd(V::to_float(half[1]), V::mul(s1, dx), acc);
   } else {
-    acc = V::fmadd(V::to_float(V::add(half[0], half[1])), V::mul(s0, dx), acc);
+    acc = V::fmadd(V::to_float(half[0]), V::mul(s0, dx), acc);  // half[0]: both halves' sum
   }
   if constexpr (k.has_min) acc = V::fmadd(m, V::fset(x.half_sums[2 * ti] + x.half_sums[2 * ti + 1]), acc);
   return acc;
@@ -152,17 +152,21 @@ inline void tile_dot(const uint8_t* ta, const uint8_t* tb, const QX& x, int64_t 
     for (int t = 0; t < NT; t++) {
       const int64_t ti = (t0 + t) * G + g;
       const int16_t* xq = x.q + (t0 + t) * x.K + 32 * g;
-      typename V::I half[2];
-      for (int h = 0; h < 2; h++) {  // values 0..15, then 16..31
+      // values 0..15, then 16..31 (one scale for both: their sum at once, the same integers)
+      constexpr int H = k.halves ? 2 : 1;
+      typename V::I half[2] = {V::zero(), V::zero()};
+      for (int h = 0; h < H; h++) {
         auto lo = V::zero(), hi = V::zero();
-        for (int i = 4 * h; i < 4 * h + 4; i++) {
+        for (int i = 8 / H * h; i < 8 / H * (h + 1); i++) {
           int64_t four;
           std::memcpy(&four, xq + 4 * i, 8);
           const auto xb = V::set64(four);
           lo = V::madd(lo, wl[i], xb);
           hi = V::madd(hi, wh[i], xb);
         }
-        half[h] = V::add(V::pair_sums(lo, hi), V::set32(-k.o * x.sums[2 * ti + h]));
+        const int32_t xs = H == 2 ? x.sums[2 * ti + h] : x.sums[2 * ti] + x.sums[2 * ti + 1];
+        half[h] = V::pair_sums(lo, hi);
+        if constexpr (k.o != 0) half[h] = V::add(half[h], V::set32(-k.o * xs));
       }
       acc[t] = accumulate<V, k>(half, s0, s1, m, x, ti, acc[t]);
     }
