@@ -44,6 +44,18 @@ struct Y {
     if constexpr (S32) return _mm256_loadu_ps(reinterpret_cast<const float*>(a));
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
   }
+  // byte j of each 128-bit lane of idx (0..15) -> table[idx] (16 bytes)
+  static I lookup16(const uint8_t* table, I idx) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))),
+                               idx);
+  }
+  // 8 E8M0 bytes -> 2^(e - 128) in fp32, the bits of cpu_quant.h's e8m0_half (e < 2: subnormal)
+  static F e8m0_half(const uint8_t* a, const uint8_t*) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, set32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(set32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(small, normal, _mm256_cmpgt_epi32(e, set32(1))));
+  }
 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -90,6 +102,12 @@ struct Z {
     const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
     const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
     return _mm512_cvtph_ps(_mm256_set_m128i(hi, lo));
+  }
+  static I lookup16(const uint8_t* table, I idx) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))), idx);
+  }
+  static F e8m0_half(const uint8_t* a, const uint8_t* b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(Y::e8m0_half(a, a)), Y::e8m0_half(b, b), 1);
   }
 };
 #endif

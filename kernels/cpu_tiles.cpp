@@ -13,10 +13,14 @@
 namespace lq {
 namespace {
 
+// MXFP4's E2M1 codes -> u = 2 value + 12 (cpu_quant.h Fmt<MXFP4>'s table)
+alignas(16) constexpr uint8_t MXFP4_U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
 // The 8 quant vectors of a tile-group (vector i: rows 0..7 x values 4i..4i+3, unsigned); with Z,
 // of the tile-groups at a and b side by side.
-template <class V, int BITS>
+template <class V, TileKind k>
 inline void unpack(const uint8_t* a, const uint8_t* b, typename V::I v[8]) {
+  constexpr int BITS = k.bits;
   if constexpr (BITS == 8) {
     for (int i = 0; i < 8; i++) v[i] = V::load(a + 32 * i, b + 32 * i);
   } else {
@@ -29,7 +33,17 @@ inline void unpack(const uint8_t* a, const uint8_t* b, typename V::I v[8]) {
     if constexpr (BITS == 5) {
       for (int i = 0; i < 8; i++) v[i] = V::bor(v[i], V::fifth_bits(a + 128 + 4 * i, b + 128 + 4 * i));
     }
+    if constexpr (k.lut) {
+      for (int i = 0; i < 8; i++) v[i] = V::lookup16(MXFP4_U, v[i]);
+    }
   }
+}
+
+// The fp32 scales of rows 0..7 (with Z, of both tiles) stored at a (and b).
+template <class V, TileKind k>
+inline typename V::F load_scales(const uint8_t* a, const uint8_t* b) {
+  if constexpr (k.e8m0) return V::e8m0_half(a, b);
+  return V::template scales<k.s32>(a, b);
 }
 
 template <bool S32>
@@ -53,10 +67,17 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
   for (int64_t g = 0; g < G; g++) {
     uint8_t* dst = tiles + (tile * G + g) * k.group_bytes();
     float s[2][8] = {}, m[8] = {};
+    uint8_t e[8] = {};  // E8M0 scales (k.e8m0)
     for (int r = 0; r < 8; r++) {
       const int64_t n = tile * 8 + r;
       if (n >= N) {
         std::memset(u[r], 0, 32);
+        continue;
+      }
+      if constexpr (k.lut) {  // MXFP4: byte 0 e, bytes 1..16 codes (value j low nibble, j + 16 high)
+        const uint8_t* b = raw + n * row_bytes + 17 * g;
+        e[r] = b[0];
+        for (int j = 0; j < 16; j++) u[r][j] = b[1 + j] & 0xF, u[r][j + 16] = b[1 + j] >> 4;
         continue;
       }
       Group gr;
@@ -82,14 +103,18 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
       }
     }
     uint8_t* sp = dst + k.quant_bytes();
+    if constexpr (k.e8m0) {
+      std::memcpy(sp, e, 8);
+      continue;
+    }
     store_scales<k.s32>(sp, s[0]);
     if constexpr (k.halves) store_scales<k.s32>(sp + k.scale_bytes() / 2, s[1]);
     if constexpr (k.has_min) store_scales<k.s32>(sp + k.scale_bytes(), m);
   }
 }
 
-// One group's integer row sums (values 0..15, 16..31) into the fp32 accumulator: s * d * sum (a scale a
-// half, or one for both) plus m * d * sum(x) for formats with a min term.
+// One group's integer row sums (values 0..15, 16..31; half[0] alone holds both where one scale serves
+// both) into the fp32 accumulator: s * d * sum (a scale a half, or one for both) plus m * d * sum(x) for formats with a min term.
 template <class V, TileKind k>
 inline typename V::F accumulate(const typename V::I half[2], typename V::F s0, typename V::F s1, typename V::F m,
                                 const QX& x, int64_t ti, typename V::F acc) {
@@ -98,7 +123,7 @@ inline typename V::F accumulate(const typename V::I half[2], typename V::F s0, t
     acc = V::fmadd(V::to_float(half[0]), V::mul(s0, dx), acc);
     acc = V::fmadd(V::to_float(half[1]), V::mul(s1, dx), acc);
   } else {
-    acc = V::fmadd(V::to_float(V::add(half[0], half[1])), V::mul(s0, dx), acc);
+    acc = V::fmadd(V::to_float(half[0]), V::mul(s0, dx), acc);  // half[0]: both halves' sum
   }
   if constexpr (k.has_min) acc = V::fmadd(m, V::fset(x.half_sums[2 * ti] + x.half_sums[2 * ti + 1]), acc);
   return acc;
@@ -116,28 +141,32 @@ inline void tile_dot(const uint8_t* ta, const uint8_t* tb, const QX& x, int64_t 
   typename V::I v[8];
   for (int64_t g = 0; g < G; g++) {
     const uint8_t *pa = ta + g * k.group_bytes(), *pb = tb + g * k.group_bytes();
-    unpack<V, k.bits>(pa, pb, v);
+    unpack<V, k>(pa, pb, v);
     typename V::I wl[8], wh[8];  // widened once, for every row of x
     for (int i = 0; i < 8; i++) wl[i] = V::widen_lo(v[i]), wh[i] = V::widen_hi(v[i]);
     const uint8_t *sa = pa + k.quant_bytes(), *sbp = pb + k.quant_bytes();
-    const auto s0 = V::template scales<k.s32>(sa, sbp);
+    const auto s0 = load_scales<V, k>(sa, sbp);
     auto s1 = s0, m = V::fzero();
     if constexpr (k.halves) s1 = V::template scales<k.s32>(sa + sb / 2, sbp + sb / 2);
     if constexpr (k.has_min) m = V::template scales<k.s32>(sa + sb, sbp + sb);
     for (int t = 0; t < NT; t++) {
       const int64_t ti = (t0 + t) * G + g;
       const int16_t* xq = x.q + (t0 + t) * x.K + 32 * g;
-      typename V::I half[2];
-      for (int h = 0; h < 2; h++) {  // values 0..15, then 16..31
+      // values 0..15, then 16..31 (one scale for both: their sum at once, the same integers)
+      constexpr int H = k.halves ? 2 : 1;
+      typename V::I half[2] = {V::zero(), V::zero()};
+      for (int h = 0; h < H; h++) {
         auto lo = V::zero(), hi = V::zero();
-        for (int i = 4 * h; i < 4 * h + 4; i++) {
+        for (int i = 8 / H * h; i < 8 / H * (h + 1); i++) {
           int64_t four;
           std::memcpy(&four, xq + 4 * i, 8);
           const auto xb = V::set64(four);
           lo = V::madd(lo, wl[i], xb);
           hi = V::madd(hi, wh[i], xb);
         }
-        half[h] = V::add(V::pair_sums(lo, hi), V::set32(-k.o * x.sums[2 * ti + h]));
+        const int32_t xs = H == 2 ? x.sums[2 * ti + h] : x.sums[2 * ti] + x.sums[2 * ti + 1];
+        half[h] = V::pair_sums(lo, hi);
+        if constexpr (k.o != 0) half[h] = V::add(half[h], V::set32(-k.o * xs));
       }
       acc[t] = accumulate<V, k>(half, s0, s1, m, x, ti, acc[t]);
     }
@@ -193,11 +222,15 @@ void dequantize_tiles(const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, f
   for (int64_t tile = n0 / 8; tile * 8 < n1; tile++) {
     for (int64_t g = 0; g < G; g++) {
       const uint8_t* p = tiles + (tile * G + g) * k.group_bytes();
-      unpack<Y, k.bits>(p, p, v);
+      unpack<Y, k>(p, p, v);
       for (int i = 0; i < 8; i++) _mm256_store_si256(reinterpret_cast<__m256i*>(u[i]), v[i]);
       const uint8_t* sp = p + k.quant_bytes();
-      _mm256_store_ps(s[0], Y::scales<k.s32>(sp, sp));
-      _mm256_store_ps(s[1], Y::scales<k.s32>(sp + (k.halves ? k.scale_bytes() / 2 : 0), sp));
+      _mm256_store_ps(s[0], load_scales<Y, k>(sp, sp));
+      if constexpr (k.halves) {
+        _mm256_store_ps(s[1], Y::scales<k.s32>(sp + k.scale_bytes() / 2, sp));
+      } else {
+        std::copy(s[0], s[0] + 8, s[1]);
+      }
       if constexpr (k.has_min) _mm256_store_ps(m, Y::scales<k.s32>(sp + k.scale_bytes(), sp));
       for (int r = 0; r < 8; r++) {
         const int64_t n = tile * 8 + r;

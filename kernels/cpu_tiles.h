@@ -7,15 +7,17 @@
 //           stored as  8 bits: the 8 vectors (256 bytes);
 //                      4 bits: 4 x 32 bytes, byte b of block p = vector p (low nibble), p + 4 (high);
 //                      5 bits: as 4 bits, then 8 x 4 bytes of 5th bits (bit b of word i: byte b of vector i)
-//   scales  s of rows 0..7 (fp16 where the file stores fp16 scales, else fp32 d * sc), twice (values
-//           0..15, 16..31) for formats with 16-value sub-blocks
+//           4 bits through a table (MXFP4): the file's E2M1 codes, looked up as u at unpack
+//   scales  s of rows 0..7 (fp16 where the file stores fp16 scales, else fp32 d * sc; MXFP4: the
+//           file's E8M0 bytes, 8 bytes), twice (values 0..15, 16..31) for formats with 16-value sub-blocks
 //   mins    m of rows 0..7 (same dtype), for formats with a min term
 // so w = s * (u - o) + m exactly as quantize.decode's decoders compute it (cpu_quant.h: Group).
 // Rows past N (the last tile) are zero. Sizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 equal the file's;
-// Q4_K +33%, Q5_K +27%, Q6_K +52% (fp32 scales per 32 or 16 values instead of 6/8-bit ones); MXFP4
-// +41%: its E2M1 codes as the 5-bit integers u = 2 value + 12 (cpu_quant.h Fmt<MXFP4>), fp32 scales
-// (the E8M0 scale halved, exact), so its products take the tiles' integer kernels (gpt-oss's experts
-// decode 1.8x faster than from the file's blocks: docs/PERFORMANCE.md).
+// Q4_K +33%, Q5_K +27%, Q6_K +52% (fp32 scales per 32 or 16 values instead of 6/8-bit ones). MXFP4
+// keeps its size (136 bytes a tile-group = 8 blocks of 17): its 4-bit E2M1 codes, expanded at unpack
+// by a 16-byte shuffle table into the integers u = 2 value + 12 (0..24, cpu_quant.h Fmt<MXFP4>), and
+// its E8M0 bytes, turned into the fp32 scale 2^(e - 128) (exact) per group, so its products take the
+// tiles' integer kernels with the same integers and scales as Fmt<MXFP4> (bit for bit).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +30,10 @@ struct TileKind {
   bool has_min;
   bool halves;     // a scale per 16 values
   int o;           // integer offset: w = s * (u - o) + m
+  bool lut = false;   // 4-bit codes looked up as u (MXFP4's E2M1 table)
+  bool e8m0 = false;  // scales as E8M0 bytes: s = 2^(e - 128)
   constexpr int quant_bytes() const { return bits == 8 ? 256 : bits == 5 ? 160 : 128; }
-  constexpr int scale_bytes() const { return 8 * (s32 ? 4 : 2) * (halves ? 2 : 1); }
+  constexpr int scale_bytes() const { return e8m0 ? 8 : 8 * (s32 ? 4 : 2) * (halves ? 2 : 1); }
   constexpr int group_bytes() const { return quant_bytes() + scale_bytes() + (has_min ? 8 * (s32 ? 4 : 2) : 0); }
 };
 
@@ -44,7 +48,7 @@ constexpr TileKind tile_kind(int qtype) {
     case 12: return {4, true, true, false, 0};     // Q4_K
     case 13: return {5, true, true, false, 0};     // Q5_K
     case 14: return {8, true, false, true, 32};    // Q6_K
-    case 39: return {5, true, false, false, 12};   // MXFP4 (codes as integers 0..24)
+    case 39: return {4, true, false, false, 12, true, true};  // MXFP4 (codes -> integers 0..24)
     default: return {0, false, false, false, 0};   // Q2_K, Q3_K, dense: not tiled
   }
 }

@@ -181,3 +181,18 @@ def test_gguf_header_cache(default_path, tiny, tmp_path, monkeypatch):
     assert parsed and "General.name" in changed.metadata and "general.name" not in changed.metadata
     open_gguf(tiny.gguf("llama"), cache_dir=cache_dir)
     assert len(list((cache_dir / "gguf").glob("*.json"))) == 1
+
+
+def test_mxfp4_tiles_take_every_e8m0_byte():
+    """MXFP4 tiles keep the file's E8M0 bytes and 4-bit codes (cpu_tiles.h): all 256 scale bytes
+    (e < 2: subnormal scales) and all codes decode to dequantize_torch's values bit for bit, and the
+    tiles are no larger than the blocks (N a multiple of 8)."""
+    g = torch.Generator().manual_seed(3)
+    N, K = 61, 512
+    raw = torch.randint(0, 256, (N, K // 32 * 17), generator=g, dtype=torch.uint8)
+    raw.view(N, -1, 17)[:, :, 0] = torch.arange(N * K // 32).remainder(256).to(torch.uint8).view(N, -1)
+    ref = dequantize_torch(raw, Q.MXFP4)
+    w = pack_for_cpu(BlockQWeight.from_blocks(raw, Q.MXFP4, torch.float32), kernels())
+    assert w.tiled and w.nbytes == (N + 7) // 8 * 8 * raw.shape[1]
+    assert torch.equal(dequantize_rows(w, 0, N), ref)
+    assert torch.equal(dequantize_rows(w, 13, 27), ref[13:27])
