@@ -68,8 +68,8 @@ def _e2m1(q):
 
 
 @triton.jit
-def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask,
-          W: tl.constexpr):
+def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask,
+                W: tl.constexpr):
     """rows (BN,), g (G,) -> lo, hi (BN, G, W) fp32 values and their columns clo, chi (G, W).
 
     S0..S5: row strides (elements) of the fields P0..P5."""
@@ -236,7 +236,7 @@ def _gemv_kernel(x_ptr, out_ptr, bias_ptr, res_ptr, nw_ptr, act_ptr, ws_ptr, cnt
     for g0 in range(g_lo, g_hi, G):
         g = g0 + tl.arange(0, G)
         gmask = g < g_hi
-        lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask, W)
+        lo, hi, clo, chi = decode_tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask, W)
         # x is loaded at the tile's full (BN, G, W) shape (rows repeat the same addresses, L1 hits) so
         # that it takes the weights' register layout: a (G, W) load would be re-laid out through
         # shared memory every iteration.
@@ -281,7 +281,7 @@ def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, N, 
     rmask = rows < N
     g = tl.program_id(1) * G + tl.arange(0, G)
     gmask = g < K // (2 * W)
-    lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask, W)
+    lo, hi, clo, chi = decode_tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, rows, rmask, g, gmask, W)
     base = out_ptr + rows.to(tl.int64)[:, None, None] * K
     mask = rmask[:, None, None] & gmask[None, :, None]
     ty = out_ptr.dtype.element_ty

@@ -9,7 +9,7 @@ e: rows e N .. (e + 1) N; block-major for the integer-dot types) or dense (E, N,
   expert_products(x, w, ids, out): out[s] += W[ids[s]] @ x[row(s)] (+ bias[ids[s]]), row(s) = s // k
       (the token's x: gate / up) or s (a per-slot x: the down projection's input); x float (T or S, K),
       or quantize_act's int8 form for the integer-dot types. The block decoders are the dense
-      kernels' (triton_q8's _unit_w / _unit_dot, triton_gemv's _tile), rows offset by ids[s] N. out:
+      kernels' (triton_q8's unit_weights / unit_dot, triton_gemv's decode_tile), rows offset by ids[s] N. out:
       an int64 fixed-point accumulator (triton_epilogue.FIXED_ONE; parts split over K add into it by
       integer atomics: the same sum in any order), or fp32 (no split: the router's logits).
   expert_glu(gate, up): the slots' activation glu(cfg, gate, up) in the activation dtype, each op
@@ -32,10 +32,10 @@ from .qweight import INT_DOT_TYPES, QWeight
 from .triton_base import INTERPRET, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit, split_k
 from .triton_gemv import CONFIGS as GEMV_CONFIGS
-from .triton_gemv import WIDTH, _tile
+from .triton_gemv import WIDTH, decode_tile
 from .triton_gemv import weight_args as gemv_weight_args
 from .triton_q8 import CONFIGS as Q8_CONFIGS
-from .triton_q8 import FMT, UNIT, _unit_dot, _unit_w, store_blocks
+from .triton_q8 import FMT, UNIT, unit_dot, unit_weights, store_blocks
 from .triton_q8 import weight_args as q8_weight_args
 
 
@@ -83,8 +83,8 @@ def _moe_q8_kernel(xq_ptr, xd_ptr, xs_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P
     for u0 in range(u_lo, u_hi, BK):
         u3 = (u0 + tl.arange(0, BK))[:, None, None]
         um3 = u3 < u_hi
-        W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, False)
-        acc += _unit_dot(FMT, W, xq, xd, xs, u3, um3, ASM, False)
+        W = unit_weights(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, False)
+        acc += unit_dot(FMT, W, xq, xd, xs, u3, um3, ASM, False)
     _store_out(tl.sum(tl.sum(acc, 2), 0), s, rows, rmask, e, j, stack_rows, out_ptr, bias_ptr, N, out_stride,
                HAS_BIAS, SPLIT)
 
@@ -110,8 +110,8 @@ def _moe_gemv_kernel(x_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P2, P3, P4, P5, 
     for g0 in range(g_lo, g_hi, G):
         g = g0 + tl.arange(0, G)
         gmask = g < g_hi
-        lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5, j * stack_rows + e * N + rows,
-                                 rmask, g, gmask, W)
+        lo, hi, clo, chi = decode_tile(FMT, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S5,
+                                       j * stack_rows + e * N + rows, rmask, g, gmask, W)
         cmask = (zero == 0) & gmask[None, :, None]  # x at the tile's shape: its register layout (triton_gemv)
         acc += lo * tl.load(x0 + zero + clo[None, :, :], mask=cmask, other=0.0).to(tl.float32)
         acc += hi * tl.load(x0 + zero + chi[None, :, :], mask=cmask, other=0.0).to(tl.float32)

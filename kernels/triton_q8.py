@@ -153,9 +153,9 @@ def _ld(ptr, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _unit_w(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, m3, EVEN: tl.constexpr):
+def unit_weights(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, m3, EVEN: tl.constexpr):
     """The weight fields of units u3 (BK, 1, 1) of rows r3 (1, BN, 1) (row offsets: row * step), as a
-    tuple for _unit_dot. Fields are block-major: P + unit * U + row * (elements per unit row) + e; word
+    tuple for unit_dot. Fields are block-major: P + unit * U + row * (elements per unit row) + e; word
     loads are (BK, BN, 4): one 16-byte vector per thread. Weights are never written, so a product may
     load them before its PDL wait (PRELOAD)."""
     j = tl.arange(0, 4)[None, None, :]
@@ -198,8 +198,8 @@ def _e2m1_bytes(c):
 
 
 @triton.jit
-def _unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN: tl.constexpr):
-    """W: _unit_w's fields of units u3 -> (BK, BN, 1) fp32 sums of W x over each unit. xq: int32 words
+def unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN: tl.constexpr):
+    """W: unit_weights's fields of units u3 -> (BK, BN, 1) fp32 sums of W x over each unit. xq: int32 words
     of the quantized x row (loaded (BK, 1, 4), the same for every thread), xd its block scales, xs its
     16-value sums."""
     j = tl.arange(0, 4)[None, None, :]
@@ -269,7 +269,7 @@ def _row_units(acc, R: tl.constexpr, ROWS: tl.constexpr, FMT: tl.constexpr, W, x
     if R < ROWS:
         m64 = (m0 + R).to(tl.int64)
         xq, xd, xs = xq_ptr + m64 * (K // 4), xd_ptr + m64 * (K // 32), xs_ptr + m64 * (K // 16)
-        acc += _unit_dot(FMT, W, xq, xd, xs, u3, um3, ASM, EVEN)
+        acc += unit_dot(FMT, W, xq, xd, xs, u3, um3, ASM, EVEN)
     return acc
 
 
@@ -325,10 +325,10 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     u3 = (u_lo + tl.arange(0, BK))[:, None, None]
     um3 = u3 < u_hi
     if PRELOAD >= 1:  # the first units' weights, while the kernel before still runs
-        W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
+        W = unit_weights(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
     if PRELOAD >= 2:
-        W2 = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3 + BK, r3, rmask[None, :, None] & (u3 + BK < u_hi),
-                     EVEN)
+        W2 = unit_weights(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3 + BK, r3,
+                          rmask[None, :, None] & (u3 + BK < u_hi), EVEN)
     if CHAIN == 2:
         pdl_trigger(PDL)
     else:
@@ -346,7 +346,7 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     for u0 in range(u_lo + PRELOAD * BK, u_hi, BK):
         u3 = (u0 + tl.arange(0, BK))[:, None, None]
         um3 = u3 < u_hi
-        W = _unit_w(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
+        W = unit_weights(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, r3, rmask[None, :, None] & um3, EVEN)
         A = _rows_step(A, ROWS, FMT, W, xq_ptr, xd_ptr, xs_ptr, m0, K, u3, um3, ASM, EVEN)
     a0, a1, a2, a3, a4, a5, a6, a7 = A
     pout, pstride = part_out(out_ptr, out_stride, ws_ptr, M, N, SPLIT)
