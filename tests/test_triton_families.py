@@ -15,15 +15,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from test_triton_kernels import TINY, graph_model, quantize_inputs_like, rel  # noqa: E402  (re-decorates first)
+from test_triton_kernels import TINY, check_decode_steps, check_verify_rows, rel  # noqa: E402  (re-decorates first)
 from localllm.attention import attend, attention_mask  # noqa: E402
 from localllm.backends import runtime_class  # noqa: E402
 from localllm.backends.cuda import CudaEagerRuntime, CudaRuntime, covers  # noqa: E402
-from localllm.backends.cuda_graph import GraphDecoder  # noqa: E402
-from localllm.cache import make_cache  # noqa: E402
 from localllm.kernels import triton_attention  # noqa: E402
 from localllm.kernels.triton_rope import rope_store_family  # noqa: E402
-from localllm.load import build_model  # noqa: E402
 from localllm.rope import rope_rotate, rope_table  # noqa: E402
 
 # gemma-like: scaled embedding, gelu, post norms, scale, soft-caps, sliding layers with their own base
@@ -96,38 +93,13 @@ def test_attention_variants_match_attend(variant):
 def test_family_decode_step_matches_model_forward(family, wtype, monkeypatch):
     """GraphDecoder's family path (eager here) gives the fp32 reference model's logits over steps that
     pass the sliding window, the reference quantizing integer-product inputs as the kernels do."""
-    cfg = FAMILIES[family]
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(cfg, wtype, "cpu", seed=1)
-    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
-    fast = graph_model(state, cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        cache, ref_cache = make_cache(cfg, 10), make_cache(cfg, 10)
-        fast(tokens[:, :5], cache, 0)
-        ref(tokens[:, :5], ref_cache, 0)
-        quantize_inputs_like(ref, fast)
-        dec = GraphDecoder(fast, cache, use_graph=False)
-        for i in range(5, 8):
-            want = ref(tokens[:, i:i + 1], ref_cache, i)[0, -1]
-            assert rel(dec.step(tokens[0, i]), want) < (1e-5 if wtype == "f32" else 2e-3), i
+    check_decode_steps(FAMILIES[family], wtype)
 
 
 @pytest.mark.parametrize("family", ["gemma", "sinks"])
 def test_family_verify_rows_equal_single_steps(family, monkeypatch):
     """A verify pass of 3 tokens gives each row's logits bit for bit as one-token steps (speculative
     decoding's greedy ids are plain decoding's)."""
-    cfg = FAMILIES[family]
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(cfg, "Q8_0", "cpu", seed=3)
-    fast = graph_model(state, cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
-    with torch.inference_mode():
-        caches = [make_cache(cfg, 10) for _ in range(2)]
-        for c in caches:
-            fast(tokens[:, :5], c, 0)
-        rows = GraphDecoder(fast, caches[0], use_graph=False, tokens=3).step(tokens[0, 5:8]).clone()
-        one = GraphDecoder(fast, caches[1], use_graph=False)
-        for t in range(3):
-            assert torch.equal(one.step(tokens[0, 5 + t]), rows[t]), t
-        assert torch.equal(caches[0].k[:, :, :, :8], caches[1].k[:, :, :, :8])
+    check_verify_rows(FAMILIES[family])

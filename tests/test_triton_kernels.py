@@ -248,6 +248,43 @@ def graph_model(state: dict, cfg: ModelConfig = TINY):
     return model
 
 
+def check_decode_steps(cfg: ModelConfig, wtype: str) -> GraphDecoder:
+    """GraphDecoder (eager here) after a 5-token prompt gives the fp32 reference model's logits for 3
+    steps (the reference quantizing integer-product inputs as the kernels do); -> the decoder."""
+    state, _ = synthetic.synthetic_state(cfg, wtype, "cpu", seed=1)
+    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
+    fast = graph_model(state, cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        cache, ref_cache = make_cache(cfg, 10), make_cache(cfg, 10)
+        fast(tokens[:, :5], cache, 0)
+        ref(tokens[:, :5], ref_cache, 0)
+        quantize_inputs_like(ref, fast)
+        dec = GraphDecoder(fast, cache, use_graph=False)
+        for i in range(5, 8):
+            want = ref(tokens[:, i:i + 1], ref_cache, i)[0, -1]
+            assert rel(dec.step(tokens[0, i]), want) < (1e-5 if wtype == "f32" else 2e-3), i
+    return dec
+
+
+def check_verify_rows(cfg: ModelConfig, cache_rows: bool = True) -> None:
+    """A verify pass of 3 tokens (Q8_0 weights) gives each row's logits bit for bit as one-token steps
+    (speculative decoding's greedy ids are plain decoding's); cache_rows: and the same k cache rows."""
+    state, _ = synthetic.synthetic_state(cfg, "Q8_0", "cpu", seed=3)
+    fast = graph_model(state, cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        caches = [make_cache(cfg, 10) for _ in range(2)]
+        for c in caches:
+            fast(tokens[:, :5], c, 0)
+        rows = GraphDecoder(fast, caches[0], use_graph=False, tokens=3).step(tokens[0, 5:8]).clone()
+        one = GraphDecoder(fast, caches[1], use_graph=False)
+        for t in range(3):
+            assert torch.equal(one.step(tokens[0, 5 + t]), rows[t]), t
+        if cache_rows:
+            assert torch.equal(caches[0].k[:, :, :, :8], caches[1].k[:, :, :, :8])
+
+
 @pytest.mark.parametrize("wtype", ["Q4_K_M", "Q8_0", "f32"])
 def test_cuda_ops_forward_matches_reference(wtype, monkeypatch):
     """The CUDA backend's prompt forward (as load builds it: QWeights, CUDA_OPS, q|k|v and gate/up

@@ -23,7 +23,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from test_triton_kernels import TINY, graph_model, quantize_inputs_like, rel  # noqa: E402  (re-decorates first)
+from test_triton_kernels import (TINY, check_verify_rows, graph_model,  # noqa: E402  (re-decorates first)
+                                 quantize_inputs_like, rel)
 from localllm.backends import runtime_class  # noqa: E402
 from localllm.backends.cuda import CudaRuntime, covers  # noqa: E402
 from localllm.backends.cuda_graph import GraphDecoder  # noqa: E402
@@ -202,19 +203,8 @@ def test_moe_decode_step_matches_model_forward(family, wtype, monkeypatch):
 @pytest.mark.parametrize("family", ["mixtral", "gptoss"])
 def test_moe_verify_rows_equal_single_steps(family, monkeypatch):
     """A verify pass of 3 tokens gives each row's logits bit for bit as one-token steps."""
-    cfg = MOES[family]
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(cfg, "Q8_0", "cpu", seed=3)
-    fast = graph_model(state, cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
-    with torch.inference_mode():
-        caches = [make_cache(cfg, 10) for _ in range(2)]
-        for c in caches:
-            fast(tokens[:, :5], c, 0)
-        rows = GraphDecoder(fast, caches[0], use_graph=False, tokens=3).step(tokens[0, 5:8]).clone()
-        one = GraphDecoder(fast, caches[1], use_graph=False)
-        for t in range(3):
-            assert torch.equal(one.step(tokens[0, 5 + t]), rows[t]), t
+    check_verify_rows(MOES[family], cache_rows=False)
 
 
 def test_footprint_counts_the_experts_a_token_reads():

@@ -15,17 +15,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import localllm.synthetic as synthetic  # noqa: E402
-from test_triton_kernels import TINY, graph_model, quantize_inputs_like, rel  # noqa: E402  (re-decorates first)
+from test_triton_kernels import TINY, check_decode_steps, check_verify_rows, rel  # noqa: E402  (re-decorates first)
 from test_triton_families import GEMMA  # noqa: E402
 from localllm.backends.cuda import covers  # noqa: E402
-from localllm.backends.cuda_graph import GraphDecoder  # noqa: E402
-from localllm.cache import make_cache  # noqa: E402
 from localllm.kernels.triton_attention import rope_store  # noqa: E402
 from localllm.kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.kernels.triton_norm_fused import add_normed, norm_rope_store  # noqa: E402
 from localllm.kernels.triton_prefill import rmsnorm_rows  # noqa: E402
 from localllm.kernels.triton_rope import rope_store_family  # noqa: E402
-from localllm.load import build_model  # noqa: E402
 
 GEMMA3 = replace(GEMMA, qk_norm=True, attn_softcap=None, final_softcap=None)  # Gemma 3: q/k norms, no soft-caps
 QWEN3 = replace(TINY, qk_norm=True)  # the Llama layer with q/k norms (Qwen3 dense)
@@ -124,41 +121,16 @@ def test_the_qk_norm_configs_take_the_graph_path():
 @pytest.mark.parametrize("name,wtype", [("gemma3", "Q8_0"), ("gemma3", "f32"), ("qwen3", "Q4_K_M"), ("qwen3", "f32")])
 def test_qk_norm_decode_step_matches_model_forward(name, wtype, monkeypatch):
     """GraphDecoder (eager here) with q/k norms gives the fp32 reference model's logits."""
-    cfg = {"gemma3": GEMMA3, "qwen3": QWEN3}[name]
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(cfg, wtype, "cpu", seed=1)
-    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
-    fast = graph_model(state, cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        cache, ref_cache = make_cache(cfg, 10), make_cache(cfg, 10)
-        fast(tokens[:, :5], cache, 0)
-        ref(tokens[:, :5], ref_cache, 0)
-        quantize_inputs_like(ref, fast)
-        dec = GraphDecoder(fast, cache, use_graph=False)
-        for i in range(5, 8):
-            want = ref(tokens[:, i:i + 1], ref_cache, i)[0, -1]
-            assert rel(dec.step(tokens[0, i]), want) < (1e-5 if wtype == "f32" else 2e-3), i
-        assert not dec.qkv_acc.any()
+    dec = check_decode_steps({"gemma3": GEMMA3, "qwen3": QWEN3}[name], wtype)
+    assert not dec.qkv_acc.any()
 
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3"])
 def test_qk_norm_verify_rows_equal_single_steps(name, monkeypatch):
     """A verify pass of 3 tokens gives each row's logits bit for bit as one-token steps."""
-    cfg = {"gemma3": GEMMA3, "qwen3": QWEN3}[name]
     monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(cfg, "Q8_0", "cpu", seed=3)
-    fast = graph_model(state, cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
-    with torch.inference_mode():
-        caches = [make_cache(cfg, 10) for _ in range(2)]
-        for c in caches:
-            fast(tokens[:, :5], c, 0)
-        rows = GraphDecoder(fast, caches[0], use_graph=False, tokens=3).step(tokens[0, 5:8]).clone()
-        one = GraphDecoder(fast, caches[1], use_graph=False)
-        for t in range(3):
-            assert torch.equal(one.step(tokens[0, 5 + t]), rows[t]), t
-        assert torch.equal(caches[0].k[:, :, :, :8], caches[1].k[:, :, :, :8])
+    check_verify_rows({"gemma3": GEMMA3, "qwen3": QWEN3}[name])
 
 
 @pytest.mark.parametrize("C", [256, 320])
