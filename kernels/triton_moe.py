@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, QWeight
 from .triton_base import INTERPRET, round_act
-from .triton_epilogue import FIXED_ONE, from_fixed_jit, split_k
+from .triton_epilogue import FIXED_ONE, auto_split, from_fixed_jit, split_k
 from .triton_gemv import CONFIGS as GEMV_CONFIGS
 from .triton_gemv import WIDTH, decode_tile
 from .triton_gemv import weight_args as gemv_weight_args
@@ -119,21 +119,15 @@ def _moe_gemv_kernel(x_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P2, P3, P4, P5, 
                HAS_BIAS, SPLIT)
 
 
-SPLIT_PROGRAMS = 8 * 132  # parts of K until the grid has about this many programs (an H100's SMs, 8 waves)
-
-
-def _split(split: int | None, programs: int, units: int, per_iter: int) -> int | None:
-    """Parts of K: split, or (None) enough that the grid of one token's `programs` fills the GPU (none
-    under the interpreter). Never from the number of token rows: a verify pass of T tokens (or a batch)
-    must cut K as a one-token step does, so that each row gets a one-token step's bits."""
+def _split(split: int | None, programs: int, units: int, per_iter: int, device: torch.device) -> int | None:
+    """Parts of K: split, or (None) the dense products' rule (triton_epilogue.auto_split: enough parts
+    that the grid of one token's `programs` fills the GPU several times over; none under the
+    interpreter). Never from the number of token rows: a verify pass of T tokens (or a batch) must cut
+    K as a one-token step does, so that each row gets a one-token step's bits. (The earlier aim of 8
+    programs an SM left gpt-oss's 1-warp MXFP4 programs at a third of copy speed: bench/moe_products.py.)"""
     if split is not None:
         return split
-    if INTERPRET:
-        return 1
-    parts = 1
-    while programs * parts * 2 <= SPLIT_PROGRAMS and units // (parts * 2) >= 2 * per_iter and parts < 16:
-        parts *= 2
-    return parts
+    return 1 if INTERPRET else auto_split(programs, units, per_iter, device)
 
 
 def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.Tensor, n_used: int,
@@ -161,7 +155,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
         ptrs, strides, step = q8_weight_args(w)
         units = k // UNIT[w.qtype]
         tiles = triton.cdiv(n, bn)
-        parts = _split(split if out.dtype == torch.int64 else 1, stacks * tiles * n_used, units, bk)
+        parts = _split(split if out.dtype == torch.int64 else 1, stacks * tiles * n_used, units, bk, out.device)
         parts, per_split = split_k(parts, False, 1, units, bk, out.device)
         _moe_q8_kernel[(stacks * tiles, slots, parts)](
             q.view(torch.int32), d, s, ids, out, bias, *ptrs, *strides, step, n, k, out.stride(0), per_split, n_used,
@@ -173,7 +167,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
     bn, g, warps = config or GEMV_CONFIGS[fmt]
     groups = k // (2 * WIDTH[fmt])
     tiles = triton.cdiv(n, bn)
-    parts = _split(split if out.dtype == torch.int64 else 1, stacks * tiles * n_used, groups, g)
+    parts = _split(split if out.dtype == torch.int64 else 1, stacks * tiles * n_used, groups, g, out.device)
     parts, per_split = split_k(parts, False, 1, groups, g, out.device)
     _moe_gemv_kernel[(stacks * tiles, slots, parts)](
         x, ids, out, bias, *ptrs, *strides, n, k, x.stride(0), out.stride(0), per_split, n_used, tiles, stack_rows,

@@ -197,6 +197,38 @@ def _e2m1_bytes(c):
     return (mag ^ neg) + (neg & B0)
 
 
+# _e2m1_bytes by byte permutes (PTX prmt: each 4-bit selector picks one of 8 bytes of two registers;
+# its bit 3 would replicate the sign, so selectors are masked to 3 bits): magnitudes of codes 0-7 from
+# one table, their negatives from another, and bit 3 of each code picks between the two results.
+# About 15 instructions for a word's 8 codes against ~36 for _e2m1_bytes on both halves: the MXFP4
+# products were bound by this arithmetic (bench/moe_products.py). Same values (tests/gpu: MXFP4 products
+# vs the decoded reference); llama.cpp's CUDA get_int_from_table_16 works the same way.
+@triton.jit
+def _e2m1_lookup(w):
+    """A word of 8 MXFP4 codes (each byte: a low-nibble and a high-nibble code) -> (int8 values of the
+    low nibbles, of the high nibbles): _e2m1_bytes(w & M4), _e2m1_bytes((w >> 4) & M4)."""
+    return tl.inline_asm_elementwise("""{
+        .reg .b32 m, sel, p0, p1, n0, n1, l, h, t0, t1, c;
+        mov.b32 p0, 0x03020100; mov.b32 p1, 0x0C080604; mov.b32 n0, 0xFDFEFF00; mov.b32 n1, 0xF4F8FAFC;
+        and.b32 m, $2, 0x77777777;
+        and.b32 sel, $2, 0x88888888;
+        shr.b32 sel, sel, 1;
+        or.b32 sel, sel, 0x32103210;
+        prmt.b32 l, p0, p1, m;
+        prmt.b32 h, n0, n1, m;
+        prmt.b32 t0, l, h, sel;
+        shr.b32 m, m, 16;
+        shr.b32 sel, sel, 16;
+        prmt.b32 l, p0, p1, m;
+        prmt.b32 h, n0, n1, m;
+        prmt.b32 t1, l, h, sel;
+        mov.b32 c, 0x6420;
+        prmt.b32 $0, t0, t1, c;
+        mov.b32 c, 0x7531;
+        prmt.b32 $1, t0, t1, c;
+        }""", "=r,=r,r", [w], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
 @triton.jit
 def unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN: tl.constexpr):
     """W: unit_weights's fields of units u3 -> (BK, BN, 1) fp32 sums of W x over each unit. xq: int32 words
@@ -232,8 +264,12 @@ def unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN:
         return y
     elif FMT == 4:  # MXFP4: low nibbles values 0-15, high 16-31; w = 2^(e - 128) value(q)
         w = W[0]
-        s = _dp4a(_e2m1_bytes(w & M4), _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
-        s = tl.sum(_dp4a(_e2m1_bytes((w >> 4) & M4), _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
+        if ASM:
+            v_lo, v_hi = _e2m1_lookup(w)
+        else:
+            v_lo, v_hi = _e2m1_bytes(w & M4), _e2m1_bytes((w >> 4) & M4)
+        s = _dp4a(v_lo, _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
+        s = tl.sum(_dp4a(v_hi, _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
         e = W[1].to(tl.int32)
         d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
         return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))

@@ -78,8 +78,9 @@ def fuse(model: Transformer) -> None:
 
 def cuda_qkv(attn, x, layer: int, cache: KVCache, start: int, cos, sin):
     """project_qkv with rope and the cache writes in one Triton kernel (kernels/triton_prefill.py), the
-    three products as one where fused. A cache of another dtype than x takes the reference op."""
-    if cache.k.dtype != x.dtype or not attn.cfg.llama_layer:  # the families' rope sets: the reference op
+    three products as one where fused. A cache of another dtype than x takes the reference op. (cache.k:
+    one (L, ...) buffer or a list of per-layer ones, make_cache / layered_cache: indexed by layer alike.)"""
+    if cache.k[layer].dtype != x.dtype or not attn.cfg.llama_layer:  # the families' rope sets: the reference op
         return project_qkv(attn, x, layer, cache, start, cos, sin)
     cfg, (B, T, _) = attn.cfg, x.shape
     if attn.fused_qkv is not None:

@@ -33,6 +33,29 @@ def take_dense_values(ref_model: torch.nn.Module, gpu_model: torch.nn.Module) ->
     return taken
 
 
+def round_inputs_as_int_dot(model: torch.nn.Module) -> torch.nn.Module:
+    """A CPU reference of the integer-dot kernels' extra rounding (kernels/triton_q8.py): every linear map
+    with K a multiple of 32 (Linear, ExpertLinear; not the fp32 routers) gets its input rounded as
+    quantize_act rounds it (int8 per 32 values, quantize/act.py). Its error against the fp32 forward
+    is what bf16 plus Q8_0 activations cost on these weights: the bound for quantized GPU runs of tiny
+    random models, where that cost alone reaches 0.1-0.4 (Gemma 4's E2B-style case)."""
+    from localllm.model import Linear
+    from localllm.moe import ExpertLinear
+    from localllm.quantize.act import dequantize_act, quantize_act
+
+    def hook(_module, args):
+        x = args[0]
+        if x.shape[-1] % 32:
+            return None
+        q, d, _ = quantize_act(x.reshape(-1, x.shape[-1]).float())
+        return (dequantize_act(q, d).reshape(x.shape).to(x.dtype), *args[1:])
+
+    for name, m in model.named_modules():
+        if isinstance(m, (Linear, ExpertLinear)) and not name.endswith("ffn_gate_inp"):
+            m.register_forward_pre_hook(hook)
+    return model
+
+
 def decode_errors(gpu, ref, gpu_cache, ref_cache, ids: list[int]) -> tuple[list[float], int]:
     """One decode step per id on both runtimes -> (each step's relative error of the GPU's logits
     against the reference's, the number of steps whose greedy ids differ)."""

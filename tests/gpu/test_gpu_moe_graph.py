@@ -21,13 +21,15 @@ PROMPT, STEPS = 40, 8
 def shapes():
     from localllm.config import ModelConfig
 
-    qwen3moe = ModelConfig(arch="qwen3moe", n_layers=3, dim=2048, ffn_dim=6144, n_heads=32, n_kv_heads=4,
+    # real widths and top-k; fewer experts and layers than the released models: the CPU fp32 reference
+    # holds every expert dense (Qwen3's 128 x 3 layers were 7 GB and minutes to build)
+    qwen3moe = ModelConfig(arch="qwen3moe", n_layers=2, dim=2048, ffn_dim=6144, n_heads=32, n_kv_heads=4,
                            head_dim=128, vocab_size=32000, context_length=4096, norm_eps=1e-6, rope_theta=1e6,
-                           qk_norm=True, n_experts=128, n_experts_used=8, expert_ffn_dim=768)
-    gptoss = ModelConfig(arch="gpt-oss", n_layers=4, dim=2880, ffn_dim=2880, n_heads=64, n_kv_heads=8, head_dim=64,
+                           qk_norm=True, n_experts=32, n_experts_used=8, expert_ffn_dim=768)
+    gptoss = ModelConfig(arch="gpt-oss", n_layers=2, dim=2880, ffn_dim=2880, n_heads=64, n_kv_heads=8, head_dim=64,
                          vocab_size=32000, context_length=4096, norm_eps=1e-5, rope_theta=15e4, qkv_bias=True,
-                         attn_out_bias=True, attn_sinks=True, sliding_window=16, sliding_layers=(True, False) * 2,
-                         n_experts=32, n_experts_used=4, expert_ffn_dim=2880, activation="swiglu_oai",
+                         attn_out_bias=True, attn_sinks=True, sliding_window=16, sliding_layers=(True, False),
+                         n_experts=8, n_experts_used=4, expert_ffn_dim=2880, activation="swiglu_oai",
                          swiglu_limit=7.0, moe_bias=True, moe_gating="topk_softmax")
     mixtral = ModelConfig(arch="llama", n_layers=2, dim=1024, ffn_dim=3584, n_heads=16, n_kv_heads=4, head_dim=64,
                           vocab_size=32000, context_length=4096, norm_eps=1e-5, rope_theta=1e6,
