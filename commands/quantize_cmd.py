@@ -213,9 +213,12 @@ def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[li
     """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks."""
     from localllm.load import load_model
     from localllm.mixed import plan_mixed
+    from localllm.runtime import Runtime
 
     infos = [t.info for t in src.tensors]
-    lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
+    # dense, also on CUDA; the portable backend: the gradients need each Linear's own weight in the
+    # forward (CUDA's fused q|k|v and gate/up products would leave them unused)
+    lm = load_model(str(path), device, torch.float32, keep_quantized=False, backend=Runtime)
     with stage_progress(progress) as report:
         mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
     if save_imatrix_to is not None:

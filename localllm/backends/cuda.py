@@ -255,3 +255,10 @@ class CudaEagerRuntime(Runtime):
     fusion and no graphs (CudaRuntime's ops and decoders implement the Llama layer only)."""
 
     quantized = "qweight"
+
+    def verify(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
+        """One decode step per id -> logits (T, V), each row plain decoding's bits. A T-row eager forward
+        rounds differently from T one-row steps (cuBLAS and the attention pick kernels by shape), which
+        flipped greedy choices of speculative decoding on bf16 Gemma 4 (tests/gpu/test_gpu_gemma4.py);
+        CudaRuntime's verify pass is batch-invariant instead, and one pass."""
+        return torch.stack([self.decode(cache, torch.tensor([t], device=self.device))[0].clone() for t in ids])

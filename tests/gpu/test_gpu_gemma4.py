@@ -15,7 +15,7 @@ import torch
 import tiny_gemma4 as g4
 import tiny_models as tm
 
-from .gpu_helpers import random_ids, rel, round_inputs_as_int_dot, take_dense_values
+from .gpu_helpers import check_speculative_equals_plain, random_ids, rel, round_inputs_as_int_dot, take_dense_values
 
 PROMPT, STEPS = 12, 6
 
@@ -52,3 +52,17 @@ def test_cuda_gemma4_logits_match_cpu_fp32(tmp_path, case, wtype, dtype):
         bounds = [max(5e-2, 2 * rel(c, w)) for c, w in zip(logits(cpu, ids), want)]
     errs = [rel(g, w) for g, w in zip(got, want)]
     assert all(e < b for e, b in zip(errs, bounds)), (errs, bounds)
+
+
+@pytest.mark.parametrize("wtype,dtype", [("F32", torch.float32), ("Q8_0", torch.bfloat16)])
+@pytest.mark.parametrize("case", list(g4.CASES))
+@torch.inference_mode()
+def test_cuda_gemma4_greedy_speculative_equals_plain(tmp_path, case, wtype, dtype):
+    """Prompt lookup on a repetitive prompt (verify passes of up to 6 rows through the eager runtime's
+    forward) yields plain greedy decoding's ids."""
+    from localllm.load import load_model
+
+    spec = g4.CASES[case]
+    folder = g4.write_hf_folder(spec, tmp_path / "hf")
+    rt = load_model(str(g4.write_gguf(spec, folder, tmp_path / f"{case}.gguf", tm.Q[wtype])), "cuda", dtype).runtime
+    check_speculative_equals_plain(rt, random_ids(tm.vocab_size(), 12, seed=2) * 4, 40)
