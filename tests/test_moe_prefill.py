@@ -59,9 +59,9 @@ def test_align_slots_groups_every_slot_once(s, e, bm):
     assert block_expert[block_expert >= 0].diff().ge(0).all()
 
 
-@pytest.mark.parametrize("per_slot", [False, True])
+@pytest.mark.parametrize("per_slot,bm", [(False, 16), (True, 16), (False, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_products_match_per_expert_products(per_slot, dtype):
+def test_grouped_products_match_per_expert_products(per_slot, bm, dtype):
     """out[s] = W[j, ids[s]] @ x[row(s)] + bias for both stacks, K not a multiple of the tile (80)."""
     E, N, K, T, k = 4, 24, 80, 7, 2
     g = torch.Generator().manual_seed(3)
@@ -69,9 +69,9 @@ def test_grouped_products_match_per_expert_products(per_slot, dtype):
     x = torch.randn(T * k if per_slot else T, K, generator=g).to(dtype)
     ids = torch.randint(0, E, (T * k,), generator=g, dtype=torch.int32)
     ids[:3] = 2  # a run of several slots of one expert
-    slots, block_expert = align_slots(ids, E, 16)
+    slots, block_expert = align_slots(ids, E, bm)
     out = torch.full((T * k, 2 * N), float("nan"), dtype=dtype)
-    grouped_products(x, w, slots, block_expert, out, k, 16, bias=bias, per_slot=per_slot, stacks=2)
+    grouped_products(x, w, slots, block_expert, out, k, bm, bias=bias, per_slot=per_slot, stacks=2)
     for s in range(T * k):
         e, row = int(ids[s]), s if per_slot else s // k
         for j in range(2):
