@@ -33,7 +33,7 @@ from .gemma4_moe import add_moe, moe_ffn
 from .rope import layer_ropes, llama3_rope_factors, rope_factors, rope_rotate, rope_table, rotary_dims
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
-           "rmsnorm", "project_qkv", "glu_input", "glu", "rope_rotate", "llama3_rope_factors"]
+           "rmsnorm", "project_qkv", "glu_input", "glu", "moe_mlp", "rope_rotate", "llama3_rope_factors"]
 
 
 class Linear(nn.Module):
@@ -134,18 +134,25 @@ def glu_input(blk: "Block", h: torch.Tensor) -> torch.Tensor:
     return glu(blk.cfg, blk.ffn_gate(h), blk.ffn_up(h))
 
 
+def moe_mlp(moe: MoE, h: torch.Tensor) -> torch.Tensor:
+    """h (B, T, C) normed -> the mixture of experts' MLP (B, T, C): MoE.forward."""
+    return moe(h)
+
+
 @dataclass(frozen=True)
 class Ops:
     """The ops a backend may replace in the layer, each computing the same math as the reference:
     rmsnorm(x, weight, eps) as `rmsnorm`; qkv(attn, x, layer, cache, start, cos, sin) as
-    `project_qkv` (and the same cache writes); mlp_in(blk, h) as `glu_input`."""
+    `project_qkv` (and the same cache writes); mlp_in(blk, h) as `glu_input`; moe(moe, h) as
+    `moe_mlp` (a Block's MoE)."""
 
     rmsnorm: Callable
     qkv: Callable
     mlp_in: Callable
+    moe: Callable = moe_mlp
 
 
-TORCH_OPS = Ops(rmsnorm=rmsnorm, qkv=project_qkv, mlp_in=glu_input)
+TORCH_OPS = Ops(rmsnorm=rmsnorm, qkv=project_qkv, mlp_in=glu_input, moe=moe_mlp)
 
 
 class RMSNorm(nn.Module):
@@ -229,7 +236,7 @@ class Block(nn.Module):
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """(B, T, C) normed -> (B, T, C): the MLP."""
         if self.moe is not None and not self.cfg.moe_with_mlp:  # (Gemma 4's experts: moe_ffn, beside)
-            return self.moe(h)
+            return self.ops.moe(self.moe, h)
         return self.ffn_down(self.ops.mlp_in(self, h))
 
     def forward(self, x, layer, cache, start, cos, sin, mask, per_layer=None):

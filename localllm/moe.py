@@ -94,13 +94,17 @@ class MoE(nn.Module):
         # view, for backends that fuse them at load (backends/cuda_moe.py); None: two products
         self.fused_gate_up: tuple | None = None
 
-    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h (N, C) -> (weights (N, k), experts (N, k)): route() on this block's router, its product
-        in fp32 whatever the activation dtype (llama.cpp keeps the router in F32: a bf16 product's
-        rounding can flip a near tie between experts)."""
+    def router_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h (N, C) -> this block's router logits (N, E), the product in fp32 whatever the activation
+        dtype (llama.cpp keeps the router in F32: a bf16 product's rounding can flip a near tie
+        between experts)."""
         r = self.ffn_gate_inp
         w = r.w if isinstance(r.w, QWeight) else r.w.float()
-        return route(self.cfg, linear(h.float(), w, None if r.bias is None else r.bias.float()))
+        return linear(h.float(), w, None if r.bias is None else r.bias.float())
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h (N, C) -> (weights (N, k), experts (N, k)): route() on this block's router_logits."""
+        return route(self.cfg, self.router_logits(h))
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """x (n, C) -> (n, C): expert e's GLU MLP."""

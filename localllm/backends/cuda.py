@@ -6,8 +6,9 @@
   shape seen before replays a captured graph (PrefillGraph).
 - Decode, greedy steps and speculative verify passes: backends/cuda_graph.py's GraphDecoder, one
   captured graph a step; a greedy step's argmax is its last kernel. Mixture-of-experts layers route
-  and run their chosen experts on the device inside it (backends/cuda_moe.py); their prompts take
-  the eager forward (MoE.forward picks experts on the host: no prefill graph).
+  and run their chosen experts on the device inside it (backends/cuda_moe.py), and so do their
+  prompts (CUDA_OPS.moe: backends/cuda_moe_prefill.py's grouped products, no host sync: PrefillGraph
+  captures them too).
 Each op computes what model.py's reference op computes, within rounding (tests/gpu).
 """
 
@@ -28,6 +29,7 @@ from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from .cuda_graph import GraphDecoder
 from .cuda_moe import fuse_experts
+from .cuda_moe_prefill import moe_prefill
 
 
 # ---- load: q|k|v and gate/up as one product each
@@ -108,7 +110,7 @@ def cuda_mlp_in(blk, h: torch.Tensor) -> torch.Tensor:
     return silu_mul(blk.ffn_gate(h), blk.ffn_up(h))
 
 
-CUDA_OPS = Ops(rmsnorm=rmsnorm_rows, qkv=cuda_qkv, mlp_in=cuda_mlp_in)
+CUDA_OPS = Ops(rmsnorm=rmsnorm_rows, qkv=cuda_qkv, mlp_in=cuda_mlp_in, moe=moe_prefill)
 
 
 # ---- prompts: a shape seen before replays a graph
@@ -204,8 +206,6 @@ class CudaRuntime(Runtime):
             self.prefill_graph = PrefillGraph(self.model, cache)
         tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            if self.model.cfg.n_experts:  # MoE.forward picks its experts on the host: no graph
-                return self.model(tokens, cache, start, last_only=True)[:, -1]
             return self.prefill_graph.run(tokens, start)[:, -1]
 
     def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
