@@ -65,7 +65,7 @@ def hub_cache() -> Path:
 def offline() -> bool:
     from huggingface_hub import constants
 
-    return constants.is_offline_mode()
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def repo_dir(repo: str, cache: Path) -> Path:
@@ -167,11 +167,11 @@ def hub_errors(ref: RepoRef) -> Iterator[None]:
         raise LocalLLMError(f"no such model repository on the Hub: {ref.repo} (a private one needs HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
         raise LocalLLMError(f"{ref.repo} has no branch {REVISION!r}") from None
-    except errors.RemoteEntryNotFoundError as e:
-        raise LocalLLMError(f"a file of {ref.repo} is missing on the Hub: {_first_line(e)}") from None
-    except (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError):
+    except (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError):  # (before: 0.x's is an EntryNotFoundError)
         raise LocalLLMError(f"cannot reach the Hub ({constants.ENDPOINT}) to fetch {ref}: check the network"
                             " (or HF_ENDPOINT)") from None
+    except getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError) as e:
+        raise LocalLLMError(f"a file of {ref.repo} is missing on the Hub: {_first_line(e)}") from None
     except errors.HfHubHTTPError as e:
         raise LocalLLMError(f"the Hub refused {ref}: {_first_line(e)}") from None
     except (transport, OSError) as e:
