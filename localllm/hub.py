@@ -29,6 +29,11 @@ REF = re.compile(r"^(?:hf\.co/|huggingface\.co/)?(?P<repo>[A-Za-z0-9][\w.-]*/[A-
 FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
 
 
+class RepoNotFound(LocalLLMError):
+    """The Hub has no such repository (or hides a private one): a MODEL string that was meant as a path
+    says so (resolve)."""
+
+
 @dataclass(frozen=True)
 class RepoRef:
     repo: str  # owner/name
@@ -130,7 +135,10 @@ def resolve(ref: RepoRef) -> Path:
     if offline():
         raise LocalLLMError(f"{ref} is not in the Hugging Face cache ({hub_cache()}) and HF_HUB_OFFLINE is set:"
                             f" run `localllm pull {ref}` with a network first")
-    return pull(ref).path
+    try:
+        return pull(ref).path
+    except RepoNotFound as e:
+        raise LocalLLMError(f"no such file or folder: {ref}; and {e}") from None
 
 
 def pull(ref: RepoRef) -> CachedModel:
@@ -164,7 +172,7 @@ def hub_errors(ref: RepoRef) -> Iterator[None]:
         raise LocalLLMError(f"{ref.repo} is gated: accept its terms on the Hub, then set HF_TOKEN to a token of"
                             " that account") from None
     except errors.RepositoryNotFoundError:
-        raise LocalLLMError(f"no such model repository on the Hub: {ref.repo} (a private one needs HF_TOKEN)") from None
+        raise RepoNotFound(f"no such model repository on the Hub: {ref.repo} (a private one needs HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
         raise LocalLLMError(f"{ref.repo} has no branch {REVISION!r}") from None
     except (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError):  # (before: 0.x's is an EntryNotFoundError)

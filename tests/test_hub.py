@@ -177,7 +177,8 @@ def test_a_broken_transfer_resumes(env, monkeypatch):
 
 
 def test_missing_repo_and_offline_miss_are_one_line(env, monkeypatch):
-    with pytest.raises(LocalLLMError, match=r"^no such model repository on the Hub: tiny/nothing"):
+    with pytest.raises(LocalLLMError, match=r"^no such file or folder: tiny/nothing:Q4_K_M; and no such model "
+                                            r"repository on the Hub: tiny/nothing"):
         resolve_model("tiny/nothing:Q4_K_M")
     go_offline(monkeypatch)
     with pytest.raises(LocalLLMError, match=r"tiny/llama-GGUF:Q8_0 is not in the Hugging Face cache .* HF_HUB_OFFLINE"):
