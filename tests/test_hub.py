@@ -226,8 +226,8 @@ def test_cli_pull_then_complete_offline(served, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     state, url, files = served
-    env = {**cli_env(), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": url}
-    env.pop("HF_TOKEN", None)
+    ours = ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
+    env = {k: v for k, v in cli_env().items() if k not in ours} | {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": url}
     offline = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there
     prompt = ["Once upon a time", "-n", "4", "--temp", "0", "--device", "cpu"]
     ref = f"{GGUF_REPO}:Q8_0"
