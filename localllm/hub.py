@@ -152,12 +152,11 @@ def pull(ref: RepoRef) -> CachedModel:
         info = HfApi().model_info(ref.repo, revision=REVISION)
         files = [s.rfilename for s in info.siblings or []]
         kind, chosen = choose_files(ref.repo, files, ref.quant)
-        for name in chosen:
-            hf_hub_download(ref.repo, name, revision=REVISION)
-    found = find_cached(RepoRef(ref.repo, quant_of(chosen[0]) if kind == "gguf" else None))
-    if found is None:  # the files came, yet the cache does not hold them under refs/main
-        raise LocalLLMError(f"pulled {ref}, but the Hugging Face cache ({hub_cache()}) does not hold it afterwards")
-    return found
+        paths = tuple(Path(hf_hub_download(ref.repo, name, revision=REVISION)) for name in chosen)
+    size = sum(p.stat().st_size for p in paths)
+    if kind == "gguf":
+        return CachedModel(f"{ref.repo}:{quant_of(chosen[0])}", kind, paths[0], paths, size)
+    return CachedModel(ref.repo, kind, paths[0].parent, paths, size)  # top-level files: the snapshot folder
 
 
 @contextmanager
