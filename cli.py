@@ -472,5 +472,61 @@ def bench(
     sys.stdout.write(text)
 
 
+def show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"localllm {version('localllm')}")
+        except PackageNotFoundError:  # a source checkout that was never installed
+            print("localllm (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    _version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                  help="print the version and exit"),
+):
+    """Run local LLMs (GGUF or safetensors): complete, inspect, tokenize."""
+
+
+@app.command()
+@user_errors
+def pull(model: str = typer.Argument(..., metavar="REPO[:QUANT]", help="owner/repo[:QUANT], e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M (no QUANT: Q4_K_M, else Q8_0, else the first GGUF), or a safetensors repo")):
+    """Fetch a model from the Hugging Face Hub into its cache (HF_HOME; resumable; HF_TOKEN for gated repos).
+    Afterwards REPO[:QUANT] works as MODEL in every command, offline too."""
+    from localllm.commands.models import pull_model
+
+    got = pull_model(model)
+    err.print(f"pulled {escape(got.name)}: {got.kind}, {got.size / 2**20:.1f} MiB, {escape(str(got.path))}",
+              highlight=False, soft_wrap=True)
+
+
+@app.command("list")
+@user_errors
+def list_models():
+    """Models ready to use: the names of models.toml and what `pull` fetched."""
+    from localllm.commands.models import list_models as listed
+
+    rows = [("NAME", "SIZE", "TYPE", "PATH")]
+    for m in listed():
+        size = f"{m.size / 2**20:.1f} MiB" if m.size is not None else "-"
+        rows.append((m.name, size, m.kind, str(m.path) if m.path else "(not installed)"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]  # plain columns: a long path never folds
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+
+
+@app.command("rm")
+@user_errors
+def remove(model: str = typer.Argument(..., metavar="REPO[:QUANT]", help="a pulled model as `list` names it: REPO:QUANT removes that quant, REPO the whole repo")):
+    """Delete a pulled model from the Hugging Face cache."""
+    from localllm.commands.models import remove_model
+
+    remove_model(model)
+    err.print(f"removed {escape(model)}", highlight=False, soft_wrap=True)
+
+
 if __name__ == "__main__":
     app()

@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import LocalLLMError
 from .gguf_cache import Header, read_header, write_header
+from .gguf_split import join_parts
 from .gguf_meta import CorruptGGUF, KVReader, PastEnd, check_known_keys, read_kv_section
 from .settings import DEFAULT_CPU, DEFAULT_LIMITS, LoaderLimits
 
@@ -37,6 +38,7 @@ class GGUFFile:
     path: Path
     metadata: dict[str, Any]  # GGUF key -> plain python value (str, int, float, bool, list)
     tensors: dict[str, gguf.ReaderTensor]  # tensor name -> reader tensor (data is a memmap view)
+    parts: tuple[Path, ...] = ()  # a split GGUF's files, path first (gguf_split.py); () for one file
 
 
 def read_metadata_fields(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -181,8 +183,15 @@ def _tensor_bytes(field: gguf.ReaderField) -> tuple[str, int, int]:
 def open_gguf(
     path: str | Path, cache_dir: Path | None = DEFAULT_CPU.cache_dir, limits: LoaderLimits = DEFAULT_LIMITS
 ) -> GGUFFile:
-    """Open and validate a GGUF file; raise LocalLLMError with one line naming any problem.
+    """Open and validate a GGUF file; raise LocalLLMError with one line naming any problem. A split GGUF
+    (gguf-split's parts, path the first) opens as one model: localllm/gguf_split.py.
     cache_dir: where a large key/value section is cached once parsed (localllm/gguf_cache.py); None: never."""
+    first = open_one_gguf(path, cache_dir, limits)
+    return join_parts(first, lambda part: open_one_gguf(part, cache_dir, limits))
+
+
+def open_one_gguf(path: str | Path, cache_dir: Path | None, limits: LoaderLimits) -> GGUFFile:
+    """One GGUF file, opened and validated (a split GGUF's part as it is)."""
     path = Path(path)
     _check_magic(path)
     cached = read_header(path, cache_dir) if cache_dir is not None else None

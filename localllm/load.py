@@ -15,6 +15,7 @@ from .config import Fields, ModelConfig, read_json
 from .config_phi3 import hf_rope_tensors
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
+from .gguf_split import split_parts
 from .backends import runtime_class
 from .model import QEmbedding, Transformer
 from .nonfinite import check_vectors
@@ -141,9 +142,11 @@ def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], 
 
 
 def file_size(path: Path) -> int:
+    """Bytes of the weights: a folder's safetensors files, a split GGUF's parts, or the file."""
     if path.is_dir():
         return sum(p.stat().st_size for p in path.glob("*.safetensors"))
-    return path.stat().st_size
+    parts = split_parts(path)
+    return sum(p.stat().st_size for p in parts) if all(p.is_file() for p in parts) else path.stat().st_size
 
 
 def load_model(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ModelConfig, RopeScaling
-from . import data_path
+from . import data_path, hub
 from .errors import LocalLLMError
 
 MODELS_TOML = data_path("models.toml")
@@ -40,7 +40,9 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def resolve_model(spec: str | None) -> Path:
-    """A MODEL argument (a path, a name in models.toml, or None for the default) -> a path."""
+    """A MODEL argument (a path, a name in models.toml, a Hugging Face repo reference owner/repo[:QUANT],
+    or None for the default) -> a path. A repo reference is looked up in the hub cache first and fetched
+    only when missing (localllm/hub.py)."""
     spec = spec or default_model_name()
     path = Path(spec).expanduser()
     if path.exists():
@@ -48,9 +50,22 @@ def resolve_model(spec: str | None) -> Path:
     models = read_registry()["models"]
     if spec in models:
         return _packaged_file(models[spec], spec)
+    if (ref := hub.parse_ref(spec)) is not None:
+        return hub.resolve(ref)
     if _looks_like_path(spec):
         raise LocalLLMError(f"file not found: {spec}")
     raise LocalLLMError(f"no such file or model name: {spec!r} (names: {', '.join(models)})")
+
+
+def packaged_models() -> list[tuple[str, Path | None]]:
+    """models.toml's named models with their files (None: the package that ships it is not installed)."""
+    out = []
+    for name, entry in read_registry()["models"].items():
+        try:
+            out.append((name, _packaged_file(entry, name)))
+        except LocalLLMError:
+            out.append((name, None))
+    return out
 
 
 def _flat_shapes(table: dict, prefix: str = "") -> dict[str, dict]:

@@ -216,5 +216,5 @@ def test_help_lists_options(command, options):
 def test_top_level_help_lists_commands():
     r = run_cli("--help")
     assert r.returncode == 0, r.stderr
-    for command in ("complete", "info", "tokenize"):
+    for command in ("complete", "info", "tokenize", "pull", "list", "rm"):
         assert command in r.stdout

@@ -468,12 +468,17 @@ def add_phi3_metadata(w: gguf.GGUFWriter, spec: TinySpec) -> None:
 
 
 def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
-               raw: dict[str, tuple[np.ndarray, Q]] | None = None, per_expert: bool = False) -> Path:
+               raw: dict[str, tuple[np.ndarray, Q]] | None = None, per_expert: bool = False,
+               split_max_tensors: int = 0) -> Path:
     """raw: GGUF name -> (raw data, type) written instead of that tensor (the mixed-type model).
-    per_expert: expert tensors in the old layout of early Mixtral files (blk.N.ffn_gate.E.weight, ...)."""
+    per_expert: expert tensors in the old layout of early Mixtral files (blk.N.ffn_gate.E.weight, ...).
+    split_max_tensors: > 0 writes a split GGUF of parts of at most this many tensors, as the converter
+    does with --split-max-tensors (gguf's writer: PATH-STEM-00001-of-0000N.gguf ..., gguf-split's keys);
+    the first part's path is returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
     arch = GGUF_ARCH[spec.arch]
-    w = gguf.GGUFWriter(str(path), arch)
+    # no path yet when splitting: the writer plans the parts' names once it has every tensor
+    w = gguf.GGUFWriter(None if split_max_tensors else str(path), arch, split_max_tensors=split_max_tensors)
     # The converter names the file after the model ("Mistral 7B Instruct v0.3"); the architecture
     # stays `llama` for Mistral, so transformers' GGUF loader builds a LlamaForCausalLM for it.
     w.add_name(f"Tiny {spec.arch.capitalize()}")
@@ -527,11 +532,11 @@ def write_gguf(spec: TinySpec, path: Path, qtype: Q = Q.F32,
             keep = name == "rope_freqs.weight" or ".ffn_gate_inp." in name or name.endswith(".bias")
             data_t = encode_tensor(data, qtype) if not keep else (data, Q.F32)
         _add_tensor(w, name, *data_t)
-    w.write_header_to_file()
+    w.write_header_to_file(path if split_max_tensors else None)
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return w.format_shard_names(path)[0]
 
 
 # ---- mixture of experts (Mixtral, Qwen3-MoE)
