@@ -42,8 +42,8 @@ def model_and_prompt(args: Sequence[str], model: str | None, prompt: str | None,
         model, text = args
     else:
         raise LocalLLMError(f"expected [MODEL] {what} (quote the {what.lower()}), or -p {what} / -f FILE")
-    if text == "-" and file is None:
-        text = stdin.read()
+    if text == "-" and file is None:  # as -f -: stdin's text, one trailing newline dropped
+        text = read_prompt_file("-", stdin)
     return ModelPrompt(model, text)
 
 

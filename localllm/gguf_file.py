@@ -13,6 +13,7 @@ Every failure becomes one LocalLLMError line.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 
 from .errors import LocalLLMError
 from .gguf_cache import Header, read_header, write_header
+from .progress import elapsed_spinner
 from .gguf_meta import CorruptGGUF, KVReader, PastEnd, check_known_keys, read_kv_section
 from .settings import DEFAULT_CPU, DEFAULT_LIMITS, LoaderLimits
 
@@ -186,8 +188,13 @@ def open_gguf(
     path = Path(path)
     _check_magic(path)
     cached = read_header(path, cache_dir) if cache_dir is not None else None
+    # The first parse of a large vocabulary takes seconds (19 s for qwen2's 151k tokens): a spinner after
+    # one second, on a terminal only; later opens read the cache (gguf_cache.py).
+    slow = elapsed_spinner(f"reading {path.name}'s metadata (once: cached for later runs)", delay=1.0) \
+        if cached is None else nullcontext()
     try:
-        reader = _CheckedReader(path, cached, limits)
+        with slow:
+            reader = _CheckedReader(path, cached, limits)
     except PastEnd as e:
         end, size = e.args
         raise LocalLLMError(
