@@ -413,7 +413,12 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
 
 def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED,
                        ) -> dict[str, MetaValue]:
-    """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes."""
+    """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes. From
+    open_gguf's values and types (its metadata cache: no second parse of a large vocabulary); a cache
+    entry without the types falls back to gguf's reader."""
+    f = open_gguf(path)
+    if f.value_types is not None:
+        return {key: typed_value(key, value, *f.value_types[key]) for key, value in f.metadata.items() if keep(key)}
     reader = gguf.GGUFReader(path, "r")
     out = {}
     for key, field in reader.fields.items():
@@ -421,6 +426,20 @@ def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key
             continue
         out[key] = _meta_value(key, field)
     return out
+
+
+def typed_value(key: str, value, vtype: int, item: int | None) -> MetaValue:
+    """A plain metadata value (gguf_meta.read_kv_section's: strings decoded, arrays as lists) with its
+    GGUF type -> what the writer copies (strings as their UTF-8 bytes, as _meta_value gives them)."""
+    if vtype == V.STRING:
+        return MetaValue(value.encode("utf-8"), V.STRING)
+    if vtype != V.ARRAY:
+        return MetaValue(value, V(vtype))
+    if not value:
+        raise LocalLLMError(f"metadata key {key!r} is an empty or nested array, which localllm cannot copy")
+    if item == V.STRING:
+        return MetaValue([s.encode("utf-8") for s in value], V.ARRAY, V.STRING)
+    return MetaValue(list(value), V.ARRAY, V(item))
 
 
 def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:

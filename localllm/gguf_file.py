@@ -39,6 +39,9 @@ class GGUFFile:
     path: Path
     metadata: dict[str, Any]  # GGUF key -> plain python value (str, int, float, bool, list)
     tensors: dict[str, gguf.ReaderTensor]  # tensor name -> reader tensor (data is a memmap view)
+    # GGUF key -> (value type, an array's item type or None), as gguf.GGUFValueType ints; None: unknown
+    # (a cache entry written without them)
+    value_types: dict[str, tuple[int, int | None]] | None = None
 
 
 def read_metadata_fields(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -78,6 +81,7 @@ class _CheckedReader(gguf.GGUFReader):
         self.kv_end = 0
         self.metadata: dict[str, Any] = {}
         self.alignment_offset: int | None = None
+        self.value_types: dict[str, tuple[int, int | None]] | None = None
         # "c" (copy-on-write): numpy arrays that torch can wrap without a copy; the file is never written.
         super().__init__(path, "c")
 
@@ -98,11 +102,13 @@ class _CheckedReader(gguf.GGUFReader):
             if self.cached.alignment_offset is not None:
                 super()._build_fields(self.cached.alignment_offset, 1)
             self.metadata, self.kv_end = self.cached.metadata, self.cached.kv_end
+            self.value_types = self.cached.types
             return self.kv_end
         kv = KVReader(memoryview(self.data), "<" if self.byte_order == "I" else ">", self.limits.max_metadata_array)
         self.metadata, where, self.kv_end = read_kv_section(kv, int(offs), n_kv)
+        self.value_types = {k: (int(t), None if item is None else int(item)) for k, (_, t, item) in where.items()}
         if "general.alignment" in where:
-            self._push_alignment(*where["general.alignment"])
+            self._push_alignment(*where["general.alignment"][:2])
         return self.kv_end
 
     def _push_alignment(self, at: int, vtype: gguf.GGUFValueType) -> None:
@@ -213,8 +219,8 @@ def open_gguf(
     except CorruptGGUF as e:
         raise LocalLLMError(f"{e.args[0]}: {path}") from None
     if cached is None and cache_dir is not None and reader.kv_end >= DEFAULT_CPU.header_cache_min_bytes:
-        write_header(path, cache_dir, Header(metadata, reader.kv_end, reader.alignment_offset))
-    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
+        write_header(path, cache_dir, Header(metadata, reader.kv_end, reader.alignment_offset, reader.value_types))
+    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors}, reader.value_types)
 
 
 def _reason(e: Exception) -> str:
