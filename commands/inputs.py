@@ -81,5 +81,6 @@ def gpu_layers_notice(n_gpu_layers: int | None, device: str) -> str | None:
         return None
     if device == "cpu":
         return f"-ngl {n_gpu_layers} is ignored: the model runs on the CPU (no GPU in use; --device picks one)"
-    return f"-ngl {n_gpu_layers}: every layer runs on the {device.upper()} (localllm does not split a model " \
-           "between CPU and GPU; --device cpu runs it all on the CPU)"
+    where = {"cuda": "GPU", "mps": "Apple GPU (MPS)"}.get(device, device)
+    return (f"-ngl {n_gpu_layers}: every layer runs on the {where} (localllm does not split a model between "
+            "CPU and GPU; --device cpu runs it all on the CPU)")

@@ -315,3 +315,11 @@ def test_help_shows_llama_cpp_names(command, names):
     text = ok(invoke(command, "--help", columns=200))
     for name in names:
         assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), f"{name} missing from {command} --help"
+
+
+def test_gpu_layers_notice_words():
+    from localllm.commands.inputs import gpu_layers_notice
+
+    assert gpu_layers_notice(None, "cuda") is None
+    assert "every layer runs on the GPU" in gpu_layers_notice(99, "cuda")
+    assert "ignored" in gpu_layers_notice(0, "cpu")
