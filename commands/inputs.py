@@ -56,9 +56,13 @@ def one_model(positional: str | None, option: str | None) -> str | None:
 
 def read_prompt_file(file: str, stdin: TextIO) -> str:
     """-f FILE's text (UTF-8) with one trailing newline dropped, as llama.cpp's -f does; `-`: stdin."""
-    from localllm.user_text import read_utf8_file
+    from localllm.user_text import decode_utf8, read_utf8_file
 
-    text = stdin.read() if file == "-" else read_utf8_file(file, "prompt file")
+    if file == "-":  # the bytes, so that input that is not UTF-8 is one error line, not a traceback
+        buffer = getattr(stdin, "buffer", None)
+        text = decode_utf8(buffer.read(), "stdin") if buffer is not None else stdin.read()
+    else:
+        text = read_utf8_file(file, "prompt file")
     return text[:-1] if text.endswith("\n") else text
 
 

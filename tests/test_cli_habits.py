@@ -94,6 +94,12 @@ def test_prompt_given_twice_is_one_error(model, tmp_path):
     assert_one_error(invoke("info", model, "-m", model), "two models given")
 
 
+def test_stdin_not_utf8_is_one_error(model):
+    from cli_helpers import assert_one_error
+
+    assert_one_error(invoke("complete", model, "-", input=b"caf\xff"), "stdin is not UTF-8 text")
+
+
 def test_complete_context_full(model):
     result = invoke("complete", model, PROMPT, "-n", "50", "--temp", "0", "-c", "6", "--json")
     out = json.loads(ok(result))
