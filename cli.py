@@ -185,7 +185,8 @@ def complete(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object at the end (text, token counts, timings, finish reason) instead of streaming"),
 ):
     """Stream the continuation of PROMPT to stdout (llama.cpp's `-m MODEL -p PROMPT` works too)."""
-    from localllm.commands.inputs import gpu_layers_notice, model_and_prompt
+    from localllm.commands.inputs import model_and_prompt
+    from localllm.device import gpu_layers_notice
     from localllm.commands.reports import completion_record
     from localllm.generate import Stats
     from localllm.runner import complete as run_complete
@@ -200,7 +201,7 @@ def complete(
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
-    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device.type):
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
         note(notice)
     typed = PromptText(note)  # notes after the load: a failing load stays one error line
     prompt = typed.clean(prompt, "the prompt")
@@ -322,7 +323,8 @@ def chat(
     there too (/help lists them), never sent to the model."""
     from localllm.chat import ChatSession
     from localllm.chat_template import resolve_template
-    from localllm.commands.inputs import gpu_layers_notice, one_model
+    from localllm.commands.inputs import one_model
+    from localllm.device import gpu_layers_notice
     from localllm.commands.repl import interactive, scripted
     from localllm.runner import context_notice, describe_stats, timed_drafter, timed_open
     from localllm.user_text import lenient_stdin, stdin_lines
@@ -335,7 +337,7 @@ def chat(
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
-    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device.type):
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
         note(notice)
     if notice := context_notice(lm, ctx):
         note(notice)
@@ -440,7 +442,8 @@ def perplexity(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from localllm.commands import evaluate as ev
-    from localllm.commands.inputs import gpu_layers_notice, one_model
+    from localllm.commands.inputs import one_model
+    from localllm.device import gpu_layers_notice
     from localllm.commands.reports import evaluation_record
     from localllm.load import load_tokenizer
     from localllm.runner import open_model
@@ -455,7 +458,7 @@ def perplexity(
     if kld_base is not None and base_file is None:
         base_tokenizer = load_tokenizer(kld_base)  # a vocabulary mismatch fails before any weights load
     lm = open_model(model, device, dtype)
-    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device.type):
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
         note(notice)
     evaluated = ev.chunks_for(lm, text, ctx, chunks)
     if base_file is not None:
@@ -528,8 +531,7 @@ def bench(
     from localllm.commands.spec_bench import run_spec_bench
 
     flat = lambda xs: [y.strip() for x in xs for y in x.split(",") if y.strip()]  # noqa: E731
-    from localllm.commands.inputs import gpu_layers_notice
-    from localllm.device import pick_device
+    from localllm.device import gpu_layers_notice, pick_device
 
     models = [*(models or []), *model_opts]
     if not models and not synthetic:

@@ -1,6 +1,6 @@
 """The command line's llama.cpp habits, resolved to plain values before any model loads: where the model
 and the prompt come from (-m/--model, -p/--prompt, -f/--file, positional arguments, `-` for stdin),
-quantize's llama-quantize-style positional TYPE, and what -ngl means here.
+and quantize's llama-quantize-style positional TYPE (what -ngl means: device.gpu_layers_notice).
 
 llama.cpp's references: common/arg.cpp (-m, -p, -f: the file's text with one trailing newline dropped,
 -ngl) and tools/quantize/quantize.cpp (`llama-quantize IN [OUT] TYPE`)."""
@@ -77,14 +77,3 @@ def quantize_type(out: str | None, positional: str | None, option: str | None,
     if positional is not None and option is not None and positional.upper() != option.upper():
         raise LocalLLMError(f"two types given: {positional} (argument) and {option} (--type); give one")
     return out, positional if positional is not None else option
-
-
-def gpu_layers_notice(n_gpu_layers: int | None, device: str) -> str | None:
-    """-ngl N is accepted for llama.cpp's users; localllm never splits a model between CPU and GPU."""
-    if n_gpu_layers is None:
-        return None
-    if device == "cpu":
-        return f"-ngl {n_gpu_layers} is ignored: the model runs on the CPU (no GPU in use; --device picks one)"
-    where = {"cuda": "GPU", "mps": "Apple GPU (MPS)"}.get(device, device)
-    return (f"-ngl {n_gpu_layers}: every layer runs on the {where} (localllm does not split a model between "
-            "CPU and GPU; --device cpu runs it all on the CPU)")

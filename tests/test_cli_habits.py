@@ -324,7 +324,7 @@ def test_help_shows_llama_cpp_names(command, names):
 
 
 def test_gpu_layers_notice_words():
-    from localllm.commands.inputs import gpu_layers_notice
+    from localllm.device import gpu_layers_notice
 
     assert gpu_layers_notice(None, "cuda") is None
     assert "every layer runs on the GPU" in gpu_layers_notice(99, "cuda")
