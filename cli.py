@@ -66,10 +66,10 @@ def one_line(e: Exception) -> typer.Exit:
 
 app = typer.Typer(
     cls=OneLineUsageErrors,
-    help="Run local LLMs (GGUF or safetensors): complete, inspect, tokenize.",
+    help="Run local LLMs (GGUF or safetensors) as llama.cpp's tools do; every command is listed below.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, powershell
 )
 
 
@@ -91,14 +91,6 @@ def user_errors(fn):
     return wrapper
 
 
-def split_model_prompt(args: list[str]) -> tuple[str | None, str]:
-    if len(args) == 1:
-        return None, args[0]
-    if len(args) == 2:
-        return args[0], args[1]
-    raise LocalLLMError("expected [MODEL] PROMPT (quote the prompt)")
-
-
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda or mps"
 DTYPE_HELP = ("weights' dtype: float32/bfloat16/float16 on cpu (default float16), bfloat16/float16 on cuda; "
               "on cpu a GGUF file keeps its quantized blocks and computes in float32")
@@ -109,17 +101,25 @@ OPT_TOP_P = typer.Option(S.top_p, "--top-p", help="nucleus sampling mass (1: off
 OPT_MIN_P = typer.Option(S.min_p, "--min-p", help="drop tokens below this share of the top one (0: off)")
 OPT_REPEAT_PENALTY = typer.Option(S.repeat_penalty, "--repeat-penalty", help="penalty for recent tokens (1: off)")
 OPT_REPEAT_LAST_N = typer.Option(S.repeat_last_n, "--repeat-last-n", help="how many recent tokens are penalised (-1: all, 0: none)")
-OPT_SEED = typer.Option(S.seed, "--seed", help="random seed, 0 to 2^64-1 (same seed, same output)")
-OPT_CTX = typer.Option(None, "--ctx", help=f"context size in tokens, at least 2 (default {G.ctx}; capped at the model's)")
+OPT_SEED = typer.Option(S.seed, "-s", "--seed", help="random seed, 0 to 2^64-1 (same seed, same output)")
+OPT_CTX = typer.Option(None, "-c", "--ctx", "--ctx-size", help=f"context size in tokens, at least 2 (default {G.ctx}; capped at the model's)")
 OPT_DEVICE = typer.Option("auto", "--device", help=DEVICE_HELP)
 OPT_DTYPE = typer.Option(None, "--dtype", help=DTYPE_HELP)
 OPT_THREADS = typer.Option(C.threads, "-t", "--threads", help="CPU threads (default: the physical cores; at most the logical cores)")
 # Speculative decoding (localllm/speculative.py).
 OPT_DRAFT = typer.Option(D.draft, "--draft", metavar="MODEL", help="speculative decoding with this draft model (path or name, same vocabulary), or self:TYPE: the model itself quantized in memory to TYPE (e.g. self:Q4_0)")
 OPT_DRAFT_MAX = typer.Option(D.max_draft, "--draft-max", metavar="K", help="tokens drafted per target pass (default: adaptive, from the recent acceptance rate)")
-OPT_DRAFT_MIN_P = typer.Option(D.min_p, "--draft-min-p", metavar="P", help="stop drafting when the draft gives its token a probability below P (0: off)")
+OPT_DRAFT_MIN_P = typer.Option(D.min_p, "--draft-min-p", "--draft-p-min", metavar="P", help="stop drafting when the draft gives its token a probability below P (0: off)")
 OPT_DRAFT_DTYPE = typer.Option(D.dtype, "--draft-dtype", help="the draft model's dense weights' dtype (default: the device's; quantized weights on the CPU compute in float32)")
+OPT_MODEL = typer.Option(None, "-m", "--model", metavar="MODEL", help="model path or name, as llama.cpp's -m (instead of the MODEL argument)")
+OPT_NGL = typer.Option(None, "-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N", help="accepted for llama.cpp's habit: every layer runs on the GPU when one is used (ignored on the CPU)")
+OPT_JSON = typer.Option(False, "--json", help="print one JSON object on stdout instead of text")
 OPT_LOOKUP = typer.Option(D.lookup, "--lookup", metavar="N", help="speculative decoding by prompt lookup, no draft model: what followed the last N ids (N down to 1) earlier in the prompt or the text (0: off)")
+
+
+def unfolded_width(table: Table) -> int:
+    """The width at which rich prints `table` without folding any cell (its widest natural row)."""
+    return Console(width=10**4).measure(table).maximum
 
 
 def use_threads(threads: int | None) -> None:
@@ -158,7 +158,10 @@ def draft_settings(draft: str | None, draft_max: int | None, draft_min_p: float,
 @app.command()
 @user_errors
 def complete(
-    args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="model path or name (default: smollm2-135m), then the prompt"),
+    args: List[str] = typer.Argument(None, metavar="[MODEL] PROMPT", help="model path or name (default: smollm2-135m), then the prompt (- reads stdin)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    prompt_opt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the prompt, as llama.cpp's -p (- reads stdin)"),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="read the prompt from this UTF-8 file (one trailing newline dropped, as llama.cpp's -f; - reads stdin)"),
     max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens to generate (-1: until the end of text or the context is full)"),
     temp: float = OPT_TEMP,
     top_k: int = OPT_TOP_K,
@@ -178,20 +181,28 @@ def complete(
     draft_min_p: float = OPT_DRAFT_MIN_P,
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
+    n_gpu_layers: Optional[int] = OPT_NGL,
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object at the end (text, token counts, timings, finish reason) instead of streaming"),
 ):
-    """Stream the continuation of PROMPT to stdout."""
+    """Stream the continuation of PROMPT to stdout (llama.cpp's `-m MODEL -p PROMPT` works too)."""
+    from localllm.commands.inputs import model_and_prompt
+    from localllm.device import gpu_layers_notice
+    from localllm.commands.reports import completion_record
     from localllm.generate import Stats
     from localllm.runner import complete as run_complete
     from localllm.runner import context_notice, describe_stats, stop_notice, timed_drafter, timed_open
     from localllm.speculative import SpecStats
     from localllm.user_text import PromptText
 
-    model, prompt = split_model_prompt(args)
+    given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
+    model, prompt = given.model, given.prompt
     sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens,
                                         ctx, tuple(stop))
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
+        note(notice)
     typed = PromptText(note)  # notes after the load: a failing load stays one error line
     prompt = typed.clean(prompt, "the prompt")
     typed.check_vocabulary(lm.tokenizer, prompt)
@@ -201,11 +212,16 @@ def complete(
     load_s += draft_s
     stats = SpecStats() if drafter else Stats()
     plain_steps = D.plain_steps if verbose else 0
-    for piece in run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps):
-        sys.stdout.write(piece)
+    pieces = run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps)
+    if json_out:
+        text = "".join(pieces)
+        print(json.dumps(completion_record(text, stats, load_s, gen.max_tokens), ensure_ascii=False))
+    else:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
         sys.stdout.flush()
-    sys.stdout.write("\n")
-    sys.stdout.flush()
     if notice := stop_notice(stats):
         note(notice)
     if verbose:
@@ -214,56 +230,69 @@ def complete(
 
 @app.command()
 @user_errors
-def info(model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)")):
-    """Architecture, size, tensor types, context and tokenizer of a model."""
+def info(
+    model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    json_out: bool = OPT_JSON,
+):
+    """Architecture, size, tensor types, context, tokenizer and chat template of a model."""
     from localllm.commands.info import model_info
+    from localllm.commands.inputs import one_model
 
-    table = Table(show_header=False, box=None)
-    table.add_column()
-    # fold, not the default ellipsis: a long path must stay whole when the terminal (or a pipe's
-    # 80 columns) is narrow.
-    table.add_column(overflow="fold")
-    for key, value in model_info(model).items():
+    facts = model_info(one_model(model, model_opt))
+    if json_out:
+        print(json.dumps(facts, ensure_ascii=False))
+        return
+    # Plain lines, not a rich table: a long path or name stays whole at any width (a pipe, a narrow terminal).
+    width = max(len(key) for key in facts) + 2
+    for key, value in facts.items():
         if key == "tensor_types":
             value = ", ".join(f"{k} {v}" for k, v in value.items())
         elif key == "parameters":
             value = f"{value:,} ({value / 1e6:.1f} M)"
         elif key == "file_size":
             value = f"{value:,} bytes ({value / 2**20:.1f} MiB)"
-        table.add_row(key.replace("_", " "), str(value))
-    Console().print(table)
+        print(f"{key.replace('_', ' '):<{width}}{value}")
 
 
 @app.command()
 @user_errors
 def tokenize(
-    model: str = typer.Argument(..., help="model path or name (a vocab-only GGUF works too)"),
-    text: str = typer.Argument(..., help="text to tokenize"),
+    args: List[str] = typer.Argument(None, metavar="[MODEL] TEXT", help="model path or name (default: smollm2-135m; a vocab-only GGUF works too), then the text (- reads stdin)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    prompt_opt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the text, as llama-tokenize's -p"),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="read the text from this UTF-8 file"),
     ids: bool = typer.Option(False, "--ids", help="print only the ids, as a JSON array on one line"),
     bos: bool = typer.Option(False, "--bos", help="add the BOS token"),
     parse_special: bool = typer.Option(False, "--special", help="parse special tokens written in the text"),
 ):
-    """Split TEXT into tokens."""
+    """Split TEXT into tokens: each id with its text.
+
+    Each piece is shown as text (' w', not the vocabulary's 'Ġw'), as llama-tokenize prints it."""
+    from localllm.commands.inputs import model_and_prompt
+    from localllm.commands.reports import readable_piece
     from localllm.load import load_tokenizer
     from localllm.user_text import PromptText
 
-    tok = load_tokenizer(model)
+    given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin, what="TEXT")
+    tok = load_tokenizer(given.model)
     typed = PromptText(note)  # notes after the load: a failing load stays one error line
-    text = typed.clean(text, "the text")
+    text = typed.clean(given.prompt, "the text")
     typed.check_vocabulary(tok, text)
     out = tok.encode(text, add_bos=bos, parse_special=parse_special)
     if ids:
         print(json.dumps(out))
         return
     for t in out:
-        print(f"{t:>8} {tok.token_text(t)!r}")
+        print(f"{t:>8} -> {readable_piece(tok.piece_bytes(t))}")
 
 
 @app.command()
 @user_errors
 def chat(
     model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
-    system: Optional[str] = typer.Option(None, "--system", help="system message"),
+    model_opt: Optional[str] = OPT_MODEL,
+    system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message"),
     chat_template: Optional[str] = typer.Option(
         None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"
     ),
@@ -279,26 +308,37 @@ def chat(
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
     threads: Optional[int] = OPT_THREADS,
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="print speeds after each reply on stderr"),
+    stop: List[str] = typer.Option([], "--stop", help="stop string: a reply ends where it appears (repeatable)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="print the load time once, and speeds after each reply, on stderr"),
     draft: Optional[str] = OPT_DRAFT,
     draft_max: Optional[int] = OPT_DRAFT_MAX,
     draft_min_p: float = OPT_DRAFT_MIN_P,
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
+    n_gpu_layers: Optional[int] = OPT_NGL,
 ):
-    """Chat with a model using its own chat template. Reads one message per line when stdin is not a terminal."""
+    """Chat with a model using its own chat template.
+
+    Reads one message per line when stdin is not a terminal; a line starting with / is a chat command
+    there too (/help lists them), never sent to the model."""
     from localllm.chat import ChatSession
     from localllm.chat_template import resolve_template
+    from localllm.commands.inputs import one_model
+    from localllm.device import gpu_layers_notice
     from localllm.commands.repl import interactive, scripted
     from localllm.runner import context_notice, describe_stats, timed_drafter, timed_open
     from localllm.user_text import lenient_stdin, stdin_lines
 
-    sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens, ctx)
+    sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens, ctx,
+                                        tuple(stop))
+    model = one_model(model, model_opt)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
+        note(notice)
     if notice := context_notice(lm, ctx):
         note(notice)
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
@@ -311,20 +351,23 @@ def chat(
         notify=note,
         drafter=drafter, draft=ds, plain_steps=D.plain_steps if verbose else 0,
     )
-    after = (lambda: err.print(describe_stats(session.last, load_s), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
+    if verbose:  # the load once; each reply's speeds after it
+        err.print(f"load {load_s:.2f} s", highlight=False)
+    after = (lambda: err.print(describe_stats(session.last, None), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
     if sys.stdin.isatty():
         lenient_stdin(sys.stdin)  # invalid UTF-8 typed in: replaced with a note (chat.py), no traceback
         interactive(session, Console(), after=after)
     else:
-        scripted(session, stdin_lines(sys.stdin), after=after)
+        scripted(session, stdin_lines(sys.stdin), after=after, console=Console(stderr=True))
 
 
 @app.command()
 @user_errors
 def quantize(
     model: str = typer.Argument(..., metavar="IN", help="GGUF file, Hugging Face safetensors folder, or model name"),
-    out: Optional[str] = typer.Argument(None, metavar="OUT", help="output GGUF file (not needed with --dry-run)"),
-    type_name: Optional[str] = typer.Option(None, "--type", "-t", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K MXFP4_MOE (or MXFP4)"),
+    out: Optional[str] = typer.Argument(None, metavar="[OUT]", help="output GGUF file (not needed with --dry-run)"),
+    type_arg: Optional[str] = typer.Argument(None, metavar="[TYPE]", help="the preset, as llama-quantize's third argument (or --type)"),
+    type_name: Optional[str] = typer.Option(None, "--type", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K MXFP4_MOE (or MXFP4)"),
     target_bpw: Optional[float] = typer.Option(None, "--target-bpw", help="mixed precision: choose each tensor's type from measured sensitivity to land at X bits per weight"),
     target_size: Optional[str] = typer.Option(None, "--target-size", metavar="SIZE", help="like --target-bpw, for a file of SIZE (bytes, or with K/M/G: KiB/MiB/GiB)"),
     calib: Optional[str] = typer.Option(None, "--calib", metavar="FILE", help="calibration text for --target-* and --imatrix (default: a built-in text)"),
@@ -333,23 +376,39 @@ def quantize(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (types, sizes, predicted error) and write nothing"),
     device: str = typer.Option("auto", "--device", help="where the encoders run: auto (cuda if available, else cpu), cpu or cuda"),
     tokenizer_from: Optional[str] = typer.Option(None, "--tokenizer-from", metavar="GGUF", help="safetensors input, optional: copy the tokenizer metadata from this GGUF of the same model instead of building it from tokenizer.json / tokenizer.model"),
+    allow_requantize: bool = typer.Option(False, "--allow-requantize", help="allow re-quantizing tensors already quantized (llama-quantize's flag: quality is lost against quantizing from 16 or 32 bits)"),
+    threads: Optional[int] = OPT_THREADS,
+    json_out: bool = typer.Option(False, "--json", help="with --dry-run: print the plan as one JSON object"),
 ):
-    """Write a GGUF file: a preset with llama.cpp's per-tensor rules (--type), or per-layer mixed precision
-    chosen from measured sensitivity to hit a size (--target-bpw / --target-size)."""
+    """Write a GGUF file: a preset (IN OUT TYPE) or mixed precision (--target-bpw / --target-size).
+
+    A preset follows llama.cpp's per-tensor rules (TYPE as llama-quantize's third argument, or --type);
+    mixed precision chooses each tensor's type from measured sensitivity to hit a size. An input already
+    quantized is refused unless --allow-requantize (llama-quantize's rule)."""
     from localllm.quantize.plan import plan_table, total_bpw, total_bytes
-    from localllm.commands.quantize_cmd import quantize_model
+    from localllm.commands.inputs import quantize_type
+    from localllm.commands.quantize_cmd import parse_size, quantize_model
+    from localllm.commands.reports import plan_record
 
-    from localllm.commands.quantize_cmd import parse_size
-
+    out, type_name = quantize_type(out, type_arg, type_name, dry_run)
     if type_name is None and target_bpw is None and target_size is None:
-        raise LocalLLMError("give --type TYPE, or --target-bpw X / --target-size SIZE for mixed precision")
+        raise LocalLLMError("give TYPE (IN OUT TYPE, or --type TYPE), or --target-bpw X / --target-size SIZE for mixed precision")
+    if json_out and not dry_run:
+        raise LocalLLMError("--json is for --dry-run (the plan); a written file is reported on stderr")
+    use_threads(threads)
     result = quantize_model(
         model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from, target_bpw=target_bpw,
         target_size=parse_size(target_size) if target_size else None, calib=calib, imatrix_file=imatrix,
+        allow_requantize=allow_requantize,
     )
     size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
+    if json_out:
+        print(json.dumps(plan_record(result.preset.name, result.plan, result.errors)))
+        return
     if dry_run:
-        Console().print(plan_table(result.plan, result.errors, title=f"{result.preset.name} plan"))
+        # at its own width, never folded: a tensor name stays whole in a pipe or a narrow terminal
+        table = plan_table(result.plan, result.errors, title=f"{result.preset.name} plan")
+        Console(width=unfolded_width(table)).print(table)
         return
     err.print(f"wrote {escape(str(result.out))}: {result.preset.name}, {size}, {result.seconds:.1f} s", highlight=False, soft_wrap=True)
 
@@ -358,8 +417,9 @@ def quantize(
 @user_errors
 def perplexity(
     model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    model_opt: Optional[str] = OPT_MODEL,
     file: str = typer.Option(..., "--file", "-f", help="UTF-8 text file to evaluate"),
-    ctx: int = typer.Option(512, "--ctx", "-c", help="tokens per chunk; the second half of each chunk is scored"),
+    ctx: int = typer.Option(512, "--ctx", "-c", "--ctx-size", help="tokens per chunk; the second half of each chunk is scored"),
     kld_base: Optional[str] = typer.Option(
         None, "--kld-base", help="KL divergence from this base: a model (path or name) or a file written by --save-logits"
     ),
@@ -371,18 +431,25 @@ def perplexity(
     device: str = OPT_DEVICE,
     dtype: Optional[str] = OPT_DTYPE,
     threads: Optional[int] = OPT_THREADS,
+    n_gpu_layers: Optional[int] = OPT_NGL,
+    json_out: bool = typer.Option(False, "--json", help="print the result as one JSON object on stdout"),
 ):
-    """Perplexity of a model over a text, as llama.cpp's perplexity computes it (ctx-token chunks, second
-    halves scored), and with --kld-base its KL divergence from a base model."""
+    """Perplexity of a model over a text, and its KL divergence from a base model (--kld-base).
+
+    As llama.cpp's perplexity computes it: ctx-token chunks, the second half of each scored."""
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from localllm.commands import evaluate as ev
+    from localllm.commands.inputs import one_model
+    from localllm.device import gpu_layers_notice
+    from localllm.commands.reports import evaluation_record
     from localllm.load import load_tokenizer
     from localllm.runner import open_model
 
     ev.check_chunking(ctx, chunks, batch)
+    model = one_model(model, model_opt)
     use_threads(threads)
     text = ev.read_text(file)
     if save_logits is not None and not Path(save_logits).expanduser().resolve().parent.is_dir():
@@ -391,6 +458,8 @@ def perplexity(
     if kld_base is not None and base_file is None:
         base_tokenizer = load_tokenizer(kld_base)  # a vocabulary mismatch fails before any weights load
     lm = open_model(model, device, dtype)
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
+        note(notice)
     evaluated = ev.chunks_for(lm, text, ctx, chunks)
     if base_file is not None:
         base_file.check(evaluated, lm.config.vocab_size)
@@ -413,6 +482,11 @@ def perplexity(
             running = f"PPL {result.ppl:.4f}" + (f", KLD {result.kld.mean:.6f}" if result.kld else "")
             progress.update(task, completed=result.chunks_done, description=running)
     assert result is not None
+    if json_out:
+        print(json.dumps(evaluation_record(result)))
+        if save_logits is not None:
+            err.print(f"log-probs saved to {save_logits}", highlight=False, soft_wrap=True)
+        return
     chunk_word = "chunk" if result.n_chunks == 1 else "chunks"
     print(f"PPL = {result.ppl:.4f} ± {result.ppl_stderr:.5f} ({result.n_chunks} {chunk_word} of {result.ctx} tokens, "
           f"{result.count} scored)")
@@ -429,6 +503,7 @@ def perplexity(
 @user_errors
 def bench(
     models: List[str] = typer.Argument(None, metavar="[MODEL]...", help="model paths or names (none with --synthetic)"),
+    model_opts: List[str] = typer.Option([], "-m", "--model", metavar="MODEL", help="a model path or name, as llama-bench's -m (repeatable)"),
     synthetic: List[str] = typer.Option([], "--synthetic", help="shape preset of models.toml for a random-weight model (repeatable, or comma-separated)"),
     wtype: List[str] = typer.Option(["bf16"], "--type", help="synthetic weight type: bf16, Q8_0, Q4_0, Q4_K_M, MXFP4_MOE (experts MXFP4, the rest Q8_0) or a GGUF type (repeatable, or comma-separated)"),
     prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths, comma-separated"),
@@ -445,8 +520,10 @@ def bench(
     draft_min_p: float = OPT_DRAFT_MIN_P,
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
+    n_gpu_layers: Optional[int] = OPT_NGL,
 ):
     """Prompt-processing and generation speed, with the share of the roofline measured in-process.
+
     With --draft or --lookup: greedy generation with speculative decoding against plain decoding, both
     measured in this run (acceptance rate, tokens per target pass, speedup, and whether the ids agree)."""
     from localllm.commands.bench import check_grid, run_bench
@@ -454,6 +531,9 @@ def bench(
     from localllm.commands.spec_bench import run_spec_bench
 
     flat = lambda xs: [y.strip() for x in xs for y in x.split(",") if y.strip()]  # noqa: E731
+    from localllm.device import gpu_layers_notice, pick_device
+
+    models = [*(models or []), *model_opts]
     if not models and not synthetic:
         raise LocalLLMError("give a MODEL or --synthetic PRESET")
     if output not in ("md", "json", "csv"):
@@ -463,6 +543,8 @@ def bench(
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     spec = ds.draft is not None or ds.lookup
     check_grid(prompts, gens, depths, reps, batches, least_gen=1 if spec else 0)
+    if notice := gpu_layers_notice(n_gpu_layers, pick_device(device)):
+        note(notice)
     use_threads(threads)
     if spec:
         text = run_spec_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, reps, device, dtype, ds, output)

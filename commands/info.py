@@ -57,9 +57,24 @@ def model_info(spec: str | None) -> dict[str, Any]:
         "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, head dim {cfg.head_dim})",
         "vocab_size": cfg.vocab_size,
         "tokenizer": tok.kind + (f" (pre-tokenizer {tok.pre})" if getattr(tok, "pre", None) else ""),
-        "chat_template": tok.chat_template is not None,
+        "chat_template": describe_template(tok.chat_template),
     }
     return out | family_facts(cfg)
+
+
+def describe_template(source: str | None, width: int = 60) -> str:
+    """The model's chat template in a few words: a built-in name when it is one of them, else "from the
+    file" with its first non-blank line (cut at `width` characters); none: what `chat` uses instead."""
+    from localllm.chat_template import BUILTIN_TEMPLATES
+
+    if source is None:
+        return "none (chat uses chatml)"
+    for name, builtin in BUILTIN_TEMPLATES.items():
+        if source.strip() == builtin.strip():
+            return name
+    first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+    shown = first if len(first) <= width else first[: width - 3] + "..."
+    return f"from the file: {shown}" if shown else "from the file"
 
 
 def family_facts(cfg) -> dict[str, str]:

@@ -118,11 +118,14 @@ def quantize_model(
     calib: str | None = None,
     progress: bool = True,
     sample_rows: int = 16,
+    allow_requantize: bool = True,
 ) -> QuantizeResult:
     """Quantize model `inp` to OUT with preset `type_name` (or only plan it, with dry_run).
 
     imatrix: GGUF tensor name -> (cols,) mean of x^2 per input column, used by the encoders and the
-    presets' imatrix rules. target_bpw / target_size / calib: reserved for mixed-precision plans."""
+    presets' imatrix rules. target_bpw / target_size / calib: reserved for mixed-precision plans.
+    allow_requantize False: llama-quantize's rule (the CLI's default), a write that would re-encode an
+    already quantized tensor to another type is refused (check_requantize)."""
     start = time.perf_counter()
     mixed = target_bpw is not None or target_size is not None
     check_targets(target_bpw, target_size)
@@ -158,9 +161,27 @@ def quantize_model(
         named = {t.info.name: t for t in src.tensors}
         errors = measure_errors(plan, lambda name, idx: named[name].read_rows(idx), sample_rows, dev)
         return QuantizeResult(preset, plan, errors, None, time.perf_counter() - start)
+    if not allow_requantize:
+        check_requantize(plan)
     check_output(Path(out), [path, *src.files])
     written = write_source(src, plan, preset, Path(out), dev, imatrix, progress)
     return QuantizeResult(preset, plan, None, written, time.perf_counter() - start)
+
+
+UNQUANTIZED = {Q.F32, Q.F16, Q.BF16}
+
+
+def check_requantize(plan: Sequence[PlanRow]) -> None:
+    """llama-quantize's rule (llama-quant.cpp: "requantizing from type %s is disabled"): a tensor stored
+    quantized may be copied as it is, never re-encoded to another type, unless --allow-requantize. Its
+    values are already rounded: Q4_1 -> Q8_0 writes a bigger file with no gain."""
+    requant = [r for r in plan if r.source not in UNQUANTIZED and r.target != r.source]
+    if requant:
+        first = requant[0]
+        raise LocalLLMError(
+            f"the input is already quantized ({first.name} is {first.source.name}; {len(requant)} tensors would be "
+            f"re-quantized, e.g. to {first.target.name}): requantizing loses quality for no gain in size over "
+            "quantizing the 16/32-bit model; give --allow-requantize to do it anyway")
 
 
 def calib_text(calib: str | None) -> str:
@@ -395,7 +416,12 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
 
 def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED,
                        ) -> dict[str, MetaValue]:
-    """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes."""
+    """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes. From
+    open_gguf's values and types (its metadata cache: no second parse of a large vocabulary); a cache
+    entry without the types falls back to gguf's reader."""
+    f = open_gguf(path)
+    if f.value_types is not None:
+        return {key: typed_value(key, value, *f.value_types[key]) for key, value in f.metadata.items() if keep(key)}
     reader = gguf.GGUFReader(path, "r")
     out = {}
     for key, field in reader.fields.items():
@@ -403,6 +429,20 @@ def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key
             continue
         out[key] = _meta_value(key, field)
     return out
+
+
+def typed_value(key: str, value, vtype: int, item: int | None) -> MetaValue:
+    """A plain metadata value (gguf_meta.read_kv_section's: strings decoded, arrays as lists) with its
+    GGUF type -> what the writer copies (strings as their UTF-8 bytes, as _meta_value gives them)."""
+    if vtype == V.STRING:
+        return MetaValue(value.encode("utf-8"), V.STRING)
+    if vtype != V.ARRAY:
+        return MetaValue(value, V(vtype))
+    if not value:
+        raise LocalLLMError(f"metadata key {key!r} is an empty or nested array, which localllm cannot copy")
+    if item == V.STRING:
+        return MetaValue([s.encode("utf-8") for s in value], V.ARRAY, V.STRING)
+    return MetaValue(list(value), V.ARRAY, V(item))
 
 
 def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:

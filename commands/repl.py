@@ -2,7 +2,8 @@
 
 Interactive (stdin is a terminal): a rich prompt, slash commands, multi-line input, Ctrl-C stops the
 reply and keeps the session, Ctrl-D leaves. Scripted (stdin is not a terminal): each input line is one
-user message, each reply is printed, and the loop ends at end of input.
+user message, or a slash command (handled, never sent to the model), each reply is printed, and the loop
+ends at end of input or /exit.
 """
 
 from __future__ import annotations
@@ -127,10 +128,17 @@ def interactive(
 
 
 def scripted(
-    session: ChatSession, lines: TextIO, out: TextIO | None = None, after: Callable[[], None] = lambda: None
+    session: ChatSession, lines: TextIO, out: TextIO | None = None, after: Callable[[], None] = lambda: None,
+    console: Console | None = None,
 ) -> None:
+    """One user message per line; a line starting with / is a chat command as in the interactive loop
+    (never sent to the model), its output on `console` (stderr: stdout holds only the replies)."""
     out = out or sys.stdout  # looked up now, not at import: sys.stdout may have been replaced since
+    console = console or Console(stderr=True)
     for line in lines:
         text = line.rstrip("\n")
-        if text.strip():
+        if text.startswith("/"):
+            if not run_command(session, text, console):
+                return
+        elif text.strip():
             stream_reply(session, text, out, after)

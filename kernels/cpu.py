@@ -116,6 +116,8 @@ def extension(folder: Path):
         return module
     from torch.utils import cpp_extension
 
+    from localllm.progress import elapsed_spinner
+
     here = Path(__file__).resolve().parent
     folder.mkdir(parents=True, exist_ok=True)
     print(f"building localllm's CPU kernels into {folder} (about a minute, once) ...", file=sys.stderr)
@@ -123,14 +125,15 @@ def extension(folder: Path):
         if old != folder:
             shutil.rmtree(old, ignore_errors=True)
     try:
-        return cpp_extension.load(
-            name="localllm_cpu",
-            sources=[str(here / s) for s in SOURCES],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            verbose=False,
-        )
+        with elapsed_spinner("building localllm's CPU kernels (once)"):
+            return cpp_extension.load(
+                name="localllm_cpu",
+                sources=[str(here / s) for s in SOURCES],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                verbose=False,
+            )
     except (RuntimeError, OSError, ImportError) as e:  # no compiler, or a CPU the sources do not support
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         print(f"note: localllm's CPU kernels did not build ({reason}); using the slower torch path", file=sys.stderr)

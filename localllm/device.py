@@ -93,3 +93,16 @@ def set_threads(threads: int | None) -> str | None:
     n, notice = thread_count(threads)
     torch.set_num_threads(n)
     return notice
+
+
+def gpu_layers_notice(n_gpu_layers: int | None, device: str | torch.device) -> str | None:
+    """llama.cpp's -ngl N, accepted for its users: localllm never splits a model between CPU and GPU, so
+    the notice says where every layer runs (device: the loaded model's)."""
+    if n_gpu_layers is None:
+        return None
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return f"-ngl {n_gpu_layers} is ignored: the model runs on the CPU (no GPU in use; --device picks one)"
+    where = {"cuda": "GPU", "mps": "Apple GPU (MPS)"}.get(kind, kind)
+    return (f"-ngl {n_gpu_layers}: every layer runs on the {where} (localllm does not split a model between "
+            "CPU and GPU; --device cpu runs it all on the CPU)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from localllm.kernels.qweight import QWeight
 
-from .model import Linear, Transformer
+from .model import Linear, QEmbedding, Transformer
 from .moe import ExpertLinear
 
 
@@ -48,9 +48,17 @@ def kv_bytes_per_token(cache, context: float) -> float:
     return 2 * cache.k.shape[0] * b * hkv * d * context * cache.k.element_size()
 
 
+def embedding_weights(model: Transformer) -> list:
+    """Embedding tables kept as the file's blocks (QEmbedding: not torch parameters). A tied output
+    reads the same table: counted once."""
+    return [m.weight for m in model.modules() if isinstance(m, QEmbedding)]
+
+
 def model_stats(model: Transformer) -> tuple[int, int]:
-    """(bytes of weights held, parameter count): dense parameters plus quantized weights."""
-    qws = [w for w in linear_weights(model) + expert_weights(model) if isinstance(w, QWeight)]
+    """(bytes of weights held, parameter count): dense parameters plus quantized weights (linears,
+    experts, and embedding tables kept quantized), as `info` counts the file's tensors."""
+    qws = [w for w in linear_weights(model) + expert_weights(model) + embedding_weights(model)
+           if isinstance(w, QWeight)]
     held = sum(nbytes(p) for p in model.parameters()) + sum(w.nbytes for w in qws)
     return held, sum(p.numel() for p in model.parameters()) + sum(numel(w) for w in qws)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from .settings import DEFAULT_CPU, DEFAULT_FILES
 
-FORMAT = 2  # entries of another format are ignored (and pruned in time)
+FORMAT = 3  # entries of another format are ignored (and pruned in time); 3 added each key's value type
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Header:
     metadata: dict[str, Any]  # GGUF key -> plain python value, as gguf_file.read_metadata_fields gives
     kv_end: int  # byte offset where the tensor table starts
     alignment_offset: int | None  # byte offset of the general.alignment key/value, if the file has one
+    # GGUF key -> (value type, an array's item type or None): what a copy of the key writes (quantize)
+    types: dict[str, tuple[int, int | None]] | None = None
 
 
 def entry_path(path: Path, folder: Path) -> Path:
@@ -78,7 +80,13 @@ def parse_entry(text: str, file_size: int) -> tuple[Header, str] | None:
         return None
     if not isinstance(meta, dict):
         return None
-    return Header(meta, kv_end, align), digest
+    types = entry.get("types")
+    if types is not None and not (isinstance(types, dict) and types.keys() == meta.keys() and all(
+            isinstance(t, list) and len(t) == 2 and type(t[0]) is int and (t[1] is None or type(t[1]) is int)
+            for t in types.values())):
+        return None
+    types = None if types is None else {k: (t[0], t[1]) for k, t in types.items()}
+    return Header(meta, kv_end, align, types), digest
 
 
 def read_header(path: Path, folder: Path) -> Header | None:
@@ -107,7 +115,8 @@ def write_header(path: Path, folder: Path, header: Header) -> None:
     if digest is None:
         return
     body = json.dumps({"format": FORMAT, "sha256": digest, "kv_end": header.kv_end,
-                       "alignment_offset": header.alignment_offset, "metadata": header.metadata})
+                       "alignment_offset": header.alignment_offset, "metadata": header.metadata,
+                       "types": header.types})
     stamp = hashlib.sha256(body.encode()).hexdigest()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ Every failure becomes one LocalLLMError line.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 from .errors import LocalLLMError
 from .gguf_cache import Header, read_header, write_header
 from .gguf_split import join_parts
+from .progress import elapsed_spinner
 from .gguf_meta import CorruptGGUF, KVReader, PastEnd, check_known_keys, read_kv_section
 from .settings import DEFAULT_CPU, DEFAULT_LIMITS, LoaderLimits
 
@@ -39,6 +41,9 @@ class GGUFFile:
     metadata: dict[str, Any]  # GGUF key -> plain python value (str, int, float, bool, list)
     tensors: dict[str, gguf.ReaderTensor]  # tensor name -> reader tensor (data is a memmap view)
     parts: tuple[Path, ...] = ()  # a split GGUF's files, path first (gguf_split.py); () for one file
+    # GGUF key -> (value type, an array's item type or None), as gguf.GGUFValueType ints; None: unknown
+    # (a cache entry written without them)
+    value_types: dict[str, tuple[int, int | None]] | None = None
 
 
 def read_metadata_fields(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -78,6 +83,7 @@ class _CheckedReader(gguf.GGUFReader):
         self.kv_end = 0
         self.metadata: dict[str, Any] = {}
         self.alignment_offset: int | None = None
+        self.value_types: dict[str, tuple[int, int | None]] | None = None
         # "c" (copy-on-write): numpy arrays that torch can wrap without a copy; the file is never written.
         super().__init__(path, "c")
 
@@ -98,11 +104,13 @@ class _CheckedReader(gguf.GGUFReader):
             if self.cached.alignment_offset is not None:
                 super()._build_fields(self.cached.alignment_offset, 1)
             self.metadata, self.kv_end = self.cached.metadata, self.cached.kv_end
+            self.value_types = self.cached.types
             return self.kv_end
         kv = KVReader(memoryview(self.data), "<" if self.byte_order == "I" else ">", self.limits.max_metadata_array)
         self.metadata, where, self.kv_end = read_kv_section(kv, int(offs), n_kv)
+        self.value_types = {k: (int(t), None if item is None else int(item)) for k, (_, t, item) in where.items()}
         if "general.alignment" in where:
-            self._push_alignment(*where["general.alignment"])
+            self._push_alignment(*where["general.alignment"][:2])
         return self.kv_end
 
     def _push_alignment(self, at: int, vtype: gguf.GGUFValueType) -> None:
@@ -195,8 +203,13 @@ def open_one_gguf(path: str | Path, cache_dir: Path | None, limits: LoaderLimits
     path = Path(path)
     _check_magic(path)
     cached = read_header(path, cache_dir) if cache_dir is not None else None
+    # The first parse of a large vocabulary takes seconds (19 s for qwen2's 151k tokens): a spinner after
+    # one second, on a terminal only; later opens read the cache (gguf_cache.py).
+    slow = elapsed_spinner(f"reading {path.name}'s metadata (once: cached for later runs)", delay=1.0) \
+        if cached is None else nullcontext()
     try:
-        reader = _CheckedReader(path, cached, limits)
+        with slow:
+            reader = _CheckedReader(path, cached, limits)
     except PastEnd as e:
         end, size = e.args
         raise LocalLLMError(
@@ -215,8 +228,8 @@ def open_one_gguf(path: str | Path, cache_dir: Path | None, limits: LoaderLimits
     except CorruptGGUF as e:
         raise LocalLLMError(f"{e.args[0]}: {path}") from None
     if cached is None and cache_dir is not None and reader.kv_end >= DEFAULT_CPU.header_cache_min_bytes:
-        write_header(path, cache_dir, Header(metadata, reader.kv_end, reader.alignment_offset))
-    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
+        write_header(path, cache_dir, Header(metadata, reader.kv_end, reader.alignment_offset, reader.value_types))
+    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors}, value_types=reader.value_types)
 
 
 def _reason(e: Exception) -> str:

@@ -92,7 +92,7 @@ def value_type(key: str, raw: int, offs: int) -> V:
 
 def read_kv_section(reader: KVReader, offs: int, count: int) -> tuple[dict[str, Any], dict[str, tuple], int]:
     """count key/value pairs from offs -> (key -> value, key -> (byte offset of its entry, its GGUF value
-    type), offset where the section ends)."""
+    type, an array's item type or None), offset where the section ends)."""
     values: dict[str, Any] = {}
     where: dict[str, tuple] = {}
     for _ in range(count):
@@ -101,8 +101,9 @@ def read_kv_section(reader: KVReader, offs: int, count: int) -> tuple[dict[str, 
         raw_type, offs = reader.scalar(offs, "I")
         if key in values:
             raise CorruptGGUF(f"metadata key {key!r} appears twice (again at byte {at})")
+        raw_item = reader.scalar(offs, "I")[0] if raw_type == V.ARRAY else None  # value() checks it
         values[key], offs = reader.value(key, raw_type, offs)
-        where[key] = (at, V(raw_type))
+        where[key] = (at, V(raw_type), None if raw_item is None else V(raw_item))
     return values, where, offs
 
 

@@ -1,12 +1,14 @@
-"""A rich progress bar for long library work reported as (stage, done, total) callbacks."""
+"""Progress on stderr for long library work: bars for work reported as (stage, done, total) callbacks,
+and a spinner with the elapsed time for one long step that reports nothing (a C++ build, a first parse)."""
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 @contextmanager
@@ -28,3 +30,36 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
 
     with bars:
         yield report
+
+
+@contextmanager
+def elapsed_spinner(description: str, delay: float = 0.0, console: Console | None = None) -> Iterator[None]:
+    """A spinner, `description` and the elapsed time on a terminal's stderr while the block runs, shown
+    once it has run `delay` seconds (quick work stays quiet) and removed when it ends. Not a terminal
+    (a pipe, a log file): nothing, so that scripts read no redrawn lines."""
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    bar = Progress(SpinnerColumn(), TextColumn(description), TimeElapsedColumn(), console=console, transient=True)
+    bar.add_task(description, total=None)
+    lock = threading.Lock()
+    state = {"started": False, "done": False}
+
+    def start() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["started"] = True
+
+    timer = threading.Timer(delay, start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["started"]:
+                bar.stop()

@@ -80,9 +80,11 @@ def timed_drafter(lm: LoadedModel, ds: DraftSettings, sampling: SamplingSettings
     return drafter, time.perf_counter() - t0
 
 
-def describe_stats(stats: Stats, load_seconds: float) -> str:
+def describe_stats(stats: Stats, load_seconds: float | None) -> str:
+    """One run's speeds; load_seconds None leaves the load out (chat says it once, not every reply)."""
     line = (
-        f"load {load_seconds:.2f} s | prompt {stats.prompt_tokens} tokens, {stats.prompt_tps():.1f} tokens/s"
+        (f"load {load_seconds:.2f} s | " if load_seconds is not None else "")
+        + f"prompt {stats.prompt_tokens} tokens, {stats.prompt_tps():.1f} tokens/s"
         f" | generated {stats.generated_tokens} tokens, {stats.generate_tps():.1f} tokens/s"
     )
     return line + "\n" + describe_speculative(stats) if isinstance(stats, SpecStats) else line

@@ -232,7 +232,7 @@ def wait_for_partial(proc: subprocess.Popen, folder: Path, timeout: float = 240)
 
 def test_sigterm_cleans_up(tmp_path):
     out = tmp_path / "out.gguf"
-    proc = start_cli("quantize", default_model(), out, "--type", "Q8_0")
+    proc = start_cli("quantize", default_model(), out, "--type", "Q8_0", "--allow-requantize")
     wait_for_partial(proc, tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
@@ -243,7 +243,7 @@ def test_sigterm_cleans_up(tmp_path):
 
 def test_sigkill_partial_removed_by_next_run(small, tmp_path):
     out = tmp_path / "out.gguf"
-    proc = start_cli("quantize", default_model(), out, "--type", "Q8_0")
+    proc = start_cli("quantize", default_model(), out, "--type", "Q8_0", "--allow-requantize")
     partial = wait_for_partial(proc, tmp_path)
     proc.kill()
     proc.communicate(timeout=60)

@@ -190,6 +190,11 @@ class Tokenizer:
             piece = self._piece_cache[token_id] = self._piece(self._index(token_id), skip_special=True)
         return piece
 
+    def piece_bytes(self, token_id: int) -> bytes:
+        """The bytes this token stands for, special tokens written out (llama.cpp's token_to_piece with
+        special=true, what llama-tokenize prints): " w" for "Ġw", b"\\n" for "<0x0A>"."""
+        return self._piece(self._index(token_id), skip_special=False)
+
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         if skip_special:
             data = b"".join(self.token_bytes(i) for i in ids)
