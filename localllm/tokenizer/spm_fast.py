@@ -144,6 +144,7 @@ class FastSpm:
         self._sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
         self._words = word_pattern(tokens).findall
         self._cache: dict[str, list[int]] = {}
+        self.cache_words = CACHE_WORDS
 
     def encode(self, text: str) -> list[int]:
         """Ids of text (spaces already "▁", prefix already added), as llama.cpp's SPM gives them."""
@@ -152,7 +153,7 @@ class FastSpm:
             return []
         cache = self._cache
         new = [w for w in dict.fromkeys(words) if w not in cache]
-        if len(cache) + len(new) > CACHE_WORDS:
+        if len(cache) + len(new) > self.cache_words:
             cache.clear()
             new = list(dict.fromkeys(words))
         if new:
