@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import random
+import struct
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_long_text_with_word_cache():
     text = "".join(text for text, _ in read_cases("llama-spm")) * 3 + " ".join(fuzz_texts(4, 50))
     esc = (" " + text).replace(" ", SPACE)
     want = spm_tokenize(esc, tok._to_id, tok._scores, tok._byte_ids)
-    fast = spm_fast.FastSpm(spm_fast.fast_spm_model(tok._tokens, tok._scores, tok._unk_id)[0], tok._tokens)
+    fast = spm_fast.FastSpm(spm_fast.fast_spm_model(tok._tokens, tok._scores, tok._unk_id, tok._to_id)[0], tok._tokens)
     assert fast.encode(esc) == want
     assert fast.encode(esc) == want
     fast.cache_words = 5  # a full cache starts over
@@ -130,6 +131,9 @@ def test_tiny_vocab_rules(prefix):
     (lambda t, s, ty: (t + ["<0x", "0A>"], s + [0.0, 0.0], ty + [1, 1]), "can merge into '<0x0A>'"),
     (lambda t, s, ty: (t + ["<unk", "<u"], s + [0.0, 0.0], ty + [1, 1]), "can merge into '<unk>'"),
     (lambda t, s, ty: (t, [0.1] + s[1:], ty), "not a float32"),
+    (lambda t, s, ty: (t, [float("nan")] + s[1:], ty), "not a float32"),
+    (lambda t, s, ty: (t + ["q\x00"], s + [0.0], ty + [1]), "holds NUL"),
+    (lambda t, s, ty: (t + ["q" * 4001], s + [0.0], ty + [1]), "longer than 4000"),
 ])
 def test_vocabs_the_fast_path_refuses(change, reason):
     """Each vocab sentencepiece could not run exactly keeps the Python merge, which still works."""
@@ -144,3 +148,45 @@ def test_one_character_unknown_token_is_refused():
     tokens[0] = "?"
     tok = tiny_spm(tokens, scores, types)
     assert tok._fast is None and "one character" in tok.fast_reason
+
+
+def reference_proto(tokens, scores, types) -> bytes:
+    """model_proto's bytes written field by field (protobuf wire format: key = field << 3 | wire type)."""
+    def varint(n):
+        out = b""
+        while n > 0x7F:
+            out, n = out + bytes([n & 0x7F | 0x80]), n >> 7
+        return out + bytes([n])
+
+    def text(field, data):
+        return varint(field << 3 | 2) + varint(len(data)) + data
+
+    pieces = b"".join(text(1, text(1, t.encode()) + b"\x15" + struct.pack("<f", s) + b"\x18" + varint(ty))
+                      for t, s, ty in zip(tokens, scores, types))
+    trainer = text(2, b"\x18\x02" + varint(35 << 3) + b"\x01")  # model_type BPE, byte_fallback
+    normalizer = text(3, text(1, b"identity") + b"\x18\x00\x20\x00\x28\x00")  # no prefix/trim/escape
+    return pieces + trainer + normalizer
+
+
+@pytest.mark.parametrize("nul", [False, True])
+def test_model_proto_layout(nul):
+    """The numpy layout equals the field-by-field one, for texts whose sizes need two-byte varints and
+    multi-byte characters (and, on the second run, NUL inside a text); sentencepiece reads it back."""
+    import sentencepiece
+
+    tokens, scores, types = tiny_vocab()
+    tokens += ["x" * 119, "y" * 120, "z" * 300, "é" * 64, "🦙" * 1000] + (["a\x00b"] if nul else [])
+    scores += [-1.5, -2.25, -3.0, 1e-30, -1e30] + ([-7.0] if nul else [])
+    kinds = [2 if i == 0 else 6 if t in BYTES else 1 for i, t in enumerate(tokens)]
+    proto = spm_fast.model_proto(tokens, scores, kinds)
+    assert proto == reference_proto(tokens, scores, kinds)
+    if nul:  # sentencepiece refuses a piece with NUL; such a vocab keeps the Python merge
+        assert spm_fast.fast_spm(tokens, scores, 0, {t: i for i, t in enumerate(tokens)})[1] == \
+            "a token text holds NUL"
+        return
+    sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == tokens
+    assert [sp.get_score(i) for i in range(len(tokens))] == [struct.unpack("<f", struct.pack("<f", s))[0]
+                                                           for s in scores]
+    assert [i for i in range(len(tokens)) if sp.is_byte(i)] == [tokens.index(b) for b in BYTES]
+    assert sp.unk_id() == 0

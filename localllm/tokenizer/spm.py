@@ -17,7 +17,7 @@ import heapq
 from collections.abc import Sequence
 
 from .base import Tokenizer
-from .spm_fast import FastSpm, fast_spm_model
+from .spm_fast import FastSpm, fast_spm
 
 SPACE = "\u2581"  # "▁", SentencePiece's escaped space
 
@@ -47,9 +47,7 @@ class SpmTokenizer(Tokenizer):
         self._fast: FastSpm | None = None
         self.fast_reason = "not asked for"
         if fast:
-            proto, self.fast_reason = fast_spm_model(self._tokens, self._scores, self._unk_id)
-            if proto is not None:
-                self._fast = FastSpm(proto, self._tokens)
+            self._fast, self.fast_reason = fast_spm(self._tokens, self._scores, self._unk_id, self._to_id)
 
     def _byte_table(self) -> list[int | None]:
         """byte value -> token id (llama.cpp byte_to_token: "<0xNN>", else the 1-char token)."""

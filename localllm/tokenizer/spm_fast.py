@@ -21,11 +21,11 @@ ids of words already seen are kept (a long text repeats its words).
 
 from __future__ import annotations
 
-import math
 import re
-import struct
 from collections.abc import Sequence
 from itertools import chain
+
+import numpy as np
 
 SPACE = "\u2581"
 CACHE_WORDS = 1 << 18  # distinct words whose ids are kept; the cache starts over when it is full
@@ -61,23 +61,60 @@ def _int_field(field: int, value: int) -> bytes:
 
 def model_proto(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]) -> bytes:
     """A serialized sentencepiece ModelProto: BPE with byte fallback, the pieces as given (types are
-    sentencepiece's), and an identity normalizer (the caller escapes spaces and adds the prefix)."""
-    piece_tag, score_tag, type_tag = _tag(_PIECE, 2), _tag(_SCORE, 5), _tag(_TYPE, 0)
-    outer = _tag(_PIECES, 2)
-    parts = []
-    for text, score, ptype in zip(tokens, scores, types):
-        raw = text.encode("utf-8")
-        body = b"".join((piece_tag, _varint(len(raw)), raw, score_tag, struct.pack("<f", score),
-                         type_tag, _varint(ptype)))
-        parts.append(outer + _varint(len(body)) + body)
+    sentencepiece's), and an identity normalizer (the caller escapes spaces and adds the prefix).
+
+    The pieces are laid out with numpy (a 256k vocab in a fraction of a second): each is
+    [tag, varint(body size), tag, varint(text size), text, tag, f32 score, tag, type], the varints
+    one or two bytes: texts must be shorter than 16 KiB (fast_spm_model checks)."""
+    text, n = _utf8_texts(tokens)
+    vlen = lambda x: 1 + (x >= 128)  # noqa: E731 - varint sizes of values below 2**14
+    body = 1 + vlen(n) + n + 5 + 2
+    start = np.zeros(len(tokens) + 1, dtype=np.int64)
+    np.cumsum(1 + vlen(body) + body, out=start[1:])
+    out = np.zeros(int(start[-1]), dtype=np.uint8)
+    pos = start[:-1].copy()
+
+    def put(values, width=None) -> None:  # write values (one byte, or a varint) at pos, advance pos
+        nonlocal pos
+        values = np.broadcast_to(np.asarray(values, dtype=np.int64), pos.shape)
+        if width is None:  # one byte
+            out[pos] = values
+            pos = pos + 1
+            return
+        two = width == 2
+        out[pos] = np.where(two, values & 0x7F | 0x80, values)
+        out[pos[two] + 1] = values[two] >> 7
+        pos = pos + width
+
+    put(_tag(_PIECES, 2)[0])
+    put(body, vlen(body))
+    put(_tag(_PIECE, 2)[0])
+    put(n, vlen(n))
+    out[np.repeat(pos - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(len(text))] = text
+    pos = pos + n
+    put(_tag(_SCORE, 5)[0])
+    score = np.asarray(scores).astype("<f4").view(np.uint8).reshape(-1, 4)
+    for k in range(4):
+        out[pos + k] = score[:, k]
+    pos = pos + 4
+    put(_tag(_TYPE, 0)[0])
+    put(np.asarray(types, dtype=np.int64))  # types < 128: one byte
     trainer = _int_field(_MODEL_TYPE, _BPE) + _int_field(_BYTE_FALLBACK, 1)
     normalizer = (_bytes_field(_NAME, b"identity") + _int_field(_ADD_DUMMY_PREFIX, 0)
                   + _int_field(_REMOVE_EXTRA_WHITESPACES, 0) + _int_field(_ESCAPE_WHITESPACES, 0))
-    return b"".join(parts) + _bytes_field(_TRAINER, trainer) + _bytes_field(_NORMALIZER, normalizer)
+    return out.tobytes() + _bytes_field(_TRAINER, trainer) + _bytes_field(_NORMALIZER, normalizer)
 
 
-def _f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+def _utf8_texts(tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(the UTF-8 bytes of all texts one after the other, each text's byte count)."""
+    joined = "\x00".join(tokens)
+    if joined.count("\x00") == len(tokens) - 1:  # no NUL inside a text: one encode, cut at the NULs
+        data = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+        cuts = np.flatnonzero(data == 0)
+        n = np.diff(cuts, prepend=-1, append=len(data)) - 1
+        return data[data != 0], n
+    raws = [t.encode("utf-8") for t in tokens]
+    return np.frombuffer(b"".join(raws), dtype=np.uint8), np.fromiter(map(len, raws), dtype=np.int64)
 
 
 def _mergeable(text: str, to_id: dict[str, int]) -> bool:
@@ -90,15 +127,18 @@ def _mergeable(text: str, to_id: dict[str, int]) -> bool:
     return False
 
 
-def fast_spm_model(tokens: Sequence[str], scores: Sequence[float], unk_id: int | None
-                   ) -> tuple[bytes | None, str]:
+def fast_spm_model(tokens: Sequence[str], scores: Sequence[float], unk_id: int | None,
+                   to_id: dict[str, int]) -> tuple[bytes | None, str]:
     """(serialized ModelProto, "") when sentencepiece gives llama.cpp's ids for this vocab, else
-    (None, the reason)."""
-    to_id: dict[str, int] = {}
-    for i, text in enumerate(tokens):
-        if to_id.setdefault(text, i) != i:
-            # sentencepiece refuses duplicates; llama.cpp keeps the last id, our Python path the first
-            return None, f"token text {text!r} appears twice"
+    (None, the reason). to_id: text -> id of tokens."""
+    if len(to_id) != len(tokens):
+        # sentencepiece refuses duplicates; llama.cpp keeps the last id, our Python path the first
+        twice = next(t for i, t in enumerate(tokens) if to_id[t] != i)
+        return None, f"token text {twice!r} appears twice"
+    if "\x00".join(tokens).count("\x00") != len(tokens) - 1:
+        return None, "a token text holds NUL"  # sentencepiece refuses such pieces
+    if len(tokens) and max(map(len, tokens)) > 4000:
+        return None, "a token text is longer than 4000 characters"  # model_proto's two-byte sizes
     byte_ids = [to_id.get(f"<0x{b:02X}>") for b in range(256)]
     if None in byte_ids:
         # sentencepiece's byte fallback needs all 256; llama.cpp then uses 1-char tokens or <unk>
@@ -112,27 +152,40 @@ def fast_spm_model(tokens: Sequence[str], scores: Sequence[float], unk_id: int |
     for tid in reserved:
         if _mergeable(tokens[tid], to_id):
             return None, f"llama.cpp can merge into {tokens[tid]!r}, sentencepiece cannot"
-    if any(math.isnan(s) or _f32(s) != s for s in scores):
+    wide = np.asarray(scores, dtype=np.float64)
+    if not np.array_equal(wide, wide.astype(np.float32).astype(np.float64)):  # NaN is not equal either
         return None, "a score is not a float32"  # llama.cpp compares float32 scores
     types = [_NORMAL] * len(tokens)
     types[unk_id] = _UNKNOWN
     for tid in byte_ids:
         types[tid] = _BYTE
-    return model_proto(tokens, scores, types), ""
+    return model_proto(tokens, wide, types), ""
 
 
 def word_pattern(tokens: Sequence[str]) -> re.Pattern:
     """The words of an escaped text (findall): a word ends before a "▁" that follows a character c
     such that no token holds c + "▁", so no token, hence no merge, spans two words."""
-    joined = set()  # the characters c
-    for text in tokens:
-        pos = text.find(SPACE, 1)
-        while pos > 0:
-            joined.add(text[pos - 1])
-            pos = text.find(SPACE, pos + 1)
+    # the characters c; NUL joins the texts to search them in one go, so it comes in as well (one
+    # more character that does not cut: speed lost on texts with NUL, never exactness)
+    pieces = "\x00".join(tokens).split(SPACE)  # the character before each "▁" ends a piece ...
+    joined = {p[-1] for p in pieces[:-1] if p}
+    if "" in pieces[1:-1]:  # ... or is a "▁" itself
+        joined.add(SPACE)
     go_on = f"(?:(?<=[{''.join(re.escape(c) for c in sorted(joined))}]){SPACE}[^{SPACE}]*)*" if joined else ""
     # a first character, the non-"▁" run after it, then each "▁" the previous character holds on to
     return re.compile(f"(?s:.)[^{SPACE}]*{go_on}")
+
+
+def fast_spm(tokens: Sequence[str], scores: Sequence[float], unk_id: int | None, to_id: dict[str, int]
+             ) -> tuple[FastSpm | None, str]:
+    """(the sentencepiece engine, "") for a vocab it runs exactly, else (None, the reason)."""
+    proto, reason = fast_spm_model(tokens, scores, unk_id, to_id)
+    if proto is None:
+        return None, reason
+    try:
+        return FastSpm(proto, tokens), ""
+    except RuntimeError as e:  # a check of sentencepiece's own that the ones above do not foresee
+        return None, f"sentencepiece refuses it: {e}"
 
 
 class FastSpm:
