@@ -190,3 +190,16 @@ def test_model_proto_layout(nul):
                                                            for s in scores]
     assert [i for i in range(len(tokens)) if sp.is_byte(i)] == [tokens.index(b) for b in BYTES]
     assert sp.unk_id() == 0
+
+
+@pytest.mark.parametrize("joined", [set(), {SPACE}, {SPACE, "a"}, {"a", "]", "\\", "^", "-"}])
+def test_word_cuts(joined):
+    """The short regexes for the usual cases cut exactly where the general one does, and the general
+    one cuts before a "▁" exactly when the character before it is not in joined."""
+    alphabet = [SPACE, SPACE, "a", "b", "]", "\\", "^", "-", "\n", "你"]
+    for text in fuzz_texts(6, 300, alphabet, longest=25):
+        words = spm_fast.words_regex(joined).findall(text)
+        assert words == spm_fast.words_regex(joined, general=True).findall(text)
+        assert "".join(words) == text and all(words)
+        cuts = [i for i in range(1, len(text)) if text[i] == SPACE and text[i - 1] not in joined]
+        assert [sum(map(len, words[:k])) for k in range(1, len(words))] == cuts

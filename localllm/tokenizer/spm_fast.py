@@ -171,7 +171,16 @@ def word_pattern(tokens: Sequence[str]) -> re.Pattern:
     joined = {p[-1] for p in pieces[:-1] if p}
     if "" in pieces[1:-1]:  # ... or is a "▁" itself
         joined.add(SPACE)
-    go_on = f"(?:(?<=[{''.join(re.escape(c) for c in sorted(joined))}]){SPACE}[^{SPACE}]*)*" if joined else ""
+    joined.discard(" ")  # escaped text holds no " "
+    return words_regex(joined)
+
+
+def words_regex(joined: set[str], general: bool = False) -> re.Pattern:
+    """word_pattern for the set of characters that hold on to a following "▁"."""
+    if not general and joined <= {SPACE}:  # the usual case, in a form the regex engine runs faster
+        return re.compile(f"{SPACE}+[^{SPACE}]*|[^{SPACE}]+" if joined else f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
+    keep = "".join(re.escape(c) for c in sorted(joined))
+    go_on = f"(?:(?<=[{keep}]){SPACE}[^{SPACE}]*)*" if joined else ""
     # a first character, the non-"▁" run after it, then each "▁" the previous character holds on to
     return re.compile(f"(?s:.)[^{SPACE}]*{go_on}")
 
