@@ -8,6 +8,7 @@ tokenizer (llama-cpp-python, vocab_only), interleaved, with the ids compared.
 The text: the repository's prose (bench/data/eval.txt, README.md, docs/*.md) then its Python source,
 each about half of --kb KiB. For SentencePiece vocabs "cold" is a fresh word cache (the first encode
 of a text), "warm" the same text again; "python" is the pure-Python merge (on a tenth of the text).
+Ratios (vs_llamacpp, vs_python) are medians of per-round ratios, the runs of a round side by side.
 "build" is the tokenizer's construction from parsed metadata (start-up cost), "fast build" the
 sentencepiece engine's part of it. --synthetic builds a 256k-token SPM vocab (Gemma's size) to time
 the first use alone.
@@ -97,32 +98,34 @@ def bench_vocab(name: str, text: str, text_file: Path, rounds: int) -> dict:
     if tok.kind == "spm":
         row["fast"] = spm_fast is not None or tok.fast_reason
         row["fast_build_s"] = timed(lambda: fast_spm(tok._tokens, tok._scores, tok._unk_id, tok._to_id))
-    ours, theirs, warm = [], [], []
+    ours, theirs, warm, python = [], [], [], []
+    part = text[: len(text) // 10]
+    esc = (" " + part).replace(" ", SPACE)
     same = None
-    for _ in range(rounds):  # interleaved: ours, llama.cpp's, ours, ...
+    for _ in range(rounds):  # interleaved: ours (cold, warm), llama.cpp's, the Python merge, ours, ...
         if spm_fast is not None:
-            spm_fast._cache.clear()
+            spm_fast.clear_cache()
         t0 = time.perf_counter()
         ids = tok.encode(text)
-        ours.append(time.perf_counter() - t0)
+        ours.append((time.perf_counter() - t0) / len(text))
         if spm_fast is not None:
-            warm.append(timed(lambda: tok.encode(text)))
+            warm.append(timed(lambda: tok.encode(text)) / len(text))
         ref = llamacpp(path, text_file, 1)
         if ref is not None:
-            theirs.append(ref["time"])
+            theirs.append(ref["time"] / len(text))
             same = ids == ref["ids"] if same is None else same and ids == ref["ids"]
-    row["ours_chars_s"] = len(text) / statistics.median(ours)
+        if tok.kind == "spm":
+            python.append(timed(lambda: spm_tokenize(esc, tok._to_id, tok._scores, tok._byte_ids)) / len(part))
+    row["ours_chars_s"] = 1 / statistics.median(ours)
     if warm:
-        row["ours_warm_chars_s"] = len(text) / statistics.median(warm)
-    if theirs:
-        row["llamacpp_chars_s"] = len(text) / statistics.median(theirs)
-        row["ratio_median"] = statistics.median(t / o for o, t in zip(ours, theirs))
+        row["ours_warm_chars_s"] = 1 / statistics.median(warm)
+    if theirs:  # ratios: median over rounds of (their time per char / ours), each round side by side
+        row["llamacpp_chars_s"] = 1 / statistics.median(theirs)
+        row["vs_llamacpp"] = statistics.median(t / o for o, t in zip(ours, theirs))
         row["ids_equal_llamacpp"] = same
-    if tok.kind == "spm":
-        part = text[: len(text) // 10]
-        esc = (" " + part).replace(" ", SPACE)
-        row["python_chars_s"] = len(part) / timed(
-            lambda: spm_tokenize(esc, tok._to_id, tok._scores, tok._byte_ids))
+    if python:
+        row["python_chars_s"] = 1 / statistics.median(python)
+        row["vs_python"] = statistics.median(p / o for o, p in zip(ours, python))
     return row
 
 

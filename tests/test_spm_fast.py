@@ -73,6 +73,7 @@ def test_long_text_with_word_cache():
     assert fast.encode(esc) == want
     fast.cache_words = 5  # a full cache starts over
     assert fast.encode(esc) == want and len(fast._cache) > 5
+    assert fast.encode(esc[:50]) == spm_tokenize(esc[:50], tok._to_id, tok._scores, tok._byte_ids)
 
 
 def tiny_spm(tokens, scores, types=None, unk=0, **meta) -> SpmTokenizer:
