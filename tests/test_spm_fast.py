@@ -204,3 +204,15 @@ def test_word_cuts(joined):
         assert "".join(words) == text and all(words)
         cuts = [i for i in range(1, len(text)) if text[i] == SPACE and text[i - 1] not in joined]
         assert [sum(map(len, words[:k])) for k in range(1, len(words))] == cuts
+
+
+def test_word_pattern_from_tokens():
+    """Which characters hold on to a following "▁", read from the token texts (the NUL that joins
+    them to search them in one go is not one of them unless a text holds it)."""
+    assert spm_fast.word_pattern(["▁a", "b"]).pattern == spm_fast.words_regex(set()).pattern
+    assert spm_fast.word_pattern(["▁▁", "▁a"]).pattern == spm_fast.words_regex({SPACE}).pattern
+    assert spm_fast.word_pattern(["x▁y", "▁▁"]).pattern == spm_fast.words_regex({"x", SPACE}).pattern
+    assert spm_fast.word_pattern(["a\x00▁", "▁b"]).pattern == spm_fast.words_regex({"\x00"}).pattern
+    assert spm_fast.word_pattern(["a ▁"]).pattern == spm_fast.words_regex(set()).pattern  # no " " in escaped text
+    llama = gguf_tokenizer(vocab_path("llama-spm"))
+    assert spm_fast.word_pattern(llama._tokens).pattern == spm_fast.words_regex({SPACE}).pattern

@@ -165,12 +165,14 @@ def fast_spm_model(tokens: Sequence[str], scores: Sequence[float], unk_id: int |
 def word_pattern(tokens: Sequence[str]) -> re.Pattern:
     """The words of an escaped text (findall): a word ends before a "▁" that follows a character c
     such that no token holds c + "▁", so no token, hence no merge, spans two words."""
-    # the characters c; NUL joins the texts to search them in one go, so it comes in as well (one
-    # more character that does not cut: speed lost on texts with NUL, never exactness)
-    pieces = "\x00".join(tokens).split(SPACE)  # the character before each "▁" ends a piece ...
+    # the characters c, found in one go over the texts joined by NUL
+    text = "\x00".join(tokens)
+    pieces = text.split(SPACE)  # the character before each "▁" ends a piece ...
     joined = {p[-1] for p in pieces[:-1] if p}
     if "" in pieces[1:-1]:  # ... or is a "▁" itself
         joined.add(SPACE)
+    if text.count("\x00") == len(tokens) - 1:  # no text holds NUL: only the joins put it before "▁"
+        joined.discard("\x00")
     joined.discard(" ")  # escaped text holds no " "
     return words_regex(joined)
 
