@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 
 from localllm.errors import LocalLLMError
 from localllm.signals import Terminated, sigterm_interrupts
+from localllm.settings import DEFAULT_FILES
 from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_CPU as C
 from localllm.settings import DEFAULT_GENERATION as G
@@ -328,7 +329,7 @@ def quantize(
     target_bpw: Optional[float] = typer.Option(None, "--target-bpw", help="mixed precision: choose each tensor's type from measured sensitivity to land at X bits per weight"),
     target_size: Optional[str] = typer.Option(None, "--target-size", metavar="SIZE", help="like --target-bpw, for a file of SIZE (bytes, or with K/M/G: KiB/MiB/GiB)"),
     calib: Optional[str] = typer.Option(None, "--calib", metavar="FILE", help="calibration text for --target-* and --imatrix (default: a built-in text)"),
-    imatrix: Optional[str] = typer.Option(None, "--imatrix", metavar="FILE", help="activation statistics: reused if FILE exists, else measured on the calibration text and saved there"),
+    imatrix: Optional[str] = typer.Option(None, "--imatrix", metavar="FILE", help="activation statistics, llama.cpp's imatrix file (GGUF or legacy .dat): reused if FILE exists, else measured on the calibration text and saved there (GGUF; .dat when FILE ends in .dat)"),
     tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="REGEX=TYPE", help="type of the tensors whose name matches REGEX (repeatable; the first match wins)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (types, sizes, predicted error) and write nothing"),
     device: str = typer.Option("auto", "--device", help="where the encoders run: auto (cuda if available, else cpu), cpu or cuda"),
@@ -361,10 +362,14 @@ def perplexity(
     file: str = typer.Option(..., "--file", "-f", help="UTF-8 text file to evaluate"),
     ctx: int = typer.Option(512, "--ctx", "-c", help="tokens per chunk; the second half of each chunk is scored"),
     kld_base: Optional[str] = typer.Option(
-        None, "--kld-base", help="KL divergence from this base: a model (path or name) or a file written by --save-logits"
+        None, "--kld-base", help="KL divergence from this base: a model (path or name), a file written by --save-logits, or llama-perplexity's --kl-divergence-base file"
     ),
     save_logits: Optional[str] = typer.Option(
         None, "--save-logits", help="write this model's log-probs to FILE, to be a --kld-base later"
+    ),
+    logits_format: str = typer.Option(
+        DEFAULT_FILES.logits_format, "--logits-format",
+        help="--save-logits format: localllm, or llama.cpp (what llama-perplexity --kl-divergence-base writes and --kl-divergence reads)",
     ),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="evaluate at most N chunks (default: all the text holds)"),
     batch: int = typer.Option(1, "--batch", "-b", help="chunks per forward pass"),
@@ -373,12 +378,14 @@ def perplexity(
     threads: Optional[int] = OPT_THREADS,
 ):
     """Perplexity of a model over a text, as llama.cpp's perplexity computes it (ctx-token chunks, second
-    halves scored), and with --kld-base its KL divergence from a base model."""
+    halves scored), and with --kld-base its KL divergence from a base model (a model, or a file of
+    --save-logits or of llama-perplexity --kl-divergence-base)."""
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from localllm.commands import evaluate as ev
+    from localllm.commands import llama_logits as ll
     from localllm.load import load_tokenizer
     from localllm.runner import open_model
 
@@ -387,7 +394,13 @@ def perplexity(
     text = ev.read_text(file)
     if save_logits is not None and not Path(save_logits).expanduser().resolve().parent.is_dir():
         raise LocalLLMError(f"cannot write {save_logits}: no such folder")
-    base_file = ev.load_logits(kld_base) if kld_base is not None and ev.is_logits_file(kld_base) else None
+    if logits_format not in ("localllm", "llama.cpp"):
+        raise LocalLLMError(f"--logits-format must be localllm or llama.cpp, got {logits_format!r}")
+    base_file = None
+    if kld_base is not None and ev.is_logits_file(kld_base):
+        base_file = ev.load_logits(kld_base)
+    elif kld_base is not None and ll.is_llama_logits_file(kld_base):
+        base_file = ll.load_llama_logits(kld_base)
     if kld_base is not None and base_file is None:
         base_tokenizer = load_tokenizer(kld_base)  # a vocabulary mismatch fails before any weights load
     lm = open_model(model, device, dtype)
@@ -409,7 +422,8 @@ def perplexity(
     result = None
     with Progress(*columns, console=err) as progress:
         task = progress.add_task("PPL", total=evaluated.n_chunks)
-        for result in ev.evaluate_steps(lm, evaluated, base, batch, save_logits):
+        writer = ll.LlamaLogitsWriter if logits_format == "llama.cpp" else ev.LogitsWriter
+        for result in ev.evaluate_steps(lm, evaluated, base, batch, save_logits, writer):
             running = f"PPL {result.ppl:.4f}" + (f", KLD {result.kld.mean:.6f}" if result.kld else "")
             progress.update(task, completed=result.chunks_done, description=running)
     assert result is not None
