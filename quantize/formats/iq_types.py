@@ -2,6 +2,8 @@
 layouts, encoders (quantize/iq4.py, which take the imatrix itself, as llama.cpp's quantize_iq4_nl /
 quantize_iq4_xs) and torch decoders, as gguf-py's quants.IQ4_NL / IQ4_XS and ggml's
 dequantize_row_iq4_nl / dequantize_row_iq4_xs read them. Byte offsets are within one block.
+gemv: kernels/triton_gemv.py's float decode (the table looked up from two int64 words); CPU:
+kernels/cpu_quant.h's Fmt<IQ4_NL> / Fmt<IQ4_XS>.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def decode_iq4_nl(b: torch.Tensor) -> torch.Tensor:
 
 IQ4_NL = Format(
     Q.IQ4_NL, 32, 18, (Field("d", 0, 2, F16), Field("qs", 2, 16)), iq4.encode_iq4_nl, decode_iq4_nl,
-    imatrix=True,
+    imatrix=True, gemv=("qs", "d"),
 )
 
 
@@ -56,7 +58,7 @@ def decode_iq4_xs(b: torch.Tensor) -> torch.Tensor:
 IQ4_XS = Format(
     Q.IQ4_XS, 256, 136,
     (Field("d", 0, 2, F16), Field("scales_h", 2, 2), Field("scales_l", 4, 4), Field("qs", 8, 128)),
-    iq4.encode_iq4_xs, decode_iq4_xs, imatrix=True,
+    iq4.encode_iq4_xs, decode_iq4_xs, imatrix=True, gemv=("qs", "d", "scales_h", "scales_l"),
 )
 
 FORMATS = (IQ4_NL, IQ4_XS)
