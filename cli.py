@@ -325,7 +325,7 @@ def chat(
 def quantize(
     model: str = typer.Argument(..., metavar="IN", help="GGUF file, Hugging Face safetensors folder, or model name"),
     out: Optional[str] = typer.Argument(None, metavar="OUT", help="output GGUF file (not needed with --dry-run)"),
-    type_name: Optional[str] = typer.Option(None, "--type", "-t", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K MXFP4_MOE (or MXFP4)"),
+    type_name: Optional[str] = typer.Option(None, "--type", "-t", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K IQ4_NL IQ4_XS MXFP4_MOE (or MXFP4)"),
     target_bpw: Optional[float] = typer.Option(None, "--target-bpw", help="mixed precision: choose each tensor's type from measured sensitivity to land at X bits per weight"),
     target_size: Optional[str] = typer.Option(None, "--target-size", metavar="SIZE", help="like --target-bpw, for a file of SIZE (bytes, or with K/M/G: KiB/MiB/GiB)"),
     calib: Optional[str] = typer.Option(None, "--calib", metavar="FILE", help="calibration text for --target-* and --imatrix (default: a built-in text)"),

@@ -21,6 +21,7 @@ from localllm.quantize.iq4 import KVALUES, best_index
 
 Q = gguf.GGMLQuantizationType
 DATA = Path(__file__).parent / "data" / "llamacpp" / "iq4_quantize.npz"
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: small passes run faster on one thread
 
 
 @pytest.fixture(scope="module")
