@@ -90,6 +90,8 @@ def write_gguf_imatrix(path: str | Path, stats: ImatrixStats) -> Path:
         for name in sorted(stats.sums):
             s = stats.sums[name].detach().float().cpu().reshape(-1, stats.sums[name].shape[-1])
             c = stats.counts[name].detach().float().cpu().reshape(-1, 1)
+            if s.shape[0] == 1:  # ggml drops trailing 1-dims: (in,) and (1,) as llama-imatrix's file has them
+                s, c = s[0], c[0]
             w.add_tensor(f"{name}.in_sum2", np.ascontiguousarray(s.numpy(), np.float32))
             w.add_tensor(f"{name}.counts", np.ascontiguousarray(c.numpy(), np.float32))
         w.write_header_to_file()
