@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 
 from localllm.errors import LocalLLMError
 from localllm.signals import Terminated, sigterm_interrupts
+from localllm.settings import DEFAULT_FILES
 from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_CPU as C
 from localllm.settings import DEFAULT_GENERATION as G
@@ -367,11 +368,11 @@ def quantize(
     model: str = typer.Argument(..., metavar="IN", help="GGUF file, Hugging Face safetensors folder, or model name"),
     out: Optional[str] = typer.Argument(None, metavar="[OUT]", help="output GGUF file (not needed with --dry-run)"),
     type_arg: Optional[str] = typer.Argument(None, metavar="[TYPE]", help="the preset, as llama-quantize's third argument (or --type)"),
-    type_name: Optional[str] = typer.Option(None, "--type", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K MXFP4_MOE (or MXFP4)"),
+    type_name: Optional[str] = typer.Option(None, "--type", help="preset: F32 F16 BF16 Q8_0 Q6_K Q5_K_M Q5_K_S Q5_1 Q5_0 Q4_K_M Q4_K_S Q4_1 Q4_0 Q3_K_M Q2_K IQ4_NL IQ4_XS MXFP4_MOE (or MXFP4)"),
     target_bpw: Optional[float] = typer.Option(None, "--target-bpw", help="mixed precision: choose each tensor's type from measured sensitivity to land at X bits per weight"),
     target_size: Optional[str] = typer.Option(None, "--target-size", metavar="SIZE", help="like --target-bpw, for a file of SIZE (bytes, or with K/M/G: KiB/MiB/GiB)"),
     calib: Optional[str] = typer.Option(None, "--calib", metavar="FILE", help="calibration text for --target-* and --imatrix (default: a built-in text)"),
-    imatrix: Optional[str] = typer.Option(None, "--imatrix", metavar="FILE", help="activation statistics: reused if FILE exists, else measured on the calibration text and saved there"),
+    imatrix: Optional[str] = typer.Option(None, "--imatrix", metavar="FILE", help="activation statistics, llama.cpp's imatrix file (GGUF or legacy .dat): reused if FILE exists, else measured on the calibration text and saved there (GGUF; .dat when FILE ends in .dat)"),
     tensor_type: List[str] = typer.Option([], "--tensor-type", metavar="REGEX=TYPE", help="type of the tensors whose name matches REGEX (repeatable; the first match wins)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (types, sizes, predicted error) and write nothing"),
     device: str = typer.Option("auto", "--device", help="where the encoders run: auto (cuda if available, else cpu), cpu or cuda"),
@@ -421,10 +422,14 @@ def perplexity(
     file: str = typer.Option(..., "--file", "-f", help="UTF-8 text file to evaluate"),
     ctx: int = typer.Option(512, "--ctx", "-c", "--ctx-size", help="tokens per chunk; the second half of each chunk is scored"),
     kld_base: Optional[str] = typer.Option(
-        None, "--kld-base", help="KL divergence from this base: a model (path or name) or a file written by --save-logits"
+        None, "--kld-base", help="KL divergence from this base: a model (path or name), a file written by --save-logits, or llama-perplexity's --kl-divergence-base file"
     ),
     save_logits: Optional[str] = typer.Option(
         None, "--save-logits", help="write this model's log-probs to FILE, to be a --kld-base later"
+    ),
+    logits_format: str = typer.Option(
+        DEFAULT_FILES.logits_format, "--logits-format",
+        help="--save-logits format: localllm, or llama.cpp (what llama-perplexity --kl-divergence-base writes and --kl-divergence reads)",
     ),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="evaluate at most N chunks (default: all the text holds)"),
     batch: int = typer.Option(1, "--batch", "-b", help="chunks per forward pass"),
@@ -436,7 +441,8 @@ def perplexity(
 ):
     """Perplexity of a model over a text, and its KL divergence from a base model (--kld-base).
 
-    As llama.cpp's perplexity computes it: ctx-token chunks, the second half of each scored."""
+    As llama.cpp's perplexity computes it: ctx-token chunks, the second half of each scored. The base: a
+    model, or a file of --save-logits or of llama-perplexity --kl-divergence-base."""
     from pathlib import Path
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -445,6 +451,7 @@ def perplexity(
     from localllm.commands.inputs import one_model
     from localllm.device import gpu_layers_notice
     from localllm.commands.reports import evaluation_record
+    from localllm.commands import llama_logits as ll
     from localllm.load import load_tokenizer
     from localllm.runner import open_model
 
@@ -454,7 +461,13 @@ def perplexity(
     text = ev.read_text(file)
     if save_logits is not None and not Path(save_logits).expanduser().resolve().parent.is_dir():
         raise LocalLLMError(f"cannot write {save_logits}: no such folder")
-    base_file = ev.load_logits(kld_base) if kld_base is not None and ev.is_logits_file(kld_base) else None
+    if logits_format not in ("localllm", "llama.cpp"):
+        raise LocalLLMError(f"--logits-format must be localllm or llama.cpp, got {logits_format!r}")
+    base_file = None
+    if kld_base is not None and ev.is_logits_file(kld_base):
+        base_file = ev.load_logits(kld_base)
+    elif kld_base is not None and ll.is_llama_logits_file(kld_base):
+        base_file = ll.load_llama_logits(kld_base)
     if kld_base is not None and base_file is None:
         base_tokenizer = load_tokenizer(kld_base)  # a vocabulary mismatch fails before any weights load
     lm = open_model(model, device, dtype)
@@ -478,7 +491,8 @@ def perplexity(
     result = None
     with Progress(*columns, console=err) as progress:
         task = progress.add_task("PPL", total=evaluated.n_chunks)
-        for result in ev.evaluate_steps(lm, evaluated, base, batch, save_logits):
+        writer = ll.LlamaLogitsWriter if logits_format == "llama.cpp" else ev.LogitsWriter
+        for result in ev.evaluate_steps(lm, evaluated, base, batch, save_logits, writer):
             running = f"PPL {result.ppl:.4f}" + (f", KLD {result.kld.mean:.6f}" if result.kld else "")
             progress.update(task, completed=result.chunks_done, description=running)
     assert result is not None

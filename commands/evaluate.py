@@ -339,20 +339,23 @@ def evaluate_steps(
     base: LoadedModel | SavedLogits | None = None,
     batch: int = 1,
     save_to: str | Path | None = None,
+    writer_cls=None,
 ) -> Iterator[Evaluation]:
     """Run the chunks `batch` at a time; yield the running results after each forward pass.
 
-    base: a model run on the same chunks, or base log-probs loaded from a file (`load_logits`);
-    save_to: write this model's log-probs there (`LogitsWriter`), complete once the last chunk ran."""
+    base: a model run on the same chunks, or base log-probs loaded from a file (`load_logits`, or
+    llama_logits.load_llama_logits: anything with check(chunks, vocab) and rows(start, stop));
+    save_to: write this model's log-probs there, complete once the last chunk ran, with writer_cls
+    (LogitsWriter by default; llama_logits.LlamaLogitsWriter writes llama.cpp's format)."""
     check_chunking(chunks.ctx, None, batch)
     if isinstance(base, LoadedModel):
         check_same_vocab(lm, base)
         if chunks.ctx > base.config.context_length:
             raise LocalLLMError(f"--ctx {chunks.ctx} is larger than the base model's context ({base.config.context_length} tokens)")
-    elif isinstance(base, SavedLogits):
+    elif base is not None:
         base.check(chunks, lm.config.vocab_size)
     per = chunks.per_chunk
-    writer = LogitsWriter(save_to, chunks, lm.config.vocab_size, lm.path.name) if save_to is not None else None
+    writer = (writer_cls or LogitsWriter)(save_to, chunks, lm.config.vocab_size, lm.path.name) if save_to is not None else None
     nll_parts: list[torch.Tensor] = []
     scores: list[PositionScores] = []
     chunk_ppl: list[float] = []
@@ -410,10 +413,11 @@ def evaluate(
     base: LoadedModel | SavedLogits | None = None,
     batch: int = 1,
     save_to: str | Path | None = None,
+    writer_cls=None,
 ) -> Evaluation:
     """The final results of `evaluate_steps`."""
     result = None
-    for result in evaluate_steps(lm, chunks, base, batch, save_to):
+    for result in evaluate_steps(lm, chunks, base, batch, save_to, writer_cls):
         pass
     assert result is not None
     return result

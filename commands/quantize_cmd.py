@@ -149,10 +149,11 @@ def quantize_model(
         budget, align = mixed_budget(src, target_bpw, target_size, overrides)
     chunks = calib_chunks(path, text, calib) if text is not None else None  # the tokenizer only
     if measuring and not mixed:
-        imatrix = measure_imatrix(path, chunks, dev, imatrix_file)
+        imatrix = measure_imatrix(path, chunks, dev, imatrix_file, calib_name(calib))
     if mixed:
         plan, preset, imatrix = mixed_plan(
-            src, path, budget, align, chunks, imatrix, overrides, dev, progress, imatrix_file if measuring else None
+            src, path, budget, align, chunks, imatrix, overrides, dev, progress, imatrix_file if measuring else None,
+            calib_name(calib)
         )
     else:
         plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
@@ -229,9 +230,10 @@ def mixed_budget(src: Source, target_bpw: float | None, target_size: int | None,
 
 def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[list[int]],
                imatrix: Mapping[str, torch.Tensor] | None, overrides: Sequence[Override], device: str,
-               progress: bool, save_imatrix_to: str | Path | None = None
+               progress: bool, save_imatrix_to: str | Path | None = None, dataset: str = ""
                ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
-    """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks."""
+    """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks;
+    save_imatrix_to: where the imatrix measured on them is saved (llama.cpp's GGUF imatrix format)."""
     from localllm.load import load_model
     from localllm.mixed import plan_mixed
     from localllm.runtime import Runtime
@@ -241,11 +243,13 @@ def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[li
     # forward (CUDA's fused q|k|v and gate/up products would leave them unused)
     lm = load_model(str(path), device, torch.float32, keep_quantized=False, backend=Runtime)
     with stage_progress(progress) as report:
-        mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
-    if save_imatrix_to is not None:
-        from localllm.calibrate import imatrix_meta, save_imatrix
+        if save_imatrix_to is not None:
+            from localllm.calibrate import collect_imatrix_stats, save_imatrix
 
-        save_imatrix(save_imatrix_to, mp.imatrix, imatrix_meta(lm.model, mp.n_chunks))
+            stats = collect_imatrix_stats(lm.model, chunks, report, dataset)
+            save_imatrix(save_imatrix_to, stats)
+            imatrix = stats.means()
+        mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
     plan = make_plan(infos, mp.choices, overrides)
     return plan, mixed_preset(plan), mp.imatrix
 
@@ -285,15 +289,22 @@ def read_imatrix(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None 
         raise LocalLLMError(f"cannot use imatrix {path}: {e}") from None
 
 
-def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: str | Path) -> dict[str, torch.Tensor]:
-    """Activation statistics of the model on the calibration chunks, saved for reuse."""
-    from localllm.calibrate import collect_imatrix, imatrix_meta, save_imatrix
+def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: str | Path, dataset: str = ""
+                    ) -> dict[str, torch.Tensor]:
+    """Activation statistics of the model on the calibration chunks, saved for reuse in llama.cpp's
+    imatrix format (GGUF; legacy .dat when save_to ends in .dat), which llama-quantize also reads."""
+    from localllm.calibrate import collect_imatrix_stats, save_imatrix
     from localllm.load import load_model
 
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
-    imat = collect_imatrix(lm.model, chunks)
-    save_imatrix(save_to, imat, imatrix_meta(lm.model, len(chunks)))
-    return imat
+    stats = collect_imatrix_stats(lm.model, chunks, dataset=dataset)
+    save_imatrix(save_to, stats)
+    return stats.means()
+
+
+def calib_name(calib: str | None) -> str:
+    """The dataset name an imatrix file records: the --calib file, or the built-in text's."""
+    return calib if calib is not None else "localllm:calibration.txt"
 
 
 def parse_size(text: str) -> int:

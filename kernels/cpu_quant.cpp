@@ -118,6 +118,8 @@ void raw_rows(int qtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_
     case Q5_K: return rows_of<Q5_K>(w, row_bytes, n0, n1, x, y, ldy);
     case Q6_K: return rows_of<Q6_K>(w, row_bytes, n0, n1, x, y, ldy);
     case MXFP4: return rows_of<MXFP4>(w, row_bytes, n0, n1, x, y, ldy);
+    case IQ4_NL: return rows_of<IQ4_NL>(w, row_bytes, n0, n1, x, y, ldy);
+    case IQ4_XS: return rows_of<IQ4_XS>(w, row_bytes, n0, n1, x, y, ldy);
     default: return;  // cpu.py only passes the types above
   }
 }
@@ -175,6 +177,8 @@ void raw_dequantize(int qtype, const uint8_t* row, int64_t K, float* o) {
     case Q5_K: return dequantize_row<Q5_K>(row, K, o);
     case Q6_K: return dequantize_row<Q6_K>(row, K, o);
     case MXFP4: return dequantize_row<MXFP4>(row, K, o);
+    case IQ4_NL: return dequantize_row<IQ4_NL>(row, K, o);
+    case IQ4_XS: return dequantize_row<IQ4_XS>(row, K, o);
     default:
       for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(o + k, load8(qtype, row, k));
   }

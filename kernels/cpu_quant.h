@@ -1,7 +1,7 @@
 // GGUF block formats read in place by the CPU kernels: every format is seen as groups of 32 weights
 //     w[e] = s[h] * (u[e] - o) + m[h],   h = e / 16 (the group's two halves), u[e] an unsigned byte,
 // so one integer dot product (u8 weights widened to int16 x int16 activations: VNNI vpdpwssd, or AVX2 vpmaddwd)
-// serves Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and MXFP4 (its E2M1 codes looked up
+// serves Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL and IQ4_XS (their codes looked up
 // as integers). The blocks stay as the file stores them (memory-mapped); only the 6-bit K-quant scales
 // are unpacked, per group, in registers.
 //
@@ -24,7 +24,7 @@ namespace lq {
 // ggml type ids (gguf.GGMLQuantizationType).
 enum QType : int {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, MXFP4 = 39,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30, MXFP4 = 39,
 };
 
 struct Group {
@@ -179,6 +179,39 @@ template <> struct Fmt<MXFP4> {
                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     g.u = _mm256_shuffle_epi8(values, nibbles16(b + 1));
     g.s[0] = g.s[1] = e8m0_half(b[0]);
+  }
+};
+
+// IQ4_NL / IQ4_XS: nibble codes into ggml's kvalues_iq4nl (-127 .. 113; quantize/formats/iq_types.py),
+// looked up as the bytes u = value + 127 (0 .. 240), so u - 127 is the value; s = d (IQ4_NL) or
+// d * (scale - 32) (IQ4_XS, as the decoder's dl): s * (u - 127) is the decoder's product, bit for bit.
+inline __m256i iq4_codes(const uint8_t* p) {
+  const __m256i values = _mm256_setr_epi8(0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140, (char)152, (char)165,
+                                          (char)180, (char)196, (char)216, (char)240,
+                                          0, 23, 44, 62, 78, 92, 105, 117, (char)128, (char)140, (char)152, (char)165,
+                                          (char)180, (char)196, (char)216, (char)240);
+  return _mm256_shuffle_epi8(values, nibbles16(p));
+}
+
+template <> struct Fmt<IQ4_NL> {
+  static constexpr int block = 32, bytes = 18, o = 127;
+  static constexpr bool has_min = false;
+  static void group(const uint8_t* b, int, Group& g) {
+    g.u = iq4_codes(b + 2);
+    g.s[0] = g.s[1] = f16(b);
+  }
+};
+
+// IQ4_XS: 256 values, group j = 0..7: bytes 0..1 d, 2..3 scales_h (2 bits per group), 4..7 scales_l
+// (a nibble per group), then 16 code bytes per group.
+template <> struct Fmt<IQ4_XS> {
+  static constexpr int block = 256, bytes = 136, o = 127;
+  static constexpr bool has_min = false;
+  static void group(const uint8_t* b, int j, Group& g) {
+    g.u = iq4_codes(b + 8 + 16 * j);
+    const int high = ((b[2] | (b[3] << 8)) >> (2 * j)) & 3;
+    const int low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+    g.s[0] = g.s[1] = f16(b) * static_cast<float>((low | (high << 4)) - 32);
   }
 };
 

@@ -15,6 +15,15 @@ namespace {
 
 // MXFP4's E2M1 codes -> u = 2 value + 12 (cpu_quant.h Fmt<MXFP4>'s table)
 alignas(16) constexpr uint8_t MXFP4_U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+// IQ4_NL / IQ4_XS codes -> u = kvalues_iq4nl + 127 (cpu_quant.h iq4_codes' table)
+alignas(16) constexpr uint8_t IQ4_U[16] = {0, 23, 44, 62, 78, 92, 105, 117, 128, 140, 152, 165, 180, 196, 216, 240};
+
+// The 16 code bytes of group g (32 values: low nibbles 0..15, high 16..31) of an IQ4 row.
+template <int QT>
+inline const uint8_t* iq4_group_codes(const uint8_t* row, int64_t g) {
+  if constexpr (QT == IQ4_NL) return row + 18 * g + 2;
+  return row + 136 * (g / 8) + 8 + 16 * (g % 8);
+}
 
 // The 8 quant vectors of a tile-group (vector i: rows 0..7 x values 4i..4i+3, unsigned); with Z,
 // of the tile-groups at a and b side by side.
@@ -34,7 +43,7 @@ inline void unpack(const uint8_t* a, const uint8_t* b, typename V::I v[8]) {
       for (int i = 0; i < 8; i++) v[i] = V::bor(v[i], V::fifth_bits(a + 128 + 4 * i, b + 128 + 4 * i));
     }
     if constexpr (k.lut) {
-      for (int i = 0; i < 8; i++) v[i] = V::lookup16(MXFP4_U, v[i]);
+      for (int i = 0; i < 8; i++) v[i] = V::lookup16(k.table == 1 ? IQ4_U : MXFP4_U, v[i]);
     }
   }
 }
@@ -72,6 +81,14 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
       const int64_t n = tile * 8 + r;
       if (n >= N) {
         std::memset(u[r], 0, 32);
+        continue;
+      }
+      if constexpr (k.lut && !k.e8m0) {  // IQ4: the codes as stored, the scale as Fmt<QT> computes it
+        Group gr;
+        row_group<QT>(raw + n * row_bytes, static_cast<int>(g), gr);
+        s[0][r] = s[1][r] = gr.s[0];
+        const uint8_t* c = iq4_group_codes<QT>(raw + n * row_bytes, g);
+        for (int j = 0; j < 16; j++) u[r][j] = c[j] & 0xF, u[r][j + 16] = c[j] >> 4;
         continue;
       }
       if constexpr (k.lut) {  // MXFP4: byte 0 e, bytes 1..16 codes (value j low nibble, j + 16 high)
@@ -263,6 +280,8 @@ void dequantize_tiles(const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, f
     case Q5_K: return F<Q5_K>(__VA_ARGS__);       \
     case Q6_K: return F<Q6_K>(__VA_ARGS__);       \
     case MXFP4: return F<MXFP4>(__VA_ARGS__);     \
+    case IQ4_NL: return F<IQ4_NL>(__VA_ARGS__);   \
+    case IQ4_XS: return F<IQ4_XS>(__VA_ARGS__);   \
     default: return;                              \
   }
 

@@ -17,7 +17,9 @@
 // keeps its size (136 bytes a tile-group = 8 blocks of 17): its 4-bit E2M1 codes, expanded at unpack
 // by a 16-byte shuffle table into the integers u = 2 value + 12 (0..24, cpu_quant.h Fmt<MXFP4>), and
 // its E8M0 bytes, turned into the fp32 scale 2^(e - 128) (exact) per group, so its products take the
-// tiles' integer kernels with the same integers and scales as Fmt<MXFP4> (bit for bit).
+// tiles' integer kernels with the same integers and scales as Fmt<MXFP4> (bit for bit). IQ4_NL and
+// IQ4_XS keep their 4-bit codes the same way, looked up as u = value + 127 (0..240, Fmt<IQ4_NL>), with
+// IQ4_NL's fp16 d (its size kept) or IQ4_XS's fp32 d * (scale - 32) per group (+18%).
 #pragma once
 
 #include <cstdint>
@@ -30,8 +32,9 @@ struct TileKind {
   bool has_min;
   bool halves;     // a scale per 16 values
   int o;           // integer offset: w = s * (u - o) + m
-  bool lut = false;   // 4-bit codes looked up as u (MXFP4's E2M1 table)
+  bool lut = false;   // 4-bit codes looked up as u (MXFP4's E2M1 table, or IQ4's kvalues: `table`)
   bool e8m0 = false;  // scales as E8M0 bytes: s = 2^(e - 128)
+  int table = 0;      // lut: 0 MXFP4's u = 2 value + 12, 1 IQ4_NL / IQ4_XS's u = value + 127
   constexpr int quant_bytes() const { return bits == 8 ? 256 : bits == 5 ? 160 : 128; }
   constexpr int scale_bytes() const { return e8m0 ? 8 : 8 * (s32 ? 4 : 2) * (halves ? 2 : 1); }
   constexpr int group_bytes() const { return quant_bytes() + scale_bytes() + (has_min ? 8 * (s32 ? 4 : 2) : 0); }
@@ -49,6 +52,8 @@ constexpr TileKind tile_kind(int qtype) {
     case 13: return {5, true, true, false, 0};     // Q5_K
     case 14: return {8, true, false, true, 32};    // Q6_K
     case 39: return {4, true, false, false, 12, true, true};  // MXFP4 (codes -> integers 0..24)
+    case 20: return {4, false, false, false, 127, true, false, 1};  // IQ4_NL (codes -> 0..240, fp16 d)
+    case 23: return {4, true, false, false, 127, true, false, 1};   // IQ4_XS (fp32 d * (scale - 32))
     default: return {0, false, false, false, 0};   // Q2_K, Q3_K, dense: not tiled
   }
 }

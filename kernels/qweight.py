@@ -13,6 +13,8 @@ the decoded values are those of `quantize.dequantize_torch` bit for bit:
 | Q5_K | as Q4_K, plus qh uint8 (N, K/8) |
 | Q6_K | ql (N, K/2), qh (N, K/4), sc int8 (N, K/16), d fp16 (N, K/256) |
 | MXFP4 | qs uint8 (N, K/2) (as Q4_0's), e uint8 (N, K/32) (the E8M0 exponent byte) |
+| IQ4_NL | qs uint8 (N, K/2) (as Q4_0's: codes into ggml's kvalues_iq4nl), d fp16 (N, K/32) |
+| IQ4_XS | qs (N, K/2), d fp16 (N, K/256), scales_h uint8 (N, K/128), scales_l uint8 (N, K/64) (as stored) |
 | others (Q5_0, Q5_1, Q2_K, Q3_K) | raw uint8 (N, row bytes): decoded to dense before each product |
 
 Q4_K/Q5_K store 16 instead of 12 scale bytes per 256 values (4.625 instead of 4.5 bits per weight).

@@ -34,9 +34,10 @@ from .triton_base import INTERPRET, PDL, pdl_wait
 from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
-DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, MXFP4 = range(8)
-FMT_OF = {Q.Q8_0: Q8_0, Q.Q4_0: Q4_0, Q.Q4_1: Q4_1, Q.Q4_K: Q4_K, Q.Q5_K: Q5_K, Q.Q6_K: Q6_K, Q.MXFP4: MXFP4}
-WIDTH = {DENSE: 16, Q8_0: 16, Q4_0: 16, Q4_1: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, MXFP4: 16}
+DENSE, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS = range(10)
+FMT_OF = {Q.Q8_0: Q8_0, Q.Q4_0: Q4_0, Q.Q4_1: Q4_1, Q.Q4_K: Q4_K, Q.Q5_K: Q5_K, Q.Q6_K: Q6_K, Q.MXFP4: MXFP4,
+          Q.IQ4_NL: IQ4_NL, Q.IQ4_XS: IQ4_XS}
+WIDTH = {DENSE: 16, Q8_0: 16, Q4_0: 16, Q4_1: 16, Q4_K: 32, Q5_K: 32, Q6_K: 16, MXFP4: 16, IQ4_NL: 16, IQ4_XS: 16}
 assert set(FMT_OF) == KERNEL_TYPES
 # Field order passed as pointers P0..P5 (unused ones repeat P0): each type's Format.gemv (quantize/formats).
 FIELDS = {DENSE: ("w",), **{fmt: FORMATS[t].gemv for t, fmt in FMT_OF.items()}}
@@ -44,7 +45,8 @@ FIELDS = {DENSE: ("w",), **{fmt: FORMATS[t].gemv for t, fmt in FMT_OF.items()}}
 # sweep at 8B shapes on Hopper (docs/PERFORMANCE.md).
 CONFIGS = {DENSE: (2, 32, 4), Q8_0: (4, 32, 4), Q4_0: (2, 32, 2), Q4_1: (2, 32, 2),
            Q4_K: (2, 32, 4), Q5_K: (2, 32, 4), Q6_K: (4, 32, 4),
-           MXFP4: (2, 32, 2)}  # MXFP4: Q4_0's, its layout's twin (not swept)
+           MXFP4: (2, 32, 2),  # MXFP4: Q4_0's, its layout's twin (not swept)
+           IQ4_NL: (2, 32, 2), IQ4_XS: (2, 32, 2)}  # IQ4: Q4_0's too (not swept)
 if INTERPRET:  # the interpreter pays per program, not per element: few large programs
     CONFIGS = {fmt: (64, 8, 4) for fmt in CONFIGS}
 
@@ -65,6 +67,17 @@ def _e2m1(q):
     mag = tl.where(m < 2, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0))
     v = tl.where(q >= 8, -mag, mag)
     return _f32(v + 12, 12.0)
+
+
+@triton.jit
+def _iq4(q):
+    """Exact float of KVALUES[q] for IQ4_NL / IQ4_XS codes q (int32 0..15) (quantize/iq4.KVALUES, ggml's
+    kvalues_iq4nl): u = KVALUES[q] + 127 is byte q of the little-endian int64 word bytes(0 23 44 62 78
+    92 105 117) for q < 8, else byte q - 8 of bytes(0 12 24 37 52 68 88 112) plus 128 (every byte below
+    128: a positive int64); the value is u - 127."""
+    word = tl.where(q < 8, 0x75695c4e3e2c1700, 0x7058443425180c00).to(tl.int64)
+    u = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32) + (q & 8) * 16
+    return _f32(u, 127.0)
 
 
 @triton.jit
@@ -130,6 +143,21 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
         d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
         lo = d * _e2m1(qs & 15)
         hi = d * _e2m1(qs >> 4)
+        clo = 32 * g[:, None] + w[None, :]
+        chi = clo + 16
+    elif FMT == 8 or FMT == 9:  # IQ4_NL: x = d * KVALUES[q]; IQ4_XS: x = (d * (scale - 32)) * KVALUES[q]
+        qs = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
+        if FMT == 8:
+            d = tl.load(P1 + r * S1 + gg, mask=mask, other=0.0).to(tl.float32)
+        else:  # group g = 8b + j: scales_h bits 2j..2j+1 of block b's uint16, scales_l nibble j of its 4 bytes
+            b = gg // 8
+            j = gg % 8
+            sh = tl.load(P2 + r * S2 + 2 * b + j // 4, mask=mask, other=0).to(tl.int32)
+            sl = tl.load(P3 + r * S3 + 4 * b + j // 2, mask=mask, other=0).to(tl.int32)
+            sc = ((sl >> (4 * (j % 2))) & 15) | (((sh >> (2 * (j % 4))) & 3) << 4)
+            d = tl.load(P1 + r * S1 + b, mask=mask, other=0.0).to(tl.float32) * _f32(sc, 32.0)
+        lo = d * _iq4(qs & 15)
+        hi = d * _iq4(qs >> 4)
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     else:  # Q6_K: g = 8b + 4h + s; ql byte 16g + w holds columns 256b + 128h + 16s + w (+64 high nibble)

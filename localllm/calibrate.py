@@ -15,7 +15,6 @@ onto the model's parameters.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -23,14 +22,13 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import torch
 
-from localllm.quantize.partial import make_partial, remove_stale_partials
 
 from .cache import KVCache, make_cache
 from .errors import LocalLLMError
 from .model import Linear, Transformer
 from .moe import ExpertLinear
-from .settings import DEFAULT_FILES
 from .fused import file_imatrix, file_shapes
+from .imatrix_files import ImatrixStats, fit_shapes, read_dat_imatrix, read_gguf_imatrix, write_dat_imatrix, write_gguf_imatrix
 from .weights import ROPE_BUFFERS, gguf_name, to_module_name
 
 IMATRIX_FORMAT = "localllm-imatrix"
@@ -95,14 +93,12 @@ def _device_cache(model: Transformer, length: int) -> KVCache:
 
 
 @torch.inference_mode()
-def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None
-                    ) -> dict[str, torch.Tensor]:
-    """GGUF weight name -> (in_features,) fp32 mean of x_j^2 over all tokens of all chunks, where x is
-    the input of the matmul that weight takes part in (one forward pass per chunk).
-
-    Expert stacks (E, out, in) (moe.ExpertLinear) get (E, in): row e the mean over the tokens routed to
-    expert e, as llama.cpp's imatrix keeps its MUL_MAT_ID statistics (in_sum2 (E, in), counts (E,));
-    an expert no token reached gets 1 in every column, as llama-quantize reads a zero count."""
+def collect_imatrix_stats(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None,
+                          dataset: str = "") -> ImatrixStats:
+    """The raw statistics behind collect_imatrix, as llama-imatrix keeps them: per GGUF weight name the
+    float64 sums of x_j^2 over the tokens (1, in) (an expert stack (E, in), row e over the tokens routed
+    to expert e, as llama.cpp's MUL_MAT_ID statistics) and the tokens summed (1,) (or (E,)); with the
+    chunk count and size, and `dataset` as the file's dataset name (imatrix_files writes them)."""
     sums: dict[str, torch.Tensor] = {}  # name -> (in,) or (E, in) float64 sum of x^2 over tokens
     counts: dict[str, int | torch.Tensor] = {}  # tokens seen: int, or (E,) float64 per expert
     memo: list = [None, None]  # (last input, its sums): q/k/v and gate/up read the very same tensor
@@ -142,63 +138,74 @@ def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progres
         for h in hooks:
             h.remove()
         memo.clear()
-    return file_imatrix(model.cfg, {name: _mean(s, counts[name]) for name, s in sums.items()})
+    sums = {k: v.cpu().reshape(-1, v.shape[-1]) for k, v in sums.items()}
+    counts = {k: torch.as_tensor(v, dtype=torch.float64).cpu().reshape(-1) for k, v in counts.items()}
+    return ImatrixStats(file_imatrix(model.cfg, sums), file_imatrix(model.cfg, counts), len(chunks),
+                        max(len(c) for c in chunks), [dataset] if dataset else [])
 
 
-def _mean(sums: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
-    """sums / count as fp32 on the CPU; per expert (count (E,)), 1 where an expert saw no token."""
-    if isinstance(count, int):
-        return (sums / count).float().cpu()
-    seen = count[:, None] > 0
-    return torch.where(seen, sums / torch.where(seen, count[:, None], 1.0), 1.0).float().cpu()
+def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """GGUF weight name -> (in_features,) fp32 mean of x_j^2 over all tokens of all chunks, where x is
+    the input of the matmul that weight takes part in (one forward pass per chunk).
+
+    Expert stacks (E, out, in) (moe.ExpertLinear) get (E, in): row e the mean over the tokens routed to
+    expert e, as llama.cpp's imatrix keeps its MUL_MAT_ID statistics (in_sum2 (E, in), counts (E,));
+    an expert no token reached gets 1 in every column, as llama-quantize reads a zero count."""
+    return collect_imatrix_stats(model, chunks, progress).means()
 
 
-def imatrix_meta(model: Transformer, n_chunks: int, **extra) -> dict:
-    """What save_imatrix records besides the values: chunk count, the model's tensors, anything else."""
-    return {"chunks": n_chunks, "tensors": model_tensors(model), **extra}
-
-
-def save_imatrix(path: str | Path, imatrix: Mapping[str, torch.Tensor], meta: Mapping) -> None:
-    """torch.save of {format, version, chunks, tensors (name -> shape), meta (the rest), imatrix}:
-    written whole or not at all (a partial file beside PATH, renamed onto it; quantize/partial.py)."""
-    rest = {k: v for k, v in meta.items() if k not in ("chunks", "tensors")}
-    path = Path(path)
-    remove_stale_partials(path, DEFAULT_FILES.stale_partial_seconds)
-    partial = make_partial(path)
-    try:
-        torch.save({
-            "format": IMATRIX_FORMAT, "version": IMATRIX_VERSION, "chunks": int(meta["chunks"]),
-            "tensors": {k: list(v) for k, v in meta["tensors"].items()}, "meta": rest,
-            "imatrix": {k: v.detach().float().cpu().contiguous() for k, v in imatrix.items()},
-        }, str(partial))
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+def save_imatrix(path: str | Path, stats: ImatrixStats) -> Path:
+    """Write stats in llama.cpp's format, as llama-imatrix does: the GGUF imatrix, or its legacy .dat
+    when PATH ends in .dat (written whole or not at all). llama-quantize --imatrix reads either."""
+    if str(path).endswith(".dat"):
+        return write_dat_imatrix(path, stats)
+    return write_gguf_imatrix(path, stats)
 
 
 def load_imatrix(path: str | Path, model: Transformer | Mapping[str, Sequence[int]] | None = None
                  ) -> tuple[dict[str, torch.Tensor], dict]:
-    """-> (imatrix, meta with chunks and tensors). With a model (or its name -> shape mapping), a file
-    collected on another model (other tensors or shapes) is a ValueError; rope_freqs is not compared."""
+    """-> (name -> fp32 means as llama-quantize computes them from the file, meta with chunks (and
+    chunk_size, datasets; tensors for our own older files)). Reads llama.cpp's GGUF imatrix and legacy
+    .dat and localllm's own torch format. With a model (or its name -> shape mapping), a file whose
+    entries are not this model's weights, or do not fit their shapes, is a ValueError."""
     if not Path(path).is_file():
         raise ValueError(f"imatrix file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"GGUF":
+        stats = read_gguf_imatrix(path)
+        values, meta = stats.means(), {"chunks": stats.chunk_count, "chunk_size": stats.chunk_size,
+                                       "datasets": stats.datasets}
+    elif head.startswith(b"PK"):  # torch.save's zip: our own format, version 1
+        values, meta = _load_torch_imatrix(path)
+    else:
+        values, chunks, datasets = read_dat_imatrix(path)
+        meta = {"chunks": chunks, "datasets": datasets}
+    if model is not None:
+        expected = model_tensors(model) if isinstance(model, Transformer) else {k: tuple(v) for k, v in model.items()}
+        values = fit_shapes(values, expected)
+        if "tensors" in meta and (problem := _mismatch(meta["tensors"], expected)):
+            raise ValueError(f"{path} was collected on a different model ({len(meta['tensors'])} tensors) than "
+                             f"this one ({len(expected)} tensors): {problem}")
+        if unknown := sorted(set(values) - set(expected)):
+            raise ValueError(f"{path} was collected on a different model: it has {unknown[0]!r}, the model does not")
+        if problem := _bad_value(values, expected):
+            raise ValueError(f"{path} was collected on a different model: {problem}")
+    return values, meta
+
+
+def _load_torch_imatrix(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """localllm's own format (torch.save of {format, version, chunks, tensors, meta, imatrix})."""
     try:
         d = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception:  # torch.load raises many kinds on foreign files
         d = None
     if not isinstance(d, dict) or d.get("format") != IMATRIX_FORMAT:
-        raise ValueError(f"{path} is not a localllm imatrix file")
+        raise ValueError(f"{path} is not an imatrix file (GGUF, llama.cpp's .dat or localllm's)")
     if d.get("version") != IMATRIX_VERSION:
         raise ValueError(f"{path} has imatrix format version {d.get('version')}, this localllm reads {IMATRIX_VERSION}")
     saved = {k: tuple(v) for k, v in d["tensors"].items()}
-    if model is not None:
-        expected = model_tensors(model) if isinstance(model, Transformer) else {k: tuple(v) for k, v in model.items()}
-        if problem := _mismatch(saved, expected):
-            raise ValueError(f"{path} was collected on a different model ({len(saved)} tensors) than this one "
-                             f"({len(expected)} tensors): {problem}")
-        if problem := _bad_value(d["imatrix"], expected):
-            raise ValueError(f"{path}: {problem}")
     return dict(d["imatrix"]), {**d["meta"], "chunks": d["chunks"], "tensors": saved}
 
 

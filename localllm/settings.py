@@ -60,6 +60,9 @@ class FileSettings:
 
     # a partial file of OUT not written to for this long is a dead writer's, whatever pid it names
     stale_partial_seconds: float = 6 * 3600
+    # perplexity --save-logits: "localllm" (exact target log-probs, the tail's mass) or "llama.cpp"
+    # (what llama-perplexity --kl-divergence reads; commands/llama_logits.py)
+    logits_format: str = "localllm"
 
 
 @dataclass(frozen=True)

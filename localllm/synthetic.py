@@ -60,7 +60,7 @@ def tensor_type(name: str, wtype: str, cfg: ModelConfig) -> Q | None:
 
 
 # llama.cpp's fallbacks for rows that are not a multiple of 256 values (K-quants need whole blocks).
-FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_1, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_1, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.IQ4_XS: Q.IQ4_NL}
 
 
 def is_linear(name: str, shape: tuple) -> bool:

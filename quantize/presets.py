@@ -5,7 +5,7 @@ default tensor type (llama_ftype_get_default_type); llama_tensor_get_type then c
 some tensors by name, layer and model shape. This module carries those rules for the presets below
 and the architectures localllm runs (llama, mistral, qwen2, qwen3, and the mixture-of-experts Mixtral,
 Qwen3-MoE, gpt-oss). Not carried, because no model we run reaches them: the Falcon branches and the IQ*
-presets. MXFP4_MOE (gpt-oss's file type) has its own rule: expert tensors MXFP4, all else Q8_0
+presets other than IQ4_NL and IQ4_XS. MXFP4_MOE (gpt-oss's file type) has its own rule: expert tensors MXFP4, all else Q8_0
 (mxfp4_moe_type).
 
 What the rules do, for our presets:
@@ -20,6 +20,8 @@ What the rules do, for our presets:
 - ffn_down: `more_bits` layers get Q6_K in Q4_K_M/Q5_K_M; the first eighth Q5_K in Q4_K_S; Q3_K_M
   uses Q5_K / Q4_K; Q2_K uses Q3_K. With an imatrix, Q4_0/Q5_0 give the first eighth Q4_1/Q5_1.
 - attn_output: Q3_K in Q2_K, Q4_K in Q3_K_M.
+- IQ4_NL / IQ4_XS: attn_v (attn_qkv) Q5_K when GQA >= 4; without an imatrix the first eighth of
+  ffn_down Q5_K.
 - attn_q / attn_k: llama.cpp only changes them for IQ3 presets and 8-expert models (below).
 - mixture of experts (ModelShape.n_expert): the router (ffn_gate_inp) and every bias are never quantized;
   3-D expert tensors (ffn_gate/up/down_exps) take the rules of their category, ffn_down's layer read from
@@ -28,8 +30,8 @@ What the rules do, for our presets:
   and Q4_K_M (in place of the rules above).
 
 Rows that do not split into blocks of the chosen type (llama.cpp's tensor_type_fallback) take the
-type of FALLBACK, as current llama.cpp does: Q2_K/Q3_K -> Q4_0 (older llama.cpp used IQ4_NL, which
-localllm does not have), Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; F16 when even that type's 32-value
+type of FALLBACK, as current llama.cpp does: Q2_K/Q3_K -> Q4_0 (older llama.cpp used IQ4_NL),
+Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL; F16 when even that type's 32-value
 blocks do not fit. (llama.cpp has no fallback for the 32-value types and aborts; we use F16 there too.)
 """
 
@@ -74,11 +76,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("Q4_0", FT.MOSTLY_Q4_0, Q.Q4_0),
     Preset("Q3_K_M", FT.MOSTLY_Q3_K_M, Q.Q3_K),
     Preset("Q2_K", FT.MOSTLY_Q2_K, Q.Q2_K),
+    Preset("IQ4_NL", FT.MOSTLY_IQ4_NL, Q.IQ4_NL),
+    Preset("IQ4_XS", FT.MOSTLY_IQ4_XS, Q.IQ4_XS),
     Preset("MXFP4_MOE", FT.MOSTLY_MXFP4_MOE, Q.MXFP4),  # rule: mxfp4_moe_type
 )}
 
 # tensor_type_fallback: the type used when a row does not split into blocks of the chosen one.
-FALLBACK: dict[Q, Q] = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+FALLBACK: dict[Q, Q] = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
+                        Q.IQ4_XS: Q.IQ4_NL}
 LAST_RESORT = Q.F16
 
 
@@ -197,10 +202,16 @@ RULES: dict[str, dict[str, Rule]] = {
     "Q5_K_M": {ATTN_V: if_more_bits(Q.Q6_K), FFN_DOWN: if_more_bits(Q.Q6_K), ATTN_QKV: const(Q.Q6_K)},
     "Q4_0": {FFN_DOWN: lambda s: Q.Q4_1 if s.imatrix and s.i < s.n // 8 else None},
     "Q5_0": {FFN_DOWN: lambda s: Q.Q5_1 if s.imatrix and s.i < s.n // 8 else None},
+    # attn_v (and attn_qkv, which current llama.cpp routes through the attn_v branch) Q5_K at GQA >= 4;
+    # without an imatrix the first eighth of ffn_down Q5_K
+    **{p: {ATTN_V: lambda s: Q.Q5_K if s.model.n_gqa >= 4 else None,
+           ATTN_QKV: lambda s: Q.Q5_K if s.model.n_gqa >= 4 else None,
+           FFN_DOWN: lambda s: Q.Q5_K if not s.imatrix and s.i < s.n // 8 else None} for p in ("IQ4_NL", "IQ4_XS")},
 }
 
 # 8-expert models' attn_output (llama.cpp: Q5_K for these presets, the preset's default otherwise).
-EIGHT_EXPERT_ATTN_OUTPUT: dict[str, Rule] = {p: const(Q.Q5_K) for p in ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M")}
+EIGHT_EXPERT_ATTN_OUTPUT: dict[str, Rule] = {
+    p: const(Q.Q5_K) for p in ("Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS")}
 
 # Categories whose rules read a counter (Slot.i); attn_qkv counts with attn_v, as in llama.cpp.
 COUNTED = {ATTN_V: ATTN_V, ATTN_QKV: ATTN_V, FFN_DOWN: FFN_DOWN}

@@ -123,18 +123,35 @@ def test_every_linear_weight_has_an_entry(default_lm, default_imatrix):
 
 
 def test_imatrix_file_round_trip_and_mismatch(default_lm, default_imatrix, tiny, tmp_path):
+    """Saved in llama.cpp's GGUF format and its legacy .dat: read back as the means collect_imatrix gives
+    (the GGUF exactly; the .dat's mean * ncall / ncall to a few ulp); another model's is refused."""
     chunks, im = default_imatrix
-    path = tmp_path / "smollm2.imatrix"
-    C.save_imatrix(path, im, C.imatrix_meta(default_lm.model, len(chunks), ctx=64))
-    back, meta = C.load_imatrix(path, default_lm.model)
-    assert meta["chunks"] == 2 and meta["ctx"] == 64 and meta["tensors"] == C.model_tensors(default_lm.model)
-    assert back.keys() == im.keys() and all(torch.equal(back[k], im[k]) for k in im)
-    other = load_model(str(tiny.hf("llama")), "cpu", torch.float32).model
-    with pytest.raises(ValueError, match="different model"):
-        C.load_imatrix(path, other)
-    (tmp_path / "junk").write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="not a localllm imatrix"):
+    stats = C.collect_imatrix_stats(default_lm.model, chunks, dataset="calib.txt")
+    for suffix, tol in ((".gguf", 0), (".dat", 5e-7)):
+        path = C.save_imatrix(tmp_path / f"smollm2{suffix}", stats)
+        back, meta = C.load_imatrix(path, default_lm.model)
+        assert meta["chunks"] == 2 and meta["datasets"] == ["calib.txt"]
+        assert back.keys() == im.keys()
+        for k in im:
+            torch.testing.assert_close(back[k], im[k], rtol=tol, atol=0, msg=k)
+        other = load_model(str(tiny.hf("llama")), "cpu", torch.float32).model
+        with pytest.raises(ValueError, match="different model"):
+            C.load_imatrix(path, other)
+    assert C.load_imatrix(tmp_path / "smollm2.gguf")[1]["chunk_size"] == 64
+    (tmp_path / "junk").write_bytes(b"not an imatrix file")
+    with pytest.raises(ValueError, match="not an imatrix file"):
         C.load_imatrix(tmp_path / "junk")
+
+
+def test_own_older_imatrix_format_still_read(default_lm, default_imatrix, tmp_path):
+    """localllm's own torch format (what --imatrix saved before llama.cpp's formats): still read."""
+    _, im = default_imatrix
+    path = tmp_path / "old.imatrix"
+    torch.save({"format": C.IMATRIX_FORMAT, "version": C.IMATRIX_VERSION, "chunks": 2,
+                "tensors": {k: list(v) for k, v in C.model_tensors(default_lm.model).items()}, "meta": {"ctx": 64},
+                "imatrix": im}, str(path))
+    back, meta = C.load_imatrix(path, default_lm.model)
+    assert meta["chunks"] == 2 and meta["ctx"] == 64 and all(torch.equal(back[k], im[k]) for k in im)
 
 
 # ---- sensitivity

@@ -28,7 +28,8 @@ from localllm.settings import DEFAULT_CPU, SamplingSettings
 from localllm.quantize import dequantize_torch, quantize_tensor
 
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.F16, Q.BF16, Q.F32]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS, Q.F16,
+         Q.BF16, Q.F32]
 DENSE = (Q.F16, Q.BF16, Q.F32)
 
 

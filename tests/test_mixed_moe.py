@@ -23,6 +23,7 @@ from cli_helpers import invoke_quantize as invoke
 from localllm import calibrate as C
 from localllm import mixed
 from localllm.cache import make_cache
+from localllm.imatrix_files import ImatrixStats
 from localllm.commands.quantize_cmd import quantize_model
 from localllm.load import load_model
 from localllm.moe import route
@@ -323,9 +324,9 @@ def test_imatrix_entry_of_a_wrong_shape_is_one_error(moe_sources, tmp_path, bad,
                    "columns": ("blk.0.ffn_down_exps.weight", torch.ones(8, 32)),
                    "dense": ("blk.0.attn_q.weight", torch.ones(8, 64))}[bad]
     path = tmp_path / "bad.imatrix"
-    C.save_imatrix(path, im | {name: value}, C.imatrix_meta(model, 1))
+    C.save_imatrix(path, ImatrixStats.from_means(im | {name: value}))
     result = invoke(src, tmp_path / "o.gguf", *flags, "--imatrix", path)
     assert_one_error(result, name)
     assert not (tmp_path / "o.gguf").exists()
-    C.save_imatrix(path, im, C.imatrix_meta(model, 1))  # the good one is read
+    C.save_imatrix(path, ImatrixStats.from_means(im))  # the good one is read
     assert torch.equal(C.load_imatrix(path, model)[0]["blk.0.ffn_down_exps.weight"], torch.ones(8, 64))

@@ -151,7 +151,7 @@ def mixed(tiny):
 
 
 def test_mixed_type_model_weights_are_exact(mixed):
-    """Each matrix of a model whose 2-D tensors span all 14 types equals gguf's decoding of its raw
+    """Each matrix of a model whose 2-D tensors span all 16 types equals gguf's decoding of its raw
     data (q/k compared after re-applying the converter's permutation to our un-permuted weight).
     On the CPU the matrices stay quantized (kernels/cpu.py): their decoding is what is compared."""
     _, raw, lm = mixed

@@ -24,7 +24,8 @@ FLOATS = [Q.F32, Q.F16, Q.BF16]
 LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
 K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 MX = [Q.MXFP4]
-QUANTIZED = LEGACY + K_QUANTS + MX
+IQ = [Q.IQ4_NL, Q.IQ4_XS]
+QUANTIZED = LEGACY + K_QUANTS + MX + IQ
 ALL = FLOATS + QUANTIZED
 
 
@@ -176,6 +177,7 @@ def test_bits_per_weight():
     assert {t: bits_per_weight(t) for t in ALL} == {
         Q.F32: 32, Q.F16: 16, Q.BF16: 16, Q.Q8_0: 8.5, Q.Q4_0: 4.5, Q.Q4_1: 5, Q.Q5_0: 5.5, Q.Q5_1: 6,
         Q.Q2_K: 2.625, Q.Q3_K: 3.4375, Q.Q4_K: 4.5, Q.Q5_K: 5.5, Q.Q6_K: 6.5625, Q.MXFP4: 4.25,
+        Q.IQ4_NL: 4.5, Q.IQ4_XS: 4.25,
     }
     assert set(ALL) == SUPPORTED_TYPES
 
@@ -306,7 +308,7 @@ def test_registry_matches_gguf_sizes_and_fields_tile_each_block():
         assert sum(x.size for x in fields) == f.nbytes, qtype.name
         assert [x.offset for x in fields] == [0] + list(np.cumsum([x.size for x in fields[:-1]])), qtype.name
         assert all(x.size % x.dtype.itemsize == 0 for x in fields), qtype.name
-        assert f.dense == (qtype in FLOATS) and f.imatrix == (qtype in K_QUANTS)
+        assert f.dense == (qtype in FLOATS) and f.imatrix == (qtype in K_QUANTS + IQ)
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)

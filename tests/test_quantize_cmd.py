@@ -77,7 +77,8 @@ SHAPE_30 = ModelShape("llama", 30, 32, 8)  # GQA 4
 def expected_30(preset: str, tied: bool = False) -> dict[str, Q]:
     """The types llama-quantize gives a 30-layer llama (all rows multiples of 256), written out."""
     default = {"Q4_K_M": Q.Q4_K, "Q4_K_S": Q.Q4_K, "Q5_K_M": Q.Q5_K, "Q3_K_M": Q.Q3_K, "Q2_K": Q.Q2_K,
-               "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q6_K": Q.Q6_K, "F16": Q.F16}[preset]
+               "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "Q6_K": Q.Q6_K, "F16": Q.F16, "IQ4_NL": Q.IQ4_NL,
+               "IQ4_XS": Q.IQ4_XS}[preset]
     out = {}
     for name, shape in llama_tensors(30, tied=tied):
         i = int(name.split(".")[1]) if name.startswith("blk.") else -1
@@ -101,6 +102,10 @@ def expected_30(preset: str, tied: bool = False) -> dict[str, Q]:
                 t = Q.Q4_K
         elif preset == "Q2_K":
             t = {"attn_v": Q.Q4_K, "ffn_down": Q.Q3_K, "attn_output": Q.Q3_K}.get(name.split(".")[-2], default)
+        elif preset in ("IQ4_NL", "IQ4_XS") and "attn_v" in name:
+            t = Q.Q5_K  # GQA 4
+        elif preset in ("IQ4_NL", "IQ4_XS") and "ffn_down" in name:
+            t = Q.Q5_K if i < 3 else default  # no imatrix: the first 30 // 8
         out[name] = t
     return out
 
@@ -115,7 +120,8 @@ def test_more_bits_layers():
     assert {i for i in range(30) if more_bits(i, 30)} == MORE_BITS_30
 
 
-@pytest.mark.parametrize("preset", ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q3_K_M", "Q2_K", "Q8_0", "Q4_0", "Q6_K", "F16"])
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q3_K_M", "Q2_K", "Q8_0", "Q4_0", "Q6_K", "F16",
+                                    "IQ4_NL", "IQ4_XS"])
 def test_plan_30_layers_matches_llama_cpp(preset):
     assert plan_types(llama_tensors(30), preset) == expected_30(preset)
 
@@ -367,16 +373,16 @@ def test_interrupted_write_leaves_nothing(small, tmp_path, monkeypatch, exc):
 def test_errors(small, tmp_path):
     out = tmp_path / "x.gguf"
     assert_one_error(invoke(small, out, "--type", "Q4_K_X"), "unknown quantization type 'Q4_K_X'")
-    assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "ffn=IQ4_NL"),
-                     "unknown tensor type 'IQ4_NL'")
+    assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "ffn=IQ3_S"),
+                     "unknown tensor type 'IQ3_S'")
     assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "ffn"), "REGEX=TYPE")
     assert_one_error(invoke(small, out, "--type", "Q4_K_M", "--tensor-type", "(=q8_0"), "bad pattern")
     assert_one_error(invoke(tmp_path / "missing.gguf", out, "--type", "Q8_0"), "file not found")
     assert_one_error(invoke(small, tmp_path / "no" / "x.gguf", "--type", "Q8_0"), "output folder does not exist")
     assert_one_error(invoke(small, "--type", "Q8_0"), "missing OUT")
-    odd = tm.write_raw_gguf(tmp_path / "iq4.gguf", {"blk.0.ffn_up.weight": (
-        np.random.default_rng(0).integers(0, 256, (4, 18), dtype=np.uint8), Q.IQ4_NL)})
-    assert_one_error(invoke(odd, out, "--type", "Q8_0"), "unsupported type IQ4_NL")
+    odd = tm.write_raw_gguf(tmp_path / "iq3.gguf", {"blk.0.ffn_up.weight": (
+        np.random.default_rng(0).integers(0, 256, (4, 110), dtype=np.uint8), Q.IQ3_S)})
+    assert_one_error(invoke(odd, out, "--type", "Q8_0"), "unsupported type IQ3_S")
     hf = tmp_path / "hf"
     tm.write_hf_folder(SMALL, hf)
     (hf / "tokenizer.json").unlink()  # no tokenizer to build the metadata from

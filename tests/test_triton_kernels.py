@@ -74,6 +74,20 @@ def test_mxfp4_dequantize_kernel_reads_every_exponent_and_code():
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS], ids=lambda t: t.name)
+def test_iq4_dequantize_kernel_reads_every_code_and_scale(qtype):
+    """Random IQ4 blocks (finite fp16 d): every code of the table and every IQ4_XS 6-bit scale decode to
+    gguf's values, same bits."""
+    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    g = torch.Generator().manual_seed(5)
+    raw = torch.randint(0, 256, (16, 2 * nbytes), dtype=torch.uint8, generator=g)
+    d = (torch.rand(16, 2, generator=g) * 2 - 1).to(torch.float16).view(torch.uint8).reshape(16, 2, 2)
+    raw.view(16, 2, nbytes)[:, :, :2] = d
+    got = triton_gemv.dequantize(QWeight.from_raw(raw, qtype), torch.float32)
+    want = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), qtype).astype("float32"))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def test_dequantize_kernel_bf16_is_the_rounded_reference(quantized):
     """Within one bf16 step: the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest
     (tests/gpu/test_gpu_kernels.py checks the GPU's bf16 values for equality)."""

@@ -672,6 +672,10 @@ def encode_exact(x: np.ndarray, qtype: Q) -> np.ndarray:
         return x
     if qtype == Q.F16:
         return x.astype(np.float16)
+    if qtype in (Q.IQ4_NL, Q.IQ4_XS):  # gguf cannot quantize them: ours, llama.cpp's bytes (tests/test_iq4.py)
+        from localllm.quantize import quantize_tensor
+
+        return quantize_tensor(torch.from_numpy(np.ascontiguousarray(x, np.float32)), qtype)
     return gguf.quants.quantize(x, qtype)
 
 
@@ -689,13 +693,13 @@ def write_raw_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q]]) -> Path
 
 # ---- a model whose 2-D tensors use every tensor type the runtime reads
 
-ALL_TYPES = [Q[n] for n in "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K MXFP4".split()]
-# Rows of 256 values so that K-quant super-blocks fit; 2 layers give 16 matrices for 14 types.
+ALL_TYPES = [Q[n] for n in "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K MXFP4 IQ4_NL IQ4_XS".split()]
+# Rows of 256 values so that K-quant super-blocks fit; 2 layers give 16 matrices for 16 types.
 MIXED = TinySpec("llama", dim=256, ffn_dim=256, n_heads=4, n_kv_heads=2, seed=6)
 
 
 def mixed_type_raw(spec: TinySpec, seed: int = 0) -> dict[str, tuple[np.ndarray, Q]]:
-    """GGUF name -> (raw data, type): the i-th 2-D tensor takes ALL_TYPES[i % 14]; the model's own
+    """GGUF name -> (raw data, type): the i-th 2-D tensor takes ALL_TYPES[i % 16]; the model's own
     (already permuted) weights encoded where gguf can quantize the type, random blocks for K-quants."""
     rng = np.random.default_rng(seed)
     two_d = [(name, data) for name, data in gguf_tensors(spec).items() if data.ndim == 2]

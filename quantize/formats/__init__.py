@@ -3,7 +3,8 @@
 One `Format` per type (quantize/formats/layout.py) holds its block geometry, byte layout (fields,
 the planar split and block-major repack the kernels use), its encoder and its torch decoder, in the
 spirit of gguf-py's quants.py (a class per type in one table). The types live in float_types.py,
-legacy_types.py (32-value blocks), k_types.py (256-value K-quants) and mx_types.py (MXFP4); quantize/ (encode, decode),
+legacy_types.py (32-value blocks), k_types.py (256-value K-quants), mx_types.py (MXFP4) and
+iq_types.py (IQ4_NL, IQ4_XS); quantize/ (encode, decode),
 kernels/ (qweight, triton_gemv, triton_q8, cpu) and the loaders all read FORMATS, and derive their
 type sets from it.
 
@@ -17,11 +18,11 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from . import float_types, k_types, legacy_types, mx_types
+from . import float_types, iq_types, k_types, legacy_types, mx_types
 from .layout import Field, Format, IntDot
 
 FORMATS: dict[gguf.GGMLQuantizationType, Format] = {
-    f.qtype: f for f in float_types.FORMATS + legacy_types.FORMATS + k_types.FORMATS + mx_types.FORMATS
+    f.qtype: f for f in float_types.FORMATS + legacy_types.FORMATS + k_types.FORMATS + mx_types.FORMATS + iq_types.FORMATS
 }
 
 

@@ -1,0 +1,22 @@
+import ctypes, numpy as np, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+rng = np.random.default_rng(21)
+rows, cols = 24, 512
+w = (rng.standard_normal((rows, cols)) * rng.uniform(0.01, 2, (rows, 1))).astype(np.float32)
+w[1, :32] = 0  # an all-zero block / sub-block
+w[2, 40:72] = 1e-20
+w[3, ::7] *= 8  # outliers
+imat = rng.uniform(0.001, 3, cols).astype(np.float32)
+out = {"w": w, "imatrix": imat}
+for name, t, nbytes, block in (("iq4_nl", 20, 18, 32), ("iq4_xs", 23, 136, 256)):
+    lib.ggml_quantize_init(t)
+    for tag, im in (("", None), ("_imatrix", imat)):
+        dst = np.zeros((rows, cols // block * nbytes), np.uint8)
+        n = lib.ggml_quantize_chunk(t, w.ctypes.data, dst.ctypes.data, 0, rows, cols, None if im is None else im.ctypes.data)
+        assert n == dst.size, (n, dst.size)
+        out[name + tag] = dst
+np.savez_compressed(sys.argv[2], **out)
+print({k: v.shape for k, v in out.items()})
