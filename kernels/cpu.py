@@ -207,8 +207,16 @@ def qlinear(x: torch.Tensor, w: BlockQWeight, b: torch.Tensor | None = None) -> 
         y = ext.qmatmul(x2, *args(w), torch.get_num_threads())
         y = y if b is None else y + b
     else:
-        y = F.linear(x2, dequantize_rows(w, 0, w.shape[0]), b)
+        y = F.linear(x2, fp32_rows(w), b)
     return y.reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
+
+
+def fp32_rows(w: BlockQWeight) -> torch.Tensor:
+    """(N, K) fp32 values of a weight the C++ kernels run, for torch's GEMM: an F32 weight's own rows
+    (a view, no copy), others decoded (dequantize_rows)."""
+    if w.qtype == Q.F32 and not w.tiled:
+        return w.parts["raw"].view(torch.float32)
+    return dequantize_rows(w, 0, w.shape[0])
 
 
 def embed(w: BlockQWeight, tokens: torch.Tensor) -> torch.Tensor:

@@ -198,6 +198,7 @@ def build_decoder(model: Transformer) -> CpuDecoder | None:
 
 class CpuRuntime(Runtime):
     blocks_dtype = torch.float32  # the C++ kernels compute in fp32: norms, biases and the KV cache too
+    dense_blocks = True  # F32/F16/BF16 weights multiplied as stored (cpu_quant.cpp dense_rows_of)
 
     def __init__(self, model: Transformer):
         super().__init__(model)
@@ -232,4 +233,5 @@ class CpuEagerRuntime(Runtime):
     products (CpuRuntime's weights without its one-call decoder)."""
 
     blocks_dtype = torch.float32
+    dense_blocks = True
     block_weight = staticmethod(CpuRuntime.block_weight)
