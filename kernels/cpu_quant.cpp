@@ -148,12 +148,34 @@ inline void dense_block(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t 
   for (int r = 0; r < NR; r++)
     for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();
   const uint8_t* rows = w + n * row_bytes;
-  for (int64_t k = 0; k < K; k += 8) {
-    __m256 xs[NT];
-    for (int j = 0; j < NT; j++) xs[j] = _mm256_loadu_ps(x + (t + j) * K + k);
-    for (int r = 0; r < NR; r++) {
-      const __m256 wv = dense8<QT>(rows + r * row_bytes, k);
-      for (int j = 0; j < NT; j++) acc[r][j] = _mm256_fmadd_ps(wv, xs[j], acc[r][j]);
+  if constexpr (QT == BF16) {
+    // 16 values a step, no widening shuffle: a 32-bit lane of the row holds values 2i (low half) and
+    // 2i + 1 (high half), so a shift and a mask give the even and the odd values as fp32; x is split
+    // alike (per 128-bit lane x0 x2 x4 x6 | x8 x10 x12 x14, then the odd ones), once for all NR rows.
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t k = 0; k < K; k += 16) {
+      __m256 xe[NT], xo[NT];
+      for (int j = 0; j < NT; j++) {
+        const __m256 a = _mm256_loadu_ps(x + (t + j) * K + k), b = _mm256_loadu_ps(x + (t + j) * K + k + 8);
+        const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20), hi = _mm256_permute2f128_ps(a, b, 0x31);
+        xe[j] = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        xo[j] = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+      }
+      for (int r = 0; r < NR; r++) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * row_bytes + 2 * k));
+        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm256_fmadd_ps(odd, xo[j], _mm256_fmadd_ps(even, xe[j], acc[r][j]));
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256 xs[NT];
+      for (int j = 0; j < NT; j++) xs[j] = _mm256_loadu_ps(x + (t + j) * K + k);
+      for (int r = 0; r < NR; r++) {
+        const __m256 wv = dense8<QT>(rows + r * row_bytes, k);
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm256_fmadd_ps(wv, xs[j], acc[r][j]);
+      }
     }
   }
   for (int r = 0; r < NR; r++)
