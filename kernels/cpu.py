@@ -16,7 +16,8 @@ tile-group serves 4 rows of x. llama.cpp rounds x to int8, which is about 1.5x f
 prompts but moves greedy output off the fp32 reference where the top two logits are close; int16
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
 weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
-dequantize_torch) one matrix at a time for torch's fp32 GEMM.
+dequantize_torch) one matrix at a time for torch's fp32 GEMM (an F32 weight's rows as they are).
+Dense F32/F16/BF16 rows of short inputs: fp32 FMA products, several weight rows and inputs a pass.
 A whole decode step (T = 1) runs in C++ without returning to Python: localllm/backends/cpu.py.
 MPS (Apple) keeps the file's blocks and runs the torch fallback (dequantize_torch's ops run there).
 """
@@ -210,8 +211,16 @@ def qlinear(x: torch.Tensor, w: BlockQWeight, b: torch.Tensor | None = None) -> 
         y = ext.qmatmul(x2, *args(w), torch.get_num_threads())
         y = y if b is None else y + b
     else:
-        y = F.linear(x2, dequantize_rows(w, 0, w.shape[0]), b)
+        y = F.linear(x2, fp32_rows(w), b)
     return y.reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
+
+
+def fp32_rows(w: BlockQWeight) -> torch.Tensor:
+    """(N, K) fp32 values of a weight the C++ kernels run, for torch's GEMM: an F32 weight's own rows
+    (a view, no copy), others decoded (dequantize_rows)."""
+    if w.qtype == Q.F32 and not w.tiled:
+        return w.parts["raw"].view(torch.float32)
+    return dequantize_rows(w, 0, w.shape[0])
 
 
 def embed(w: BlockQWeight, tokens: torch.Tensor) -> torch.Tensor:

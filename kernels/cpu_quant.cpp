@@ -126,25 +126,87 @@ void raw_rows(int qtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_
 
 bool is_dense(int qtype) { return qtype == F32 || qtype == F16 || qtype == BF16; }
 
-// 8 weights of a dense row as fp32.
-inline __m256 load8(int qtype, const uint8_t* row, int64_t k) {
-  if (qtype == F32) return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+// 8 weights of a dense row as fp32 (F16 by F16C, BF16 by a shift into the top half: exact).
+template <int QT>
+inline __m256 dense8(const uint8_t* row, int64_t k) {
+  if constexpr (QT == F32) return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
-  if (qtype == F16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: the top half
+  if constexpr (QT == F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline __m256 load8(int qtype, const uint8_t* row, int64_t k) {
+  if (qtype == F32) return dense8<F32>(row, k);
+  return qtype == F16 ? dense8<F16>(row, k) : dense8<BF16>(row, k);
+}
+
+// NR weight rows (from row n) times NT rows of x (from t): NR * NT fp32 accumulators in registers, so
+// each weight load serves NT rows of x and each x load NR weight rows; NR streams of weights in flight
+// keep decode (NT = 1) bound by memory, not by the FMA chain's latency.
+template <int QT, int NR, int NT>
+inline void dense_block(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, const float* x, int64_t t,
+                        float* y, int64_t ldy) {
+  __m256 acc[NR][NT];
+  for (int r = 0; r < NR; r++)
+    for (int j = 0; j < NT; j++) acc[r][j] = _mm256_setzero_ps();
+  const uint8_t* rows = w + n * row_bytes;
+  if constexpr (QT == BF16) {
+    // 16 values a step, no widening shuffle: a 32-bit lane of the row holds values 2i (low half) and
+    // 2i + 1 (high half), so a shift and a mask give the even and the odd values as fp32; x is split
+    // alike (per 128-bit lane x0 x2 x4 x6 | x8 x10 x12 x14, then the odd ones), once for all NR rows.
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t k = 0; k < K; k += 16) {
+      __m256 xe[NT], xo[NT];
+      for (int j = 0; j < NT; j++) {
+        const __m256 a = _mm256_loadu_ps(x + (t + j) * K + k), b = _mm256_loadu_ps(x + (t + j) * K + k + 8);
+        const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20), hi = _mm256_permute2f128_ps(a, b, 0x31);
+        xe[j] = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        xo[j] = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+      }
+      for (int r = 0; r < NR; r++) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * row_bytes + 2 * k));
+        const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm256_fmadd_ps(odd, xo[j], _mm256_fmadd_ps(even, xe[j], acc[r][j]));
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256 xs[NT];
+      for (int j = 0; j < NT; j++) xs[j] = _mm256_loadu_ps(x + (t + j) * K + k);
+      for (int r = 0; r < NR; r++) {
+        const __m256 wv = dense8<QT>(rows + r * row_bytes, k);
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm256_fmadd_ps(wv, xs[j], acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; r++)
+    for (int j = 0; j < NT; j++) y[(t + j) * ldy + n + r] = hsum(acc[r][j]);
+}
+
+template <int QT>
+void dense_rows_of(const uint8_t* w, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t T, float* y,
+                   int64_t ldy) {
+  const int64_t row_bytes = K * (QT == F32 ? 4 : 2);
+  int64_t n = n0;
+  if (T == 1) {  // decode: 8 rows a pass
+    for (; n + 8 <= n1; n += 8) dense_block<QT, 8, 1>(w, row_bytes, K, n, x, 0, y, ldy);
+  } else {
+    for (; n + 4 <= n1; n += 4) {
+      int64_t t = 0;
+      for (; t + 2 <= T; t += 2) dense_block<QT, 4, 2>(w, row_bytes, K, n, x, t, y, ldy);
+      if (t < T) dense_block<QT, 4, 1>(w, row_bytes, K, n, x, t, y, ldy);
+    }
+  }
+  for (; n < n1; n++)
+    for (int64_t t = 0; t < T; t++) dense_block<QT, 1, 1>(w, row_bytes, K, n, x, t, y, ldy);
 }
 
 void dense_matmul_rows(int qtype, const uint8_t* w, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t T,
                        float* y, int64_t ldy) {
-  const int64_t row_bytes = K * (qtype == F32 ? 4 : 2);
-  for (int64_t n = n0; n < n1; n++) {
-    const uint8_t* row = w + n * row_bytes;
-    for (int64_t t = 0; t < T; t++) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K; k += 8) acc = _mm256_fmadd_ps(load8(qtype, row, k), _mm256_loadu_ps(x + t * K + k), acc);
-      y[t * ldy + n] = hsum(acc);
-    }
-  }
+  if (qtype == F32) return dense_rows_of<F32>(w, K, n0, n1, x, T, y, ldy);
+  if (qtype == F16) return dense_rows_of<F16>(w, K, n0, n1, x, T, y, ldy);
+  dense_rows_of<BF16>(w, K, n0, n1, x, T, y, ldy);
 }
 
 template <int QT>

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import torch
 
 from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
@@ -17,15 +18,15 @@ from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf
 from .gguf_split import split_parts
 from .backends import runtime_class
-from .model import QEmbedding, Transformer
+from .model import Linear, QEmbedding, Transformer
 from .nonfinite import check_vectors
 from .registry import resolve_model
 from .rope import rope_factors
 from .runtime import Runtime
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
-from .weights import (EMBEDDINGS, ROPE_BUFFERS, QuantizedTensor, add_norm_offset, gguf_name, gguf_state_dict,
-                      hf_state_dict, to_module_name)
+from .weights import (DENSE_BLOCK_TYPES, EMBEDDINGS, ROPE_BUFFERS, QuantizedTensor, add_norm_offset, gguf_name,
+                      gguf_state_dict, hf_state_dict, to_module_name)
 
 
 @dataclass
@@ -76,6 +77,26 @@ def place_quantized(model: Transformer, state: dict, backend: type[Runtime], lay
             state[name] = dequantize_torch(value.data, value.qtype).reshape(model.get_parameter(name).shape)
 
 
+# torch dtype -> the GGUF type of the same rows (a safetensors folder's linear weights as blocks)
+DENSE_QTYPES = {torch.float32: gguf.GGMLQuantizationType.F32, torch.float16: gguf.GGMLQuantizationType.F16,
+                torch.bfloat16: gguf.GGMLQuantizationType.BF16}
+
+
+def dense_as_blocks(model: Transformer, state: dict) -> None:
+    """Float linear weights and embeddings of state (a safetensors folder's, in its dtype) -> QuantizedTensor
+    rows of their GGUF type, for a backend that multiplies them as they are stored (Runtime.dense_blocks):
+    2-D, rows of a multiple of 32 values, held by a Linear (or an embedding); others stay as they are."""
+    for name, t in list(state.items()):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype not in DENSE_QTYPES or t.shape[1] % 32:
+            continue
+        try:
+            held = name in EMBEDDINGS or isinstance(model.get_submodule(name.removesuffix(".weight")), Linear)
+        except AttributeError:
+            held = False
+        if held and name.endswith(".weight"):
+            state[name] = QuantizedTensor(DENSE_QTYPES[t.dtype], t.contiguous().view(torch.uint8))
+
+
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
                 keep_quantized: bool | None = None, layout: str | None = None,
                 backend: type[Runtime] | None = None) -> Runtime:
@@ -89,6 +110,8 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, d
         dtype = backend.blocks_dtype
     with torch.device("meta"):
         model = Transformer(cfg, backend.ops)
+    if layout == "blocks" and backend.dense_blocks:
+        dense_as_blocks(model, state)
     place_quantized(model, state, backend, layout, device, dtype)
     state.setdefault("rope_freqs", rope_factors(cfg))
     check_vectors(state)
@@ -118,14 +141,15 @@ def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype
     model.load_state_dict(state, assign=True, strict=True)
 
 
-def read_gguf_model(f: GGUFFile, layout: str, cfg: ModelConfig | None = None
+def read_gguf_model(f: GGUFFile, layout: str, cfg: ModelConfig | None = None, dense_blocks: bool = False
                     ) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
     """The file's config and tensors: quantized ones kept as their blocks unless layout is "dense"
-    (for "blocks" the embedding too, as views of the file's mapping). The whole file is validated
-    (validate.check_gguf) before the first tensor is decoded; cfg: its result, when the caller has it."""
+    (for "blocks" the embedding too, as views of the file's mapping; with dense_blocks F32/F16/BF16
+    linear weights too: Runtime.dense_blocks). The whole file is validated (validate.check_gguf) before
+    the first tensor is decoded; cfg: its result, when the caller has it."""
     cfg = cfg or check_gguf(f)
     types = Counter(t.tensor_type.name for t in f.tensors.values())
-    keep = frozenset() if layout == "dense" else QUANTIZED_TYPES
+    keep = frozenset() if layout == "dense" else QUANTIZED_TYPES | (DENSE_BLOCK_TYPES if dense_blocks else frozenset())
     return cfg, gguf_state_dict(f, cfg, keep, keep_embedding=layout == "blocks"), types
 
 
@@ -168,9 +192,10 @@ def load_model(
         cfg = check_gguf(f)  # once: the backend depends on it
         backend = backend or runtime_class(device, cfg)
         layout = layout_for(backend, keep_quantized)
-        if not any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values()) and layout == "blocks":
-            layout = "dense"  # nothing to keep: a float file is dense on every backend
-        cfg, state, types = read_gguf_model(f, layout, cfg)
+        quantized = any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values())
+        if not quantized and layout == "blocks" and not backend.dense_blocks:
+            layout = "dense"  # nothing to keep: a float file is dense on backends without dense blocks
+        cfg, state, types = read_gguf_model(f, layout, cfg, backend.dense_blocks)
         tok = load_gguf_tokenizer(f.metadata)
     runtime = build_model(cfg, state, device, dtype, layout=layout, backend=backend)
     return LoadedModel(runtime, tok, cfg, path, types, file_size(path))

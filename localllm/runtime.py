@@ -27,6 +27,9 @@ class Runtime:
     quantized: str = "blocks"
     # dtype of the dense tensors beside "blocks" weights (None: the dtype asked for)
     blocks_dtype: torch.dtype | None = None
+    # With "blocks": F32/F16/BF16 linear weights and embeddings (GGUF files' and safetensors folders') kept
+    # as rows of their stored type too (BlockQWeight), for products that read them as they are (the CPU's).
+    dense_blocks: bool = False
 
     def __init__(self, model: Transformer):
         self.model = model

@@ -79,6 +79,9 @@ ROPE_BUFFERS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
 
 # Lookup tables a backend may keep as blocks (QEmbedding); Gemma 4's per-layer embeddings are one.
 EMBEDDINGS = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
+# Float types a backend may keep as rows in the file's type (Runtime.dense_blocks: the CPU's).
+DENSE_BLOCK_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
+                               gguf.GGMLQuantizationType.BF16})
 
 # Our module's names for attention tensors live under `.attn.` (see model.Block).
 _ATTN = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_sinks")
@@ -166,7 +169,8 @@ def gguf_state_dict(
     f: GGUFFile, cfg: ModelConfig, keep_quantized: frozenset = frozenset(), keep_embedding: bool = False
 ) -> dict[str, torch.Tensor | QuantizedTensor]:
     """Every tensor decoded to float, except linear weights (and token_embd with keep_embedding) of a
-    type in keep_quantized: QuantizedTensor, uint8 (rows, row bytes) viewing the file's mapping (no copy)."""
+    type in keep_quantized: QuantizedTensor, uint8 (rows, row bytes) viewing the file's mapping (no copy).
+    Dense types (DENSE_BLOCK_TYPES) in keep_quantized are kept only as 2-D rows of a multiple of 32 values."""
     out, ignored = {}, ignored_tensors(cfg)
     for name, t in f.tensors.items():
         if name in ignored:
@@ -175,6 +179,8 @@ def gguf_state_dict(
         # 2-D linear weights, and 3-D expert tensors (E, F, C) as their E * F rows (localllm/moe.py; Gemma
         # 4's experts beside the MLP are decoded: gemma4_moe.py's products take dense tensors)
         dims = (2,) if cfg.moe_with_mlp else (2, 3)
+        if t.tensor_type in DENSE_BLOCK_TYPES:  # F32/F16/BF16 rows the CPU products read (cpu_quant.cpp)
+            dims = (2,) if int(t.shape[0]) % 32 == 0 else ()
         if t.tensor_type in keep_quantized and keep and len(t.shape) in dims and name.endswith(".weight"):
             rows = math.prod(int(d) for d in t.shape[1:])  # ggml order: t.shape[0] is the row length
             raw = t.data.view(np.uint8).reshape(rows, -1)  # F16/BF16 data is typed: view as bytes

@@ -158,10 +158,11 @@ FISHER_FACTOR = {"blk.0.attn.attn_v.weight": 16.0, "blk.0.attn.attn_output.weigh
 
 @pytest.fixture(scope="module")
 def fisher_models(tmp_path_factory):
+    # dense parameters, as the quantize command loads its source (the CPU would keep F32 rows as blocks)
     folder = tmp_path_factory.mktemp("fisher")
     spec = tm.CASES["llama"]  # dim 64, untied
-    base = load_model(str(tm.write_gguf(spec, folder / "base.gguf")), "cpu", torch.float32)
-    rescaled = load_model(str(scaled_gguf(spec, folder / "rescaled.gguf", RESCALE)), "cpu", torch.float32)
+    base = load_model(str(tm.write_gguf(spec, folder / "base.gguf")), "cpu", torch.float32, keep_quantized=False)
+    rescaled = load_model(str(scaled_gguf(spec, folder / "rescaled.gguf", RESCALE)), "cpu", torch.float32, keep_quantized=False)
     return base, rescaled
 
 
@@ -379,7 +380,7 @@ def test_cli_imatrix_written_then_reused(small, tmp_path, monkeypatch):
     result = invoke(small, first, "--target-bpw", "5", "--imatrix", imat)
     assert result.exit_code == 0, result.stderr
     assert "bits per weight" in result.stderr
-    lm = load_model(str(small), "cpu", torch.float32)
+    lm = load_model(str(small), "cpu", torch.float32, keep_quantized=False)
     values, meta = load_imatrix(imat, lm.model)  # this model's tensors and shapes
     assert meta["chunks"] == mixed.CALIB_CHUNKS and "blk.0.ffn_down.weight" in values
     saved = imat.read_bytes()

@@ -1,11 +1,12 @@
 """The CPU backend: decode in one C++ call per token (kernels/cpu_decode.cpp), the model's weights,
 norms and rope tables handed over once, then each step runs every layer without returning to Python.
 
-A GGUF file's quantized tensors stay as its blocks, repacked for the C++ products (kernels/cpu.py),
-and the dense tensors beside them are fp32 (the kernels compute in fp32). One-token steps of a
-batch-1 fp32 cache go through the C++ decoder when the extension is built and every linear weight is
-a BlockQWeight the C++ products read (or a dense fp32 matrix); everything else (prompts, batches,
-dense models) runs the portable torch forward. Both give the same results up to the int16 activation
+A GGUF file's quantized tensors stay as its blocks, repacked for the C++ products (kernels/cpu.py);
+F32/F16/BF16 linear weights and embeddings (of GGUF files and safetensors folders: dense_blocks) stay
+rows of their stored type, multiplied in fp32 (no fp32 copy of an F16 file); the vectors beside them
+are fp32 (the kernels compute in fp32). One-token steps of a batch-1 fp32 cache go through the C++
+decoder when the extension is built and every linear weight is a BlockQWeight the C++ products read
+(or a dense fp32 matrix); everything else (prompts, batches) runs the portable torch forward. Both give the same results up to the int16 activation
 rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
 
 The decoder runs the Llama layer and the dense families' fields (cpp_covers: Gemma 2/3, Phi-3,
@@ -178,8 +179,8 @@ def cache_fits(cache: KVCache) -> bool:
 
 
 def build_decoder(model: Transformer) -> CpuDecoder | None:
-    """The model's C++ decoder, or None where it does not fit: only models that keep the file's blocks
-    (a quantized GGUF on the CPU); dense ones stay on the torch forward."""
+    """The model's C++ decoder, or None where it does not fit: only models whose embedding is kept as
+    rows (QEmbedding: quantized or dense_blocks); others (a dense load) stay on the torch forward."""
     cfg = model.cfg
     if not cpp_covers(cfg) or not shapes_fit(cfg):
         return None
@@ -198,6 +199,7 @@ def build_decoder(model: Transformer) -> CpuDecoder | None:
 
 class CpuRuntime(Runtime):
     blocks_dtype = torch.float32  # the C++ kernels compute in fp32: norms, biases and the KV cache too
+    dense_blocks = True  # F32/F16/BF16 weights multiplied as stored (cpu_quant.cpp dense_rows_of)
 
     def __init__(self, model: Transformer):
         super().__init__(model)
@@ -232,4 +234,5 @@ class CpuEagerRuntime(Runtime):
     products (CpuRuntime's weights without its one-call decoder)."""
 
     blocks_dtype = torch.float32
+    dense_blocks = True
     block_weight = staticmethod(CpuRuntime.block_weight)
