@@ -339,7 +339,7 @@ def quantize(
     from localllm.quantize.plan import plan_table, total_bpw, total_bytes
     from localllm.commands.quantize_cmd import quantize_model
 
-    from localllm.commands.quantize_cmd import parse_size
+    from localllm.commands.quantize_cmd import parse_size, phase_line
 
     if type_name is None and target_bpw is None and target_size is None:
         raise LocalLLMError("give --type TYPE, or --target-bpw X / --target-size SIZE for mixed precision")
@@ -350,8 +350,10 @@ def quantize(
     size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
     if dry_run:
         Console().print(plan_table(result.plan, result.errors, title=f"{result.preset.name} plan"))
+        err.print(f"time: {phase_line(result.phases)}", highlight=False, soft_wrap=True)
         return
     err.print(f"wrote {escape(str(result.out))}: {result.preset.name}, {size}, {result.seconds:.1f} s", highlight=False, soft_wrap=True)
+    err.print(f"time: {phase_line(result.phases)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

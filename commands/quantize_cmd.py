@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -100,6 +101,9 @@ class QuantizeResult:
     errors: list[float] | None  # --dry-run: predicted relative RMSE per tensor
     out: Path | None
     seconds: float
+    # phase -> wall seconds, in order: read (input, plan inputs), [imatrix], [load, imatrix, fisher,
+    # errors, search: --target-*], plan, [errors: --dry-run], write (encoding and writing)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def quantize_model(
@@ -124,6 +128,14 @@ def quantize_model(
     imatrix: GGUF tensor name -> (cols,) mean of x^2 per input column, used by the encoders and the
     presets' imatrix rules. target_bpw / target_size / calib: reserved for mixed-precision plans."""
     start = time.perf_counter()
+    phases: dict[str, float] = {}
+    mark = start
+
+    def lap(name: str) -> None:  # the time since the last lap, as phase `name`
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark
+        mark = now
     mixed = target_bpw is not None or target_size is not None
     check_targets(target_bpw, target_size)
     if calib is not None and not mixed and imatrix_file is None:
@@ -145,22 +157,29 @@ def quantize_model(
     if mixed:
         budget, align = mixed_budget(src, target_bpw, target_size, overrides)
     chunks = calib_chunks(path, text, calib) if text is not None else None  # the tokenizer only
+    lap("read")
     if measuring and not mixed:
         imatrix = measure_imatrix(path, chunks, dev, imatrix_file)
+        lap("imatrix")
     if mixed:
         plan, preset, imatrix = mixed_plan(
-            src, path, budget, align, chunks, imatrix, overrides, dev, progress, imatrix_file if measuring else None
+            src, path, budget, align, chunks, imatrix, overrides, dev, progress, imatrix_file if measuring else None,
+            phases,
         )
+        mark = time.perf_counter()  # mixed_plan filled in its own phases
     else:
         plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
         plan = keep_checkpoint_mxfp4(src, plan)
+        lap("plan")
     if dry_run:
         named = {t.info.name: t for t in src.tensors}
         errors = measure_errors(plan, lambda name, idx: named[name].read_rows(idx), sample_rows, dev)
-        return QuantizeResult(preset, plan, errors, None, time.perf_counter() - start)
+        lap("errors")
+        return QuantizeResult(preset, plan, errors, None, time.perf_counter() - start, phases)
     check_output(Path(out), [path, *src.files])
     written = write_source(src, plan, preset, Path(out), dev, imatrix, progress)
-    return QuantizeResult(preset, plan, None, written, time.perf_counter() - start)
+    lap("write")
+    return QuantizeResult(preset, plan, None, written, time.perf_counter() - start, phases)
 
 
 def calib_text(calib: str | None) -> str:
@@ -208,16 +227,22 @@ def mixed_budget(src: Source, target_bpw: float | None, target_size: int | None,
 
 def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[list[int]],
                imatrix: Mapping[str, torch.Tensor] | None, overrides: Sequence[Override], device: str,
-               progress: bool, save_imatrix_to: str | Path | None = None
+               progress: bool, save_imatrix_to: str | Path | None = None, phases: dict[str, float] | None = None,
                ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
-    """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks."""
+    """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks.
+
+    phases: gets the seconds of loading the model and of plan_mixed's phases (MixedPlan.seconds)."""
     from localllm.load import load_model
     from localllm.mixed import plan_mixed
 
     infos = [t.info for t in src.tensors]
+    loading = time.perf_counter()
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
+    loaded = time.perf_counter() - loading
     with stage_progress(progress) as report:
         mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
+    if phases is not None:
+        phases.update({"load": loaded, **mp.seconds})
     if save_imatrix_to is not None:
         from localllm.calibrate import imatrix_meta, save_imatrix
 
@@ -270,6 +295,11 @@ def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: s
     imat = collect_imatrix(lm.model, chunks)
     save_imatrix(save_to, imat, imatrix_meta(lm.model, len(chunks)))
     return imat
+
+
+def phase_line(phases: Mapping[str, float]) -> str:
+    """'read 0.9 s, plan 0.0 s, write 41.2 s': where the time went, in order."""
+    return ", ".join(f"{name} {sec:.1f} s" for name, sec in phases.items())
 
 
 def parse_size(text: str) -> int:
