@@ -388,7 +388,7 @@ def quantize(
     quantized is refused unless --allow-requantize (llama-quantize's rule)."""
     from localllm.quantize.plan import plan_table, total_bpw, total_bytes
     from localllm.commands.inputs import quantize_type
-    from localllm.commands.quantize_cmd import parse_size, quantize_model
+    from localllm.commands.quantize_cmd import parse_size, phase_line, quantize_model
     from localllm.commands.reports import plan_record
 
     out, type_name = quantize_type(out, type_arg, type_name, dry_run)
@@ -410,8 +410,10 @@ def quantize(
         # at its own width, never folded: a tensor name stays whole in a pipe or a narrow terminal
         table = plan_table(result.plan, result.errors, title=f"{result.preset.name} plan")
         Console(width=unfolded_width(table)).print(table)
+        err.print(f"time: {phase_line(result.phases)}", highlight=False, soft_wrap=True)
         return
     err.print(f"wrote {escape(str(result.out))}: {result.preset.name}, {size}, {result.seconds:.1f} s", highlight=False, soft_wrap=True)
+    err.print(f"time: {phase_line(result.phases)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

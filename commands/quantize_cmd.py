@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -100,6 +101,9 @@ class QuantizeResult:
     errors: list[float] | None  # --dry-run: predicted relative RMSE per tensor
     out: Path | None
     seconds: float
+    # phase -> wall seconds, in order: read (input, plan inputs), [imatrix], [load, imatrix, fisher,
+    # errors, search: --target-*], plan, [errors: --dry-run], write (encoding and writing)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def quantize_model(
@@ -127,6 +131,14 @@ def quantize_model(
     allow_requantize False: llama-quantize's rule (the CLI's default), a write that would re-encode an
     already quantized tensor to another type is refused (check_requantize)."""
     start = time.perf_counter()
+    phases: dict[str, float] = {}
+    mark = start
+
+    def lap(name: str) -> None:  # the time since the last lap, as phase `name`
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark
+        mark = now
     mixed = target_bpw is not None or target_size is not None
     check_targets(target_bpw, target_size)
     if calib is not None and not mixed and imatrix_file is None:
@@ -148,25 +160,31 @@ def quantize_model(
     if mixed:
         budget, align = mixed_budget(src, target_bpw, target_size, overrides)
     chunks = calib_chunks(path, text, calib) if text is not None else None  # the tokenizer only
+    lap("read")
     if measuring and not mixed:
         imatrix = measure_imatrix(path, chunks, dev, imatrix_file, calib_name(calib))
+        lap("imatrix")
     if mixed:
         plan, preset, imatrix = mixed_plan(
             src, path, budget, align, chunks, imatrix, overrides, dev, progress, imatrix_file if measuring else None,
-            calib_name(calib)
+            calib_name(calib), phases,
         )
+        mark = time.perf_counter()  # mixed_plan filled in its own phases
     else:
         plan = preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix is not None)
         plan = keep_checkpoint_mxfp4(src, plan)
+        lap("plan")
     if dry_run:
         named = {t.info.name: t for t in src.tensors}
         errors = measure_errors(plan, lambda name, idx: named[name].read_rows(idx), sample_rows, dev)
-        return QuantizeResult(preset, plan, errors, None, time.perf_counter() - start)
+        lap("errors")
+        return QuantizeResult(preset, plan, errors, None, time.perf_counter() - start, phases)
     if not allow_requantize:
         check_requantize(plan)
     check_output(Path(out), [path, *src.files])
     written = write_source(src, plan, preset, Path(out), dev, imatrix, progress)
-    return QuantizeResult(preset, plan, None, written, time.perf_counter() - start)
+    lap("write")
+    return QuantizeResult(preset, plan, None, written, time.perf_counter() - start, phases)
 
 
 UNQUANTIZED = {Q.F32, Q.F16, Q.BF16}
@@ -230,18 +248,21 @@ def mixed_budget(src: Source, target_bpw: float | None, target_size: int | None,
 
 def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[list[int]],
                imatrix: Mapping[str, torch.Tensor] | None, overrides: Sequence[Override], device: str,
-               progress: bool, save_imatrix_to: str | Path | None = None, dataset: str = ""
-               ) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
+               progress: bool, save_imatrix_to: str | Path | None = None, dataset: str = "",
+               phases: dict[str, float] | None = None) -> tuple[list[PlanRow], Preset, dict[str, torch.Tensor]]:
     """The per-tensor types of a size budget, from sensitivity measured on the calibration chunks;
-    save_imatrix_to: where the imatrix measured on them is saved (llama.cpp's GGUF imatrix format)."""
+    save_imatrix_to: where the imatrix measured on them is saved (llama.cpp's GGUF imatrix format);
+    phases: gets the seconds of loading the model and of plan_mixed's phases (MixedPlan.seconds)."""
     from localllm.load import load_model
     from localllm.mixed import plan_mixed
     from localllm.runtime import Runtime
 
     infos = [t.info for t in src.tensors]
+    loading = time.perf_counter()
     # dense, also on CUDA; the portable backend: the gradients need each Linear's own weight in the
     # forward (CUDA's fused q|k|v and gate/up products would leave them unused)
     lm = load_model(str(path), device, torch.float32, keep_quantized=False, backend=Runtime)
+    loaded = time.perf_counter() - loading
     with stage_progress(progress) as report:
         if save_imatrix_to is not None:
             from localllm.calibrate import collect_imatrix_stats, save_imatrix
@@ -250,6 +271,8 @@ def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[li
             save_imatrix(save_imatrix_to, stats)
             imatrix = stats.means()
         mp = plan_mixed(lm, infos, budget, chunks, imatrix, report, align, overridden(infos, overrides))
+    if phases is not None:
+        phases.update({"load": loaded, **mp.seconds})
     plan = make_plan(infos, mp.choices, overrides)
     return plan, mixed_preset(plan), mp.imatrix
 
@@ -305,6 +328,11 @@ def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: s
 def calib_name(calib: str | None) -> str:
     """The dataset name an imatrix file records: the --calib file, or the built-in text's."""
     return calib if calib is not None else "localllm:calibration.txt"
+
+
+def phase_line(phases: Mapping[str, float]) -> str:
+    """'read 0.9 s, plan 0.0 s, write 41.2 s': where the time went, in order."""
+    return ", ".join(f"{name} {sec:.1f} s" for name, sec in phases.items())
 
 
 def parse_size(text: str) -> int:

@@ -21,7 +21,8 @@ a forward pass per tensor (~10 minutes for the default model on 2 cores), the Fi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import gguf
@@ -51,6 +52,7 @@ class MixedPlan:
     predicted_kl: float  # sum of the chosen types' predicted losses
     imatrix: dict[str, torch.Tensor]
     n_chunks: int  # calibration chunks the imatrix and sensitivities were measured on
+    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds (imatrix, fisher, errors, search)
 
 
 def candidates(cols: int) -> list[Q]:
@@ -162,8 +164,11 @@ def plan_mixed(
     whose type is already set (--tensor-type overrides): their bytes are taken off the budget."""
     todo, fixed = chosen_and_fixed(tensors, fixed)
     model = lm.model
+    seconds, mark = {}, time.perf_counter()
     imat = dict(imatrix) if imatrix is not None else collect_imatrix(model, chunks)
+    seconds["imatrix"], mark = time.perf_counter() - mark, time.perf_counter()
     fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
+    seconds["fisher"], mark = time.perf_counter() - mark, time.perf_counter()
     params = dict(model.named_parameters())
     options = []
     for i, t in enumerate(todo):
@@ -178,6 +183,7 @@ def plan_mixed(
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))
+    seconds["errors"], mark = time.perf_counter() - mark, time.perf_counter()
     kept = kept_bytes(tensors, todo, fixed, align)
     try:
         picked = allocate(options, budget - kept)
@@ -185,7 +191,8 @@ def plan_mixed(
         raise LocalLLMError(f"target too small: {e}") from None
     chosen = {t.name: options[i][k].qtype for i, (t, k) in enumerate(zip(todo, picked))}
     predicted = sum(options[i][k].loss for i, k in enumerate(picked))
-    return MixedPlan([chosen.get(t.name, fixed.get(t.name)) for t in tensors], predicted, imat, len(chunks))
+    seconds["search"] = time.perf_counter() - mark
+    return MixedPlan([chosen.get(t.name, fixed.get(t.name)) for t in tensors], predicted, imat, len(chunks), seconds)
 
 
 def _layerwise_cache(model, length: int) -> KVCache:

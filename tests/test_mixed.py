@@ -11,6 +11,8 @@ localllm.commands.evaluate between the F32 model and each quantized file (mixed 
 
 from __future__ import annotations
 
+import re
+
 import itertools
 import math
 from pathlib import Path
@@ -421,6 +423,8 @@ def test_cli_target_with_override_stays_within_size(small, tmp_path):
     result = invoke(small, out, "--target-size", target, "--tensor-type", "ffn_down=q8_0")
     assert result.exit_code == 0, result.stderr
     assert out.stat().st_size <= target
+    phases = "read load imatrix fisher errors search write".split()
+    assert re.search("time: " + ", ".join(rf"{p} [\d.]+ s" for p in phases), result.stderr), result.stderr
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(out).tensors}
     assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down.weight"] == Q.Q8_0
 

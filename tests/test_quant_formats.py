@@ -189,6 +189,11 @@ def test_bad_shapes_are_refused():
         quantize_tensor(torch.zeros(2, 256), Q.Q4_K, torch.ones(100))
     with pytest.raises(ValueError):
         quantize_tensor(torch.full((2, 256), float("nan")), Q.Q8_0)
+    for bad in (float("nan"), float("inf"), -float("inf")):  # one value among finite ones
+        w = torch.randn(3, 256)
+        w[1, 77] = bad
+        with pytest.raises(ValueError, match="non-finite"):
+            quantize_tensor(w, Q.Q4_0)
 
 
 # ---- (2) quality

@@ -262,6 +262,7 @@ def test_quantized_tiny_model(small, tmp_path):
     result = invoke(small, out, "--type", "Q4_K_M")
     assert result.exit_code == 0, result.stderr
     assert "Q4_K_M" in result.stderr
+    assert re.search(r"time: read [\d.]+ s, plan [\d.]+ s, write [\d.]+ s", result.stderr), result.stderr
     reader = gguf.GGUFReader(out)
     types = {t.name: t.tensor_type for t in reader.tensors}
     assert types["token_embd.weight"] == Q.Q5_0  # Q4_K, rows of 64 -> Q5_0

@@ -43,6 +43,9 @@ def test_cuda_target_bpw_moe(tmp_path, case):
     result = quantize_model(str(src), out, None, target_bpw=target, device="cuda", progress=False)
     assert target - 0.02 <= total_bpw(result.plan) <= target
     assert all(r.note == "" for r in result.plan if r.name.endswith("_exps.weight"))
+    # every phase timed on the GPU path too (the CLI prints them as "time: read ... s, ...")
+    assert list(result.phases) == ["read", "load", "imatrix", "fisher", "errors", "search", "write"]
+    assert 0 <= sum(result.phases.values()) <= result.seconds
 
     def logits(path):
         lm = load_model(str(path), "cpu", torch.float32)

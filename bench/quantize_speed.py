@@ -1,0 +1,87 @@
+"""Quantize time against llama.cpp's (llama_model_quantize, what llama-quantize runs), same input.
+
+    python bench/quantize_speed.py [--type Q4_K_M Q8_0] [--rounds 3] [--work DIR] [--device cpu]
+    python bench/quantize_speed.py --target-bpw 4.5     # ours only: llama.cpp has no such mode
+    python bench/quantize_speed.py --base synth-8b-f16.gguf --target-bpw 4.5 --device cuda --rounds 1
+
+Input: an F16 GGUF of the default model (`localllm quantize smollm2-135m base-f16.gguf --type F16`,
+the Q4_1 file's values decoded), the fair input for both tools (llama.cpp would need --allow-requantize
+for the Q4_1 file). Rounds interleave ours and llama.cpp's (ours, theirs, ours, theirs...) so that a
+shared machine's load hits both alike; per round the ratio of wall seconds, and the median of those
+ratios. Each of our runs also prints its phase line (`time: read ..., write ...`).
+llama.cpp runs with nthread = the CPU count (its default, llama-quantize's too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_env import run_llamacpp  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+QUANTIZE = """
+import ctypes, os, sys, llama_cpp
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3]); p.nthread = os.cpu_count()
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))
+"""
+
+
+def ours(base: Path, out: Path, device: str, *args: str) -> tuple[float, str]:
+    """(wall seconds, the phase line) of `localllm quantize BASE OUT ARGS`."""
+    cmd = [sys.executable, str(ROOT / "cli.py"), "quantize", str(base), str(out), "--device", device, *args]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    phases = re.search(r"time: (.*)", done.stderr)
+    return seconds, phases.group(1) if phases else "?"
+
+
+def theirs(base: Path, out: Path, ftype: str) -> float:
+    start = time.perf_counter()
+    run_llamacpp(QUANTIZE, str(base), str(out), ftype)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--type", nargs="+", default=["Q4_K_M", "Q8_0"])
+    ap.add_argument("--target-bpw", type=float, default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--work", default="/tmp/localllm-quantize-speed")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--base", default=None, help="input GGUF (default: WORK/base-f16.gguf, made from smollm2-135m)")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    base = Path(args.base) if args.base else work / "base-f16.gguf"
+    if not base.exists():
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "quantize", "smollm2-135m", str(base), "--type", "F16"],
+                       check=True, capture_output=True)
+    print(f"cpu: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (a shared machine)")
+    if args.target_bpw is not None:
+        for r in range(args.rounds):
+            s, phases = ours(base, work / "ours-bpw.gguf", args.device, "--target-bpw", str(args.target_bpw))
+            print(f"--target-bpw {args.target_bpw} round {r}: {s:.1f} s ({phases})", flush=True)
+        return
+    for ftype in args.type:
+        ratios = []
+        for r in range(args.rounds):
+            a, phases = ours(base, work / f"ours-{ftype}.gguf", args.device, "--type", ftype)
+            b = theirs(base, work / f"llamacpp-{ftype}.gguf", ftype)
+            ratios.append(a / b)
+            print(f"{ftype} round {r}: ours {a:.1f} s ({phases}), llama.cpp {b:.1f} s, ratio {a / b:.2f}", flush=True)
+        print(f"{ftype}: median ratio ours / llama.cpp {statistics.median(ratios):.2f} over {args.rounds} rounds")
+
+
+if __name__ == "__main__":
+    main()
