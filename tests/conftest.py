@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from triton_interp import skip_repatching_in_launches
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -34,6 +35,12 @@ def pytest_configure(config):
     from localllm.settings import DEFAULT_CPU
 
     load_extension(DEFAULT_CPU.cache_dir)
+
+
+def pytest_collection_finish(session):
+    """Triton's interpreter without its redundant re-patching (tests/triton_interp.py: same results),
+    once the Triton test modules have imported triton with TRITON_INTERPRET=1 set."""
+    skip_repatching_in_launches()
 
 
 @pytest.fixture(scope="session")
