@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from triton_interp import skip_repatching_in_launches
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -30,10 +31,39 @@ def pytest_configure(config):
     another is still writing)."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
+    # --dist loadfile hands out files in collection order (pytest_collection_modifyitems: the longest
+    # first), not xdist's default of the files with the most tests first (which put the few long
+    # tests of the fuzzer, the pty session and the Triton families last, one worker left alone on them)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     from localllm.kernels.cpu import load_extension
     from localllm.settings import DEFAULT_CPU
 
     load_extension(DEFAULT_CPU.cache_dir)
+
+
+# The test files that take longest on CI's two cores (pytest --durations, most first). Under
+# pytest-xdist they are collected first so that --dist loadfile starts them first and the short files
+# fill the end; only the order changes. A file not named here keeps its place after them.
+LONGEST_FIRST = (
+    "test_triton_kernels.py", "test_triton_families.py", "test_triton_norm_fused.py", "test_mixed.py", "test_fuzz.py",
+    "test_repl_pty.py",
+    "test_bad_input.py", "test_cli.py", "test_default_model.py", "test_evaluate.py", "test_quantize_cmd.py",
+    "test_bad_quantize.py", "test_triton_moe_decode.py", "test_speculative.py", "test_cpu_kernels.py",
+    "test_tokenizer.py", "test_chat.py", "test_cpu_error.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts the same way
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
+def pytest_collection_finish(session):
+    """Triton's interpreter without its redundant re-patching (tests/triton_interp.py: same results),
+    once the Triton test modules have imported triton with TRITON_INTERPRET=1 set."""
+    skip_repatching_in_launches()
 
 
 @pytest.fixture(scope="session")
