@@ -487,30 +487,38 @@ class LogitsWriter:
         self.expected = chunks.n_chunks * chunks.per_chunk
         self.vocab = int(vocab)
         self.written = 0
-        header = json.dumps({
-            "format": LOGITS_FORMAT, "version": LOGITS_VERSION, "ctx": chunks.ctx, "vocab": self.vocab,
-            "records": self.expected, "window": WINDOW, "model": model, "chunk_sha256": chunks.fingerprints(),
-        }).encode()
+        head = self.head(chunks, model)
         remove_stale_partials(self.path, DEFAULT_FILES.stale_partial_seconds)
         try:
             self.partial = make_partial(self.path)
         except OSError as e:
             raise LocalLLMError(f"cannot write {path}: {e.strerror or e}") from None
         self.file = open(self.partial, "wb")
+        self._put(head)
+
+    def head(self, chunks: Chunks, model: str) -> bytes:
+        """The bytes before the records (this format's; a subclass writes another format's)."""
+        header = json.dumps({
+            "format": LOGITS_FORMAT, "version": LOGITS_VERSION, "ctx": chunks.ctx, "vocab": self.vocab,
+            "records": self.expected, "window": WINDOW, "model": model, "chunk_sha256": chunks.fingerprints(),
+        }).encode()
+        return MAGIC + struct.pack("<I", len(header)) + header
+
+    def encode(self, base: BaseLogProbs) -> bytes:
+        """Records of the positions of base, as bytes."""
+        return encode_log_probs(base).tobytes()
+
+    def _put(self, data: bytes) -> None:
         try:
-            self.file.write(MAGIC + struct.pack("<I", len(header)) + header)
+            self.file.write(data)
         except OSError as e:
             self.abort()
-            raise LocalLLMError(f"cannot write {path}: {e.strerror or e}") from None
+            raise LocalLLMError(f"cannot write {self.path}: {e.strerror or e}") from None
 
     def write(self, base: BaseLogProbs) -> None:
         if base.logp.shape[-1] != self.vocab or self.written + len(base) > self.expected:
             raise ValueError("records do not fit this file")
-        try:
-            self.file.write(encode_log_probs(base).tobytes())
-        except OSError as e:
-            self.abort()
-            raise LocalLLMError(f"cannot write {self.path}: {e.strerror or e}") from None
+        self._put(self.encode(base))
         self.written += len(base)
 
     def close(self) -> None:

@@ -19,7 +19,6 @@ tokens at or below -16 dropped and no tail), so evaluate.kl_divergence gives lla
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +27,8 @@ import numpy as np
 import torch
 
 from localllm.errors import LocalLLMError
-from localllm.quantize.partial import make_partial, remove_stale_partials
-from localllm.settings import DEFAULT_FILES
 
-from .evaluate import BaseLogProbs, Chunks, scored_per_chunk
+from .evaluate import BaseLogProbs, Chunks, LogitsWriter, scored_per_chunk
 
 MAGIC = b"_logits_"
 RANGE = 16.0  # llama.cpp codes logits within 16 of the top one
@@ -151,45 +148,13 @@ def load_llama_logits(path: str | Path) -> LlamaLogits:
     return LlamaLogits(p, ctx, vocab, tokens, records)
 
 
-class LlamaLogitsWriter:
-    """Writes a llama.cpp logits file chunk by chunk (a partial beside PATH, renamed when complete),
-    with LogitsWriter's interface (evaluate.evaluate_steps)."""
+class LlamaLogitsWriter(LogitsWriter):
+    """Writes a llama.cpp logits file chunk by chunk (a partial beside PATH, renamed when complete):
+    LogitsWriter with this format's head (magic, ctx, vocab, chunks, the tokens) and uint16 records."""
 
-    def __init__(self, path: str | Path, chunks: Chunks, vocab: int, model: str = ""):
-        self.path = Path(path).expanduser()
-        self.expected = chunks.n_chunks * chunks.per_chunk
-        self.vocab = int(vocab)
-        self.written = 0
-        head = MAGIC + struct.pack("<Iii", chunks.ctx, self.vocab, chunks.n_chunks)
+    def head(self, chunks: Chunks, model: str) -> bytes:
         tokens = chunks.ids.to(torch.int32).numpy().astype("<i4").tobytes()
-        remove_stale_partials(self.path, DEFAULT_FILES.stale_partial_seconds)
-        try:
-            self.partial = make_partial(self.path)
-        except OSError as e:
-            raise LocalLLMError(f"cannot write {path}: {e.strerror or e}") from None
-        self.file = open(self.partial, "wb")
-        self._put(head + tokens)
+        return MAGIC + struct.pack("<Iii", chunks.ctx, self.vocab, chunks.n_chunks) + tokens
 
-    def _put(self, data: bytes) -> None:
-        try:
-            self.file.write(data)
-        except OSError as e:
-            self.abort()
-            raise LocalLLMError(f"cannot write {self.path}: {e.strerror or e}") from None
-
-    def write(self, base: BaseLogProbs) -> None:
-        if base.logp.shape[-1] != self.vocab or self.written + len(base) > self.expected:
-            raise ValueError("records do not fit this file")
-        self._put(encode_records(base).astype("<u2").tobytes())
-        self.written += len(base)
-
-    def close(self) -> None:
-        self.file.close()
-        if self.written != self.expected:
-            self.abort()
-            raise ValueError(f"{self.written} of {self.expected} records written")
-        os.replace(self.partial, self.path)
-
-    def abort(self) -> None:
-        self.file.close()
-        self.partial.unlink(missing_ok=True)
+    def encode(self, base: BaseLogProbs) -> bytes:
+        return encode_records(base).astype("<u2").tobytes()
