@@ -37,7 +37,7 @@ def weight_bytes_per_token(model: Transformer) -> int:
     stack: the MoE roofline counts only those), norms, one embedding row (all of it when tied)."""
     emb = model.token_embd.weight
     norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
-    head = nbytes(emb) if model.cfg.tied_output else emb.shape[1] * emb.element_size()
+    head = nbytes(emb) if model.cfg.tied_output else nbytes(emb) // emb.shape[0]  # (one row: dense or blocks)
     experts = round(sum(nbytes(w) for w in expert_weights(model)) * expert_share(model))
     return sum(nbytes(w) for w in linear_weights(model)) + experts + norms + head
 

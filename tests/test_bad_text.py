@@ -299,8 +299,14 @@ def test_interactive_chat_with_invalid_bytes(tiny, tmp_path):
         child.send(b"hi \xff\xfe there\r")
         child.expect_exact(b">>> ")
         shown = child.before
-        child.sendeof()
-        child.expect(pexpect.EOF)
+        # Ctrl-D leaves; a ^D that lands while the terminal is between rich's prompt and readline's
+        # input() can be read as nothing (seen once under CI load: a 120 s wait), so it is sent again
+        for _ in range(10):
+            child.sendeof()
+            if child.expect([pexpect.EOF, pexpect.TIMEOUT], timeout=12) == 0:
+                break
+        else:
+            raise AssertionError("chat did not leave on Ctrl-D")
     finally:
         child.close(force=True)
     assert b"note: the message is not valid UTF-8: invalid bytes replaced by U+FFFD" in shown, shown
