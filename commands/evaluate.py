@@ -564,19 +564,25 @@ class SavedLogits:
     def check(self, chunks: Chunks, vocab: int) -> None:
         """The run must evaluate the same tokens with the same ctx and vocabulary (a prefix of the chunks)."""
         name = self.path.name
-        if self.vocab != vocab:
-            raise LocalLLMError(f"{name} holds log-probs over {self.vocab} tokens; this model has {vocab}")
-        if self.ctx != chunks.ctx:
-            raise LocalLLMError(f"{name} was computed with --ctx {self.ctx}; this run uses --ctx {chunks.ctx}")
-        if chunks.n_chunks > self.n_chunks:
-            raise LocalLLMError(
-                f"{name} holds {self.n_chunks} chunks; this run evaluates {chunks.n_chunks} (add --chunks {self.n_chunks})"
-            )
+        check_base_shape(name, self.vocab, self.ctx, self.n_chunks, chunks, vocab)
         for i, fp in enumerate(chunks.fingerprints()):
             if fp != self.fingerprints[i]:
                 raise LocalLLMError(
                     f"{name} was computed on other tokens (chunk {i + 1} differs): a different text or tokenizer"
                 )
+
+
+def check_base_shape(name: str, base_vocab: int, base_ctx: int, base_chunks: int, chunks: Chunks, vocab: int) -> None:
+    """A base file (ours or llama-perplexity's) fits this run: the model's vocabulary, the run's ctx, and
+    at least the run's chunks; else one LocalLLMError line naming the file."""
+    if base_vocab != vocab:
+        raise LocalLLMError(f"{name} holds log-probs over {base_vocab} tokens; this model has {vocab}")
+    if base_ctx != chunks.ctx:
+        raise LocalLLMError(f"{name} was computed with --ctx {base_ctx}; this run uses --ctx {chunks.ctx}")
+    if chunks.n_chunks > base_chunks:
+        raise LocalLLMError(
+            f"{name} holds {base_chunks} chunks; this run evaluates {chunks.n_chunks} (add --chunks {base_chunks})"
+        )
 
 
 def is_logits_file(path: str | Path) -> bool:

@@ -28,7 +28,7 @@ import torch
 
 from localllm.errors import LocalLLMError
 
-from .evaluate import BaseLogProbs, Chunks, LogitsWriter, scored_per_chunk
+from .evaluate import BaseLogProbs, Chunks, LogitsWriter, check_base_shape, scored_per_chunk
 
 MAGIC = b"_logits_"
 RANGE = 16.0  # llama.cpp codes logits within 16 of the top one
@@ -79,14 +79,7 @@ class LlamaLogits:
         """The run must evaluate the file's tokens with its ctx and vocabulary (a prefix of its chunks;
         each chunk's first token is the evaluator's BOS or the text's, as llama.cpp overwrites it)."""
         name = self.path.name
-        if self.vocab != vocab:
-            raise LocalLLMError(f"{name} holds log-probs over {self.vocab} tokens; this model has {vocab}")
-        if self.ctx != chunks.ctx:
-            raise LocalLLMError(f"{name} was computed with a context of {self.ctx}; this run uses --ctx {chunks.ctx}")
-        if chunks.n_chunks > self.n_chunks:
-            raise LocalLLMError(
-                f"{name} holds {self.n_chunks} chunks; this run evaluates {chunks.n_chunks} (add --chunks {self.n_chunks})"
-            )
+        check_base_shape(name, self.vocab, self.ctx, self.n_chunks, chunks, vocab)
         ours = chunks.ids.numpy()
         theirs = self.tokens[: chunks.n_chunks]
         for i in range(chunks.n_chunks):
