@@ -10,7 +10,8 @@ Quantized weights (kernels.qweight.QWeight, CUDA):
   few rows (decode): Q8_0/Q4_0/Q4_K/Q6_K/MXFP4 take integer dot products against x quantized to
   int8 (kernels/triton_q8.py); the other kernel types (Q4_1, Q5_K) the fused dequantize +
   matrix-vector Triton kernel (kernels/triton_gemv.py);
-  many rows (prefill): dequantize to the activation dtype with Triton, then a tensor-core matmul.
+  many rows (prefill): dequantize to the activation dtype with Triton (block-major weights by
+  kernels/triton_dequant.py), then a tensor-core matmul.
   Types without a kernel (Q5_0, Q5_1, Q2_K, Q3_K) are decoded by the torch reference, then multiplied.
 """
 
@@ -77,6 +78,10 @@ def dequantize_qweight(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.
         return w.dequantize(dtype)
     if "raw" in w.parts:
         return dequantize_torch(w.parts["raw"], w.qtype).to(dtype)
+    from .triton_dequant import covers, dequantize as dequantize_blocks
+
+    if covers(w):  # block-major: read in place (no row-major copy first)
+        return dequantize_blocks(w, dtype)
     from .triton_gemv import dequantize
 
     return dequantize(w.to_rows(), dtype)

@@ -1,0 +1,134 @@
+"""Block-major quantized weights decoded to dense for prompt products (kernels/linear.py: a prompt's
+product is dequantize + cuBLAS), read where they lie: the CUDA backend keeps the integer-dot types
+(Q8_0, Q4_0, Q4_K, Q6_K) block-major (kernels/qweight.py), and decoding them through a row-major copy
+first (QWeight.to_rows, then triton_gemv.dequantize) ran at ~1 TB/s; this kernel writes the dense
+values at 2.0-2.7 TB/s on an H100 (bench/qgemm.py, docs/PERFORMANCE.md).
+
+Each program decodes 128 values of BN rows as two (BN, 64) tiles, lo and hi, in the order the bytes
+hold them (a byte's low and high nibbles, Q4_K's two sub-blocks of a chunk), with their columns
+clo, chi. The values are quantize.dequantize_torch's (fp32, then rounded to the output dtype), bit for
+bit. (A GEMM decoding these tiles inside its K loop ran at 5-11% of the bf16 peak: the changelog entry.)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .qweight import QWeight
+
+Q8_0, Q4_0, Q4_K, Q6_K = 0, 1, 2, 3
+FMT = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_K": Q4_K, "Q6_K": Q6_K}
+FIELDS = {Q8_0: ("qs", "d"), Q4_0: ("qs", "d"), Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q6_K: ("ql", "d", "qh", "sc")}
+UNIT = {Q8_0: 32, Q4_0: 32, Q4_K: 64, Q6_K: 128}  # values per block-major unit
+STEP = 128  # values of K per loop step
+
+
+@triton.jit
+def _at(P, U, S, u, r, e):
+    """Block-major field element: unit u, row r (row stride S elements), element e of the unit's row."""
+    return P + u * U + r * S + e
+
+
+@triton.jit
+def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, r, rmask, step, n_units):
+    """Rows r (BN, 1) at K step `step` -> lo, hi (BN, 64) fp32 values and their columns clo, chi (1, 64).
+    Every index is computed on the 2-D tile itself (a reshape of 3-D tiles cost the kernels 10x)."""
+    c = tl.arange(0, 64)[None, :]
+    if FMT == 0:  # Q8_0: blocks 4 step + {0, 1} (lo) and {2, 3} (hi); x = d q
+        u = 4 * step + c // 32
+        e = c % 32
+        m_lo = rmask & (u < n_units)
+        m_hi = rmask & (u + 2 < n_units)
+        q_lo = tl.load(_at(P0, U0, S0, u, r, e), mask=m_lo, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        q_hi = tl.load(_at(P0, U0, S0, u + 2, r, e), mask=m_hi, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        lo = q_lo * tl.load(_at(P1, U1, S1, u, r, 0), mask=m_lo, other=0.0).to(tl.float32)
+        hi = q_hi * tl.load(_at(P1, U1, S1, u + 2, r, 0), mask=m_hi, other=0.0).to(tl.float32)
+        clo = 32 * u + e
+        chi = clo + 64
+    elif FMT == 1:  # Q4_0: blocks 4 step + {0..3}; byte e: value e (low nibble), e + 16 (high); x = d (q - 8)
+        u = 4 * step + c // 16
+        e = c % 16
+        m = rmask & (u < n_units)
+        b = tl.load(_at(P0, U0, S0, u, r, e), mask=m, other=0).to(tl.int32)
+        d = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0.0).to(tl.float32)
+        lo = d * ((b & 15) - 8).to(tl.float32)
+        hi = d * ((b >> 4) - 8).to(tl.float32)
+        clo = 32 * u + e
+        chi = clo + 16
+    elif FMT == 2:  # Q4_K: chunks 2 step + {0, 1}; byte e: value 64u + e (sub-block 2u), 64u + 32 + e (2u + 1)
+        u = 2 * step + c // 32
+        e = c % 32
+        m = rmask & (u < n_units)
+        b = tl.load(_at(P0, U0, S0, u, r, e), mask=m, other=0).to(tl.int32)
+        d = tl.load(_at(P1, U1, S1, u // 4, r, 0), mask=m, other=0.0).to(tl.float32)
+        dmin = tl.load(_at(P2, U2, S2, u // 4, r, 0), mask=m, other=0.0).to(tl.float32)
+        sc_lo = tl.load(_at(P3, U3, S3, 2 * u, r, 0), mask=m, other=0).to(tl.float32)
+        sc_hi = tl.load(_at(P3, U3, S3, 2 * u + 1, r, 0), mask=m, other=0).to(tl.float32)
+        mn_lo = tl.load(_at(P4, U4, S4, 2 * u, r, 0), mask=m, other=0).to(tl.float32)
+        mn_hi = tl.load(_at(P4, U4, S4, 2 * u + 1, r, 0), mask=m, other=0).to(tl.float32)
+        lo = (d * sc_lo) * (b & 15).to(tl.float32) - dmin * mn_lo
+        hi = (d * sc_hi) * (b >> 4).to(tl.float32) - dmin * mn_hi
+        clo = 64 * u + e
+        chi = clo + 32
+    else:  # Q6_K half u = step: ql byte 32a + l: values 32a + l (low nibble), 64 + 32a + l (high); qh byte l:
+        # 2 bits of each of values l + 32t; group scales per 16 values; x = d sc (q - 32)
+        u = step
+        a = c // 32
+        l = c % 32  # noqa: E741
+        m = rmask  # K is whole 256-value super-blocks: every step's half exists
+        ql = tl.load(_at(P0, U0, S0, u, r, c), mask=m, other=0).to(tl.int32)
+        qh = tl.load(_at(P2, U2, S2, u, r, l), mask=m, other=0).to(tl.int32)
+        q_lo = (ql & 15) | (((qh >> (2 * a)) & 3) << 4)
+        q_hi = (ql >> 4) | (((qh >> (2 * a + 4)) & 3) << 4)
+        d = tl.load(_at(P1, U1, S1, u // 2, r, 0), mask=m, other=0.0).to(tl.float32)
+        g = 8 * u + 2 * a + l // 16
+        sc_lo = tl.load(_at(P3, U3, S3, g, r, 0), mask=m, other=0).to(tl.float32)
+        sc_hi = tl.load(_at(P3, U3, S3, g + 4, r, 0), mask=m, other=0).to(tl.float32)
+        lo = (d * sc_lo) * (q_lo - 32).to(tl.float32)
+        hi = (d * sc_hi) * (q_hi - 32).to(tl.float32)
+        clo = 128 * u + c
+        chi = clo + 64
+    return lo, hi, clo, chi
+
+
+@triton.jit
+def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, N, K, n_units,
+                    FMT: tl.constexpr, BN: tl.constexpr):
+    """out (N, K) = the decoded values; grid (N / BN, K / 128): one tile of 128 values of BN rows each."""
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    r = rn[:, None]
+    rmask = r < N
+    lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, r, rmask,
+                             tl.program_id(1), n_units)
+    row = out_ptr + r.to(tl.int64) * K
+    ty = out_ptr.dtype.element_ty
+    tl.store(row + clo, lo.to(ty), mask=rmask & (clo < K))
+    tl.store(row + chi, hi.to(ty), mask=rmask & (chi < K))
+
+
+def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 32) -> torch.Tensor:
+    """A block-major QWeight -> dense (N, K) of `dtype`: dequantize_torch's values (fp32, then rounded),
+    read in place (no row-major copy of the fields first)."""
+    fmt = FMT[w.qtype.name]
+    n, k = w.shape
+    ptrs, units, rows = field_args(w)
+    out = torch.empty((n, k), dtype=dtype, device=w.device)
+    grid = (triton.cdiv(n, bn), triton.cdiv(k, STEP))
+    _dequant_kernel[grid](out, *ptrs, *units, *rows, n, k, k // UNIT[fmt], FMT=fmt, BN=bn, num_warps=4)
+    return out
+
+
+def covers(w: QWeight) -> bool:
+    """Whether qgemm takes this weight: block-major fields of a type above."""
+    return w.blocks and w.qtype.name in FMT
+
+
+def field_args(w: QWeight) -> tuple[list[torch.Tensor], list[int], list[int]]:
+    """-> five field tensors (unused ones repeat the first), their unit strides and row strides (elements)."""
+    names = FIELDS[FMT[w.qtype.name]]
+    ptrs = [w.parts[n] for n in names]
+    ptrs += [ptrs[0]] * (5 - len(ptrs))
+    assert all(p.stride(2) == 1 for p in ptrs), "block-major fields need contiguous units"
+    return ptrs, [p.stride(0) for p in ptrs], [p.stride(1) for p in ptrs]
