@@ -21,8 +21,24 @@ def _wrong(key: str, value: Any, expected: str) -> LocalLLMError:
     return LocalLLMError(f"bad tokenizer metadata {key}: {_kind(value)}, expected {expected}")
 
 
+def _all_text(items: list) -> bool:
+    """Every item a str that encodes as UTF-8, checked in C (a 50k-token vocabulary: ~0.2 s less at
+    each load than the loop below, which then only runs to find the bad item)."""
+    if not all(type(x) is str for x in items):
+        return False
+    try:
+        "".join(items).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _bad_item(items: list, ok) -> int | None:
     """Index of the first item of items that fails ok, None if all pass."""
+    if ok is _is_text and _all_text(items):
+        return None
+    if ok is _is_int and all(type(x) is int for x in items):
+        return None
     for i, item in enumerate(items):
         if not ok(item):
             return i
