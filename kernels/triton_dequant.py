@@ -1,6 +1,6 @@
 """Block-major quantized weights decoded to dense for prompt products (kernels/linear.py: a prompt's
 product is dequantize + cuBLAS), read where they lie: the CUDA backend keeps the integer-dot types
-(Q8_0, Q4_0, Q4_K, Q6_K) block-major (kernels/qweight.py), and decoding them through a row-major copy
+(Q8_0, Q4_0, Q4_K, Q6_K, MXFP4) block-major (kernels/qweight.py), and decoding them through a row-major copy
 first (QWeight.to_rows, then triton_gemv.dequantize) ran at ~1 TB/s; this kernel writes the dense
 values at 2.0-2.7 TB/s on an H100 (bench/qgemm.py, docs/PERFORMANCE.md).
 
@@ -17,11 +17,13 @@ import triton
 import triton.language as tl
 
 from .qweight import QWeight
+from .triton_gemv import e2m1_value
 
-Q8_0, Q4_0, Q4_K, Q6_K = 0, 1, 2, 3
-FMT = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_K": Q4_K, "Q6_K": Q6_K}
-FIELDS = {Q8_0: ("qs", "d"), Q4_0: ("qs", "d"), Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q6_K: ("ql", "d", "qh", "sc")}
-UNIT = {Q8_0: 32, Q4_0: 32, Q4_K: 64, Q6_K: 128}  # values per block-major unit
+Q8_0, Q4_0, Q4_K, Q6_K, MXFP4 = 0, 1, 2, 3, 4
+FMT = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "MXFP4": MXFP4}
+FIELDS = {Q8_0: ("qs", "d"), Q4_0: ("qs", "d"), Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q6_K: ("ql", "d", "qh", "sc"),
+          MXFP4: ("qs", "e")}
+UNIT = {Q8_0: 32, Q4_0: 32, Q4_K: 64, Q6_K: 128, MXFP4: 32}  # values per block-major unit
 STEP = 128  # values of K per loop step
 
 
@@ -47,14 +49,21 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
         hi = q_hi * tl.load(_at(P1, U1, S1, u + 2, r, 0), mask=m_hi, other=0.0).to(tl.float32)
         clo = 32 * u + e
         chi = clo + 64
-    elif FMT == 1:  # Q4_0: blocks 4 step + {0..3}; byte e: value e (low nibble), e + 16 (high); x = d (q - 8)
+    elif FMT == 1 or FMT == 4:  # Q4_0 / MXFP4: blocks 4 step + {0..3}; byte e: value e (low nibble), e + 16
+        # (high); Q4_0 x = d (q - 8), MXFP4 x = 2^(e - 128) value(q) (triton_gemv.decode_tile's)
         u = 4 * step + c // 16
         e = c % 16
         m = rmask & (u < n_units)
         b = tl.load(_at(P0, U0, S0, u, r, e), mask=m, other=0).to(tl.int32)
-        d = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0.0).to(tl.float32)
-        lo = d * ((b & 15) - 8).to(tl.float32)
-        hi = d * ((b >> 4) - 8).to(tl.float32)
+        if FMT == 1:
+            d = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0.0).to(tl.float32)
+            lo = d * ((b & 15) - 8).to(tl.float32)
+            hi = d * ((b >> 4) - 8).to(tl.float32)
+        else:
+            x = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0).to(tl.int32)
+            d = tl.where(x < 2, 0x00200000 << tl.minimum(x, 1), (x - 1) << 23).to(tl.float32, bitcast=True)
+            lo = d * e2m1_value(b & 15)
+            hi = d * e2m1_value(b >> 4)
         clo = 32 * u + e
         chi = clo + 16
     elif FMT == 2:  # Q4_K: chunks 2 step + {0, 1}; byte e: value 64u + e (sub-block 2u), 64u + 32 + e (2u + 1)

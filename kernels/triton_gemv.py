@@ -59,7 +59,7 @@ def _f32(q, bias: tl.constexpr):
 
 
 @triton.jit
-def _e2m1(q):
+def e2m1_value(q):
     """Exact float of an MXFP4 code q (int32 0..15): E2M1 doubled, 0 1 2 3 4 6 8 12 for magnitudes
     m = q & 7 (m < 2: m, else (2 + (m & 1)) << ((m >> 1) - 1)), negative for q >= 8; code 8 is +0,
     as gguf's int8 table gives it (quantize/mxfp4.KVALUES)."""
@@ -141,8 +141,8 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
         qs = tl.load(P0 + r * S0 + 16 * gg + ww, mask=mask, other=0).to(tl.int32)
         e = tl.load(P1 + r * S1 + gg, mask=mask, other=0).to(tl.int32)
         d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
-        lo = d * _e2m1(qs & 15)
-        hi = d * _e2m1(qs >> 4)
+        lo = d * e2m1_value(qs & 15)
+        hi = d * e2m1_value(qs >> 4)
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     elif FMT == 8 or FMT == 9:  # IQ4_NL: x = d * KVALUES[q]; IQ4_XS: x = (d * (scale - 32)) * KVALUES[q]

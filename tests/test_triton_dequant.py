@@ -23,7 +23,7 @@ from localllm.kernels.qweight import QWeight  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4]
 
 
 def weight(qtype, n: int, k: int, seed: int = 3) -> tuple[torch.Tensor, QWeight]:
