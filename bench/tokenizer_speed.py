@@ -7,11 +7,14 @@ tokenizer (llama-cpp-python, vocab_only), interleaved, with the ids compared.
 
 The text: the repository's prose (bench/data/eval.txt, README.md, docs/*.md) then its Python source,
 each about half of --kb KiB. For SentencePiece vocabs "cold" is a fresh word cache (the first encode
-of a text), "warm" the same text again; "python" is the pure-Python merge (on a tenth of the text).
+of a text), "warm" the same text again, "1 thread" the first encode with sentencepiece on one thread,
+"cpu" the first encode's process CPU time (all threads: what a shared machine's load does not
+stretch); "python" is the pure-Python merge (on a tenth of the text).
 Ratios (vs_llamacpp, vs_python) are medians of per-round ratios, the runs of a round side by side.
 "build" is the tokenizer's construction from parsed metadata (start-up cost), "fast build" the
 sentencepiece engine's part of it. --synthetic builds a 256k-token SPM vocab (Gemma's size) to time
-the first use alone.
+the first use alone. --parts splits an SPM vocab's first encode into its steps (process CPU time,
+best of 7: what the machine's load stretches least).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from localllm.gguf_file import open_gguf  # noqa: E402
 from localllm.tokenizer import load_gguf_tokenizer  # noqa: E402
+from localllm.tokenizer.base import encodable, split_special  # noqa: E402
 from localllm.tokenizer.spm import SPACE, spm_tokenize  # noqa: E402
 from localllm.tokenizer.spm_fast import fast_spm  # noqa: E402
 
@@ -98,18 +102,34 @@ def bench_vocab(name: str, text: str, text_file: Path, rounds: int) -> dict:
     if tok.kind == "spm":
         row["fast"] = spm_fast is not None or tok.fast_reason
         row["fast_build_s"] = timed(lambda: fast_spm(tok._tokens, tok._scores, tok._unk_id, tok._to_id))
-    ours, theirs, warm, python = [], [], [], []
+    ours, theirs, warm, python, cpu, one = [], [], [], [], [], []
     part = text[: len(text) // 10]
     esc = (" " + part).replace(" ", SPACE)
     same = None
-    for _ in range(rounds):  # interleaved: ours (cold, warm), llama.cpp's, the Python merge, ours, ...
+
+    def first_encode(threads: int | None) -> tuple[list[int], float, float]:
+        """(ids, wall s, process CPU s) of an encode from a fresh word cache; threads: sentencepiece's
+        (None: the tokenizer's own)."""
         if spm_fast is not None:
             spm_fast.clear_cache()
-        t0 = time.perf_counter()
+            keep, spm_fast.threads = spm_fast.threads, threads or spm_fast.threads
+        t0, c0 = time.perf_counter(), time.process_time()
         ids = tok.encode(text)
-        ours.append((time.perf_counter() - t0) / len(text))
+        wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        if spm_fast is not None:
+            spm_fast.threads = keep
+        return ids, wall, cpu_s
+
+    for r in range(rounds):  # interleaved: ours (cold, 1 thread, warm), llama.cpp's, the Python merge, ...
+        if spm_fast is not None and r % 2:  # the one-thread run first in odd rounds
+            one.append(first_encode(1)[1] / len(text))
+        ids, wall, cpu_s = first_encode(None)
+        ours.append(wall / len(text))
+        cpu.append(cpu_s / len(text))
         if spm_fast is not None:
             warm.append(timed(lambda: tok.encode(text)) / len(text))
+            if not r % 2:
+                one.append(first_encode(1)[1] / len(text))
         ref = llamacpp(path, text_file, 1)
         if ref is not None:
             theirs.append(ref["time"] / len(text))
@@ -117,8 +137,12 @@ def bench_vocab(name: str, text: str, text_file: Path, rounds: int) -> dict:
         if tok.kind == "spm":
             python.append(timed(lambda: spm_tokenize(esc, tok._to_id, tok._scores, tok._byte_ids)) / len(part))
     row["ours_chars_s"] = 1 / statistics.median(ours)
+    row["ours_cpu_chars_s"] = 1 / statistics.median(cpu)
     if warm:
         row["ours_warm_chars_s"] = 1 / statistics.median(warm)
+        row["threads"] = spm_fast.threads
+        row["ours_1thread_chars_s"] = 1 / statistics.median(one)
+        row["vs_1thread"] = statistics.median(t / o for o, t in zip(ours, one))
     if theirs:  # ratios: median over rounds of (their time per char / ours), each round side by side
         row["llamacpp_chars_s"] = 1 / statistics.median(theirs)
         row["vs_llamacpp"] = statistics.median(t / o for o, t in zip(ours, theirs))
@@ -126,6 +150,43 @@ def bench_vocab(name: str, text: str, text_file: Path, rounds: int) -> dict:
     if python:
         row["python_chars_s"] = 1 / statistics.median(python)
         row["vs_python"] = statistics.median(p / o for o, p in zip(ours, python))
+    return row
+
+
+def spm_parts(name: str, text: str, repeat: int = 7) -> dict:
+    """CPU ms of each step of a first encode (SpmTokenizer.encode -> FastSpm.encode), best of repeat."""
+    from itertools import chain
+
+    tok = load_gguf_tokenizer(open_gguf(VOCAB_DIR / f"ggml-vocab-{name}.gguf").metadata)
+    fast = tok._fast
+    row: dict = {"vocab": name, "chars": len(text)}
+
+    def cpu(step: str, fn):
+        best = float("inf")
+        for _ in range(repeat):
+            c0 = time.process_time()
+            out = fn()
+            best = min(best, time.process_time() - c0)
+        row[step + "_ms"] = round(best * 1e3, 2)
+        return out
+
+    cpu("repair", lambda: encodable(text))
+    cpu("special_split", lambda: split_special(text, tok._specials, False))
+    esc = cpu("escape", lambda: (" " + text).replace(" ", SPACE))
+    words = cpu("word_split", lambda: fast._words(esc))
+    new = cpu("distinct", lambda: list(dict.fromkeys(words)))
+    row["words"], row["distinct_words"], row["distinct_chars"] = len(words), len(new), sum(map(len, new))
+    ids = cpu("sentencepiece_1thread", lambda: fast._sp.encode(new, num_threads=1))
+    cpu(f"sentencepiece_{fast.threads}threads", lambda: fast._sp.encode(new, num_threads=fast.threads))
+    cache = cpu("cache_fill", lambda: dict(zip(new, ids)))
+    cpu("assemble", lambda: list(chain.from_iterable(map(cache.__getitem__, words))))
+    cpu("whole_text_in_one_call", lambda: fast._sp.encode(esc))
+
+    def first() -> None:
+        fast.clear_cache()
+        tok.encode(text)
+
+    cpu("first_encode_total", first)  # the steps above plus the calls between them
     return row
 
 
@@ -157,8 +218,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kb", type=int, default=300, help="text size in KiB (half prose, half code)")
     ap.add_argument("--synthetic", action="store_true", help="also time building a 256k SPM vocab")
+    ap.add_argument("--parts", action="store_true", help="only the steps of each SPM vocab's first encode")
     args = ap.parse_args()
     text = bench_text(args.kb)
+    if args.parts:
+        for name in args.vocab or [v for v in VOCABS if v in ("llama-spm", "phi-3")]:
+            print(json.dumps(spm_parts(name, text)), flush=True)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         text_file = Path(tmp) / "text.txt"
         text_file.write_text(text, encoding="utf-8")

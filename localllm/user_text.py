@@ -33,7 +33,7 @@ def repair(text: str) -> tuple[str, int]:
     Surrogate escapes (U+DC80..U+DCFF, the bytes Python could not decode) become their bytes again
     and are decoded with replacement; any other lone surrogate (e.g. from a JSON "\\ud800" escape)
     cannot be written as UTF-8 at all and becomes one U+FFFD each."""
-    if not _SURROGATE.search(text):
+    if text.isascii() or not _SURROGATE.search(text):  # isascii: a flag Python keeps, no scan
         return text, 0
     try:
         data = text.encode("utf-8", "surrogateescape")

@@ -76,6 +76,31 @@ def test_long_text_with_word_cache():
     assert fast.encode(esc[:50]) == spm_tokenize(esc[:50], tok._to_id, tok._scores, tok._byte_ids)
 
 
+def test_long_text_on_threads(monkeypatch):
+    """A long text's new words go to sentencepiece's batch encode on several threads (the split of the
+    list between them must not change a word's ids or their order); a short one stays on one."""
+    monkeypatch.setattr(spm_fast, "THREAD_CHARS", 512)  # a test-sized text is long enough
+    tok = gguf_tokenizer(vocab_path("llama-spm"))
+    text = "".join(text for text, _ in read_cases("llama-spm")) + " ".join(fuzz_texts(7, 300))
+    esc = (" " + text).replace(" ", SPACE)
+    fast = spm_fast.FastSpm(spm_fast.fast_spm_model(tok._tokens, tok._scores, tok._unk_id, tok._to_id)[0], tok._tokens)
+    fast.threads = 3
+    calls, sp = [], fast._sp
+
+    class Spy:  # records the thread count of each batch encode
+        def encode(self, words, num_threads):
+            calls.append((len(words), num_threads))
+            return sp.encode(words, num_threads=num_threads)
+
+    fast._sp = Spy()
+    assert fast.encode(esc) == spm_tokenize(esc, tok._to_id, tok._scores, tok._byte_ids)
+    assert calls[0][0] > 100 and calls[0][1] == 3
+    short = esc[:300]
+    fast.clear_cache()
+    assert fast.encode(short) == spm_tokenize(short, tok._to_id, tok._scores, tok._byte_ids)
+    assert calls[1][1] == 1
+
+
 def tiny_spm(tokens, scores, types=None, unk=0, **meta) -> SpmTokenizer:
     n = len(tokens)
     return load_gguf_tokenizer({

@@ -16,11 +16,18 @@ tokenizer (spm.spm_tokenize, which stays the reference in the tests).
 
 Speed: the text is cut before each "▁" that no token can span (the merges on the two sides never
 meet, so each word's ids are those of the whole text), each distinct word is encoded once, and the
-ids of words already seen are kept (a long text repeats its words).
+ids of words already seen are kept (a long text repeats its words). The new words of a long text go
+to sentencepiece's batch encode on all the CPUs this process may use (its C++ threads split the list;
+Python waits). Tried and dropped (docs/PERFORMANCE.md): the whole text in one call (sentencepiece
+costs 3-5x more per character on one long string than on words: its merge heap grows), words joined
+into chunks (no cheaper per character), finer exact cuts (where no token holds the two neighbouring
+characters: a third of the characters to encode, but twice the words, and the Python work per word
+eats the saving).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from itertools import chain
@@ -29,6 +36,9 @@ import numpy as np
 
 SPACE = "\u2581"
 CACHE_WORDS = 1 << 16  # distinct words whose ids are kept (a few MB); the cache starts over when full
+# new words' characters from which sentencepiece's batch encode gets more than one thread (below this
+# the work, about 0.2-0.5 us a character, is not worth starting threads for)
+THREAD_CHARS = 1 << 14
 
 # sentencepiece_model.proto field numbers (ModelProto, SentencePiece, TrainerSpec, NormalizerSpec)
 _PIECES, _TRAINER, _NORMALIZER = 1, 2, 3
@@ -209,6 +219,7 @@ class FastSpm:
         self._words = word_pattern(tokens).findall
         self._cache: dict[str, list[int]] = {}
         self.cache_words = CACHE_WORDS
+        self.threads = usable_cpus()  # sentencepiece threads for a long text's new words
 
     def clear_cache(self) -> None:
         """Forget the words seen (benchmarks time the first encode of a text)."""
@@ -220,12 +231,27 @@ class FastSpm:
         if not words:
             return []
         cache = self._cache  # this call's dict, even if another thread starts a new one meanwhile
-        new = [w for w in dict.fromkeys(words) if w not in cache]
+        new = [w for w in dict.fromkeys(words) if w not in cache] if cache else list(dict.fromkeys(words))
         if len(cache) + len(new) > self.cache_words:
             cache = self._cache = {}
             new = list(dict.fromkeys(words))
         if new:
-            cache.update(zip(new, self._sp.encode(new, num_threads=1)))
+            cache.update(zip(new, self._encode_words(new)))
         if len(words) == 1:
             return list(cache[words[0]])
         return list(chain.from_iterable(map(cache.__getitem__, words)))
+
+    def _encode_words(self, words: list[str]) -> list[list[int]]:
+        """sentencepiece's ids of each word; threads for many characters (it runs the list inline when
+        it has one word)."""
+        threads = 1
+        if self.threads > 1 and len(words) > 1 and sum(map(len, words)) >= THREAD_CHARS:
+            threads = self.threads
+        return self._sp.encode(words, num_threads=threads)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
