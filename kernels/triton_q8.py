@@ -205,16 +205,24 @@ def _e2m1_bytes(c):
 
 
 @triton.jit
-def _table16_bytes(c, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr):
-    """int32 words of four 4-bit codes (a byte each, 0..15) -> words of their int8 values: byte q of
-    the 16-byte table whose little-endian int32 words are T0..T3 (table16_words). The interpreter's
-    form of _table16_lookup (IQ4_NL / IQ4_XS codes)."""
-    out = tl.zeros_like(c)
-    for k in tl.static_range(4):
-        q = (c >> (8 * k)) & 15
-        word = tl.where(q < 8, tl.where(q < 4, T0, T1), tl.where(q < 12, T2, T3))
-        out |= ((word >> (8 * (q & 3))) & 0xFF) << (8 * k)
-    return out
+def _table16_values(q, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr):
+    """4-bit codes q (int32 0..15) -> their int8 values (int32): byte q of the 16-byte table whose
+    little-endian int32 words are T0..T3 (table16_words), sign-extended."""
+    word = tl.where(q < 8, tl.where(q < 4, T0, T1), tl.where(q < 12, T2, T3))
+    return (word << (24 - 8 * (q & 3))) >> 24
+
+
+@triton.jit
+def _table16_dot(w, x, SHIFT: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                 T3: tl.constexpr):
+    """The interpreter's form of dp4a(_table16_lookup(w)[SHIFT // 4], x) summed over the last axis: words
+    w (BK, BN, 4) of codes (nibbles SHIFT + 8k, k = 0..3, of each word) and x (BK, 1, 4) of int8s ->
+    (BK, BN, 1) int32 sums of value(code k) x byte k. The bytes take a fourth axis, so the interpreter
+    runs a few ops on larger arrays instead of ~40 on small ones (the same integer sums)."""
+    k = 8 * tl.arange(0, 4)
+    v = _table16_values((w[:, :, :, None] >> (k + SHIFT)) & 15, T0, T1, T2, T3)
+    xb = (x[:, :, :, None] << (24 - k)) >> 24
+    return tl.sum(tl.sum(v * xb, 3), 2, keep_dims=True)
 
 
 def table16_words(values) -> tuple[int, int, int, int]:
@@ -324,13 +332,13 @@ def unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN:
         return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
     elif FMT == 5 or FMT == 6:  # IQ4_NL: w = d KVALUES[q]; IQ4_XS: w = (d (scale - 32)) KVALUES[q], scale the
         w = W[0]  # 6-bit one of sub-block u (low 4 bits: nibble u % 2 of its scales_l byte, high 2: bits
-        if ASM:  # 2 (u % 4).. of its scales_h byte); low nibbles values 0-15, high 16-31
+        x_lo, x_hi = _ld(xq + 8 * u3 + j, um3, EVEN), _ld(xq + 8 * u3 + 4 + j, um3, EVEN)  # 2 (u % 4).. of
+        if ASM:  # its scales_h byte); low nibbles values 0-15, high 16-31
             v_lo, v_hi = _table16_lookup(w, IQ4_PTX)
+            s = tl.sum(_dp4a(v_hi, x_hi, _dp4a(v_lo, x_lo, tl.zeros_like(w), ASM), ASM), 2, keep_dims=True)
         else:
-            v_lo = _table16_bytes(w & M4, IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3)
-            v_hi = _table16_bytes((w >> 4) & M4, IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3)
-        s = _dp4a(v_lo, _ld(xq + 8 * u3 + j, um3, EVEN), tl.zeros_like(w), ASM)
-        s = tl.sum(_dp4a(v_hi, _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
+            s = (_table16_dot(w, x_lo, 0, IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3)
+                 + _table16_dot(w, x_hi, 4, IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3))
         d = W[1].to(tl.float32)
         if FMT == 6:
             sc = ((W[3].to(tl.int32) >> (4 * (u3 % 2))) & 15) | (((W[2].to(tl.int32) >> (2 * (u3 % 4))) & 3) << 4)
