@@ -14,13 +14,13 @@ so the only error against W @ x is Q8_0's on the activations (tests/gpu/test_gpu
 Units: a program takes BN rows and walks K in units (Q8_0/Q4_0/MXFP4/IQ4_NL: a 32-value block; IQ4_XS:
 a 32-value sub-block; Q4_K: a 64-value chunk of a super-block, whose low nibbles are sub-block 2u and
 high nibbles 2u + 1; Q6_K: a 128-value half of a super-block). MXFP4's and IQ4's 4-bit codes become
-their int8 table values (E2M1 doubled; ggml's kvalues_iq4nl) by byte permutes before the dot products. The weights are block-major (QWeight.to_blocks): the threads of a warp take
-consecutive rows of the same units, so their 16-byte word loads form one contiguous run and the x
-words they need are the same (a broadcast). Against a row-major layout, where every thread fetched
-its own x words, this took an 8B gate/up Q4_0 product from about half of copy bandwidth to over
-four fifths (docs/PERFORMANCE.md).
-Under TRITON_INTERPRET (CPU tests) dp4a, an inline PTX instruction, is emulated by shifts: the integer
-sums are the same either way.
+their int8 table values (E2M1 doubled; ggml's kvalues_iq4nl) by byte permutes before the dot products.
+The weights are block-major (QWeight.to_blocks): the threads of a warp take consecutive rows of the
+same units, so their 16-byte word loads form one contiguous run and the x words they need are the same
+(a broadcast). Against a row-major layout, where every thread fetched its own x words, this took an 8B
+gate/up Q4_0 product from about half of copy bandwidth to over four fifths (docs/PERFORMANCE.md).
+Under TRITON_INTERPRET (CPU tests) dp4a, an inline PTX instruction, is emulated by shifts (and IQ4's
+table lookup by _table16_dot): the integer sums are the same either way.
 """
 
 from __future__ import annotations
@@ -233,12 +233,12 @@ def table16_words(values) -> tuple[int, int, int, int]:
 
 # A table lookup by byte permutes (PTX prmt: each 4-bit selector picks one of 8 bytes of two registers;
 # its bit 3 would replicate the sign, so selectors are masked to 3 bits): values of codes 0-7 from one
-# 8-byte table (words t0, t1), of codes 8-15 from another (t2, t3), and bit 3 of each code picks between
-# the two results. MXFP4's table (_e2m1_bytes): about 15 instructions for a word's 8 codes against ~36
-# for _e2m1_bytes on both halves: the MXFP4 products were bound by this arithmetic
-# (bench/moe_products.py). Same values (tests/gpu: MXFP4 products vs the decoded reference; test_triton_q8
-# runs this PTX in a Python model of its instructions); llama.cpp's CUDA get_int_from_table_16 works the
-# same way, for IQ4_NL's table too.
+# 8-byte table (registers p0, p1: table16_words 0, 1), of codes 8-15 from another (n0, n1: words 2, 3),
+# and bit 3 of each code picks between the two results. MXFP4's table: about 15 instructions for a
+# word's 8 codes against ~36 for _e2m1_bytes on both halves: the MXFP4 products were bound by this
+# arithmetic (bench/moe_products.py). Same values (tests/gpu: the products vs the decoded reference;
+# test_triton_q8 runs this PTX in a Python model of its instructions); llama.cpp's CUDA
+# get_int_from_table_16 works the same way, for IQ4_NL's table too.
 TABLE16_PTX = """{{
         .reg .b32 m, sel, p0, p1, n0, n1, l, h, t0, t1, c;
         mov.b32 p0, {0}; mov.b32 p1, {1}; mov.b32 n0, {2}; mov.b32 n1, {3};
@@ -330,10 +330,13 @@ def unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN:
         e = W[1].to(tl.int32)
         d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
         return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
-    elif FMT == 5 or FMT == 6:  # IQ4_NL: w = d KVALUES[q]; IQ4_XS: w = (d (scale - 32)) KVALUES[q], scale the
-        w = W[0]  # 6-bit one of sub-block u (low 4 bits: nibble u % 2 of its scales_l byte, high 2: bits
-        x_lo, x_hi = _ld(xq + 8 * u3 + j, um3, EVEN), _ld(xq + 8 * u3 + 4 + j, um3, EVEN)  # 2 (u % 4).. of
-        if ASM:  # its scales_h byte); low nibbles values 0-15, high 16-31
+    elif FMT == 5 or FMT == 6:
+        # IQ4_NL: w = d KVALUES[q]; IQ4_XS: w = (d (scale - 32)) KVALUES[q], scale sub-block u's 6 bits
+        # (low 4: nibble u % 2 of its scales_l byte, high 2: bits 2 (u % 4).. of its scales_h byte).
+        # Low nibbles values 0-15, high 16-31.
+        w = W[0]
+        x_lo, x_hi = _ld(xq + 8 * u3 + j, um3, EVEN), _ld(xq + 8 * u3 + 4 + j, um3, EVEN)
+        if ASM:
             v_lo, v_hi = _table16_lookup(w, IQ4_PTX)
             s = tl.sum(_dp4a(v_hi, x_hi, _dp4a(v_lo, x_lo, tl.zeros_like(w), ASM), ASM), 2, keep_dims=True)
         else:
