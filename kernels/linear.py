@@ -7,8 +7,8 @@ Dense weights (torch tensors):
   compute-bound and the widening costs little. CUDA: cuBLAS.
 Quantized weights as the file's blocks (kernels.cpu.BlockQWeight, CPU and MPS): kernels/cpu.py.
 Quantized weights (kernels.qweight.QWeight, CUDA):
-  few rows (decode): Q8_0/Q4_0/Q4_K/Q6_K/MXFP4 take integer dot products against x quantized to
-  int8 (kernels/triton_q8.py); the other kernel types (Q4_1, Q5_K) the fused dequantize +
+  few rows (decode): Q8_0/Q4_0/Q4_K/Q6_K/MXFP4/IQ4_NL/IQ4_XS take integer dot products against x
+  quantized to int8 (kernels/triton_q8.py); the other kernel types (Q4_1, Q5_K) the fused dequantize +
   matrix-vector Triton kernel (kernels/triton_gemv.py);
   many rows (prefill): dequantize to the activation dtype with Triton (block-major weights by
   kernels/triton_dequant.py), then a tensor-core matmul.

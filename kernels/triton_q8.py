@@ -1,4 +1,5 @@
-"""Integer-dot matrix-vector products for Q8_0, Q4_0, Q4_K, Q6_K and MXFP4 weights (decode, few rows).
+"""Integer-dot matrix-vector products for Q8_0, Q4_0, Q4_K, Q6_K, MXFP4, IQ4_NL and IQ4_XS weights (decode,
+few rows).
 
 x is first quantized to int8 per 32 values (quantize/act.py, Q8_0's rule, plus sums over 16 values;
 RMSNorm can be fused into that pass). Then every 32-bit word of weight quants meets a word of four
@@ -10,15 +11,16 @@ Reference each product must match, within fp32 summation order:
   dequantize_torch(W) @ dequantize_act(q_x, d_x)    (quantize/act.py),
 so the only error against W @ x is Q8_0's on the activations (tests/gpu/test_gpu_kernels.py).
 
-Units: a program takes BN rows and walks K in units (Q8_0/Q4_0/MXFP4: a 32-value block; Q4_K: a 64-value
-chunk of a super-block, whose low nibbles are sub-block 2u and high nibbles 2u + 1; Q6_K: a 128-value
-half of a super-block). The weights are block-major (QWeight.to_blocks): the threads of a warp take
-consecutive rows of the same units, so their 16-byte word loads form one contiguous run and the x
-words they need are the same (a broadcast). Against a row-major layout, where every thread fetched
-its own x words, this took an 8B gate/up Q4_0 product from about half of copy bandwidth to over
-four fifths (docs/PERFORMANCE.md).
-Under TRITON_INTERPRET (CPU tests) dp4a, an inline PTX instruction, is emulated by shifts: the integer
-sums are the same either way.
+Units: a program takes BN rows and walks K in units (Q8_0/Q4_0/MXFP4/IQ4_NL: a 32-value block; IQ4_XS:
+a 32-value sub-block; Q4_K: a 64-value chunk of a super-block, whose low nibbles are sub-block 2u and
+high nibbles 2u + 1; Q6_K: a 128-value half of a super-block). MXFP4's and IQ4's 4-bit codes become
+their int8 table values (E2M1 doubled; ggml's kvalues_iq4nl) by byte permutes before the dot products.
+The weights are block-major (QWeight.to_blocks): the threads of a warp take consecutive rows of the
+same units, so their 16-byte word loads form one contiguous run and the x words they need are the same
+(a broadcast). Against a row-major layout, where every thread fetched its own x words, this took an 8B
+gate/up Q4_0 product from about half of copy bandwidth to over four fifths (docs/PERFORMANCE.md).
+Under TRITON_INTERPRET (CPU tests) dp4a, an inline PTX instruction, is emulated by shifts (and IQ4's
+table lookup by _table16_dot): the integer sums are the same either way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.quantize import iq4, mxfp4
 from localllm.quantize.formats import FORMATS
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
@@ -38,7 +41,7 @@ from .triton_gemv import row_rstd
 # Format.int_dot (quantize/formats).
 FIELDS = {t: FORMATS[t].int_dot.args for t in INT_DOT_TYPES}
 WORDS = ("qs", "ql", "qh")
-FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3, Q.MXFP4: 4}
+FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3, Q.MXFP4: 4, Q.IQ4_NL: 5, Q.IQ4_XS: 6}
 UNIT = {t: FORMATS[t].int_dot.unit for t in INT_DOT_TYPES}
 TYPES = INT_DOT_TYPES
 assert set(FMT) == TYPES
@@ -47,13 +50,14 @@ assert set(FMT) == TYPES
 # with BK 2, were slower; docs/PERFORMANCE.md). Every product is also split over K
 # (triton_epilogue.auto_split) so that enough warps stream.
 CONFIGS = {Q.Q8_0: (32, 2, 1), Q.Q4_0: (32, 2, 1), Q.Q4_K: (128, 2, 4), Q.Q6_K: (32, 1, 1),
-           Q.MXFP4: (32, 2, 1)}  # MXFP4: Q4_0's (the same loads; not swept)
+           Q.MXFP4: (32, 2, 1),  # MXFP4: Q4_0's (the same loads; not swept)
+           Q.IQ4_NL: (32, 2, 1), Q.IQ4_XS: (32, 2, 1)}  # IQ4: Q4_0's too (not swept)
 if INTERPRET:  # the interpreter pays per program: few large ones
     CONFIGS = {t: (64, 4, 4) for t in CONFIGS}
 # Products load their first PRELOAD steps' weights (BK units each) before their PDL wait, overlapping
 # the kernel before them (a quantizer or the attention's combine: while it runs, the next product's
 # first programs are resident and idle): 0, 1 or 2 per type, the fastest of each in the decode step.
-PRELOAD = {Q.Q8_0: 1, Q.Q4_0: 2, Q.Q4_K: 2, Q.Q6_K: 2, Q.MXFP4: 2}
+PRELOAD = {Q.Q8_0: 1, Q.Q4_0: 2, Q.Q4_K: 2, Q.Q6_K: 2, Q.MXFP4: 2, Q.IQ4_NL: 2, Q.IQ4_XS: 2}
 M4, M30 = tl.constexpr(0x0F0F0F0F), tl.constexpr(0x30303030)  # nibble and Q6_K high-bit masks
 B0, B01, B012 = tl.constexpr(0x01010101), tl.constexpr(0x03030303), tl.constexpr(0x07070707)  # per-byte bits
 
@@ -162,8 +166,11 @@ def unit_weights(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, u3, 
     if FMT == 0:  # Q8_0: 8 words of int8 quants per block, its scale
         return (_ld(P0 + u3 * U0 + r3 * 8 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 8 + 4 + j, m3, EVEN),
                 _ld(P1 + u3 * U1 + r3, m3, EVEN))
-    elif FMT == 1 or FMT == 4:  # Q4_0 / MXFP4: 4 words of nibbles per block, its scale (fp16 d / E8M0 e)
-        return _ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN), _ld(P1 + u3 * U1 + r3, m3, EVEN)
+    elif FMT == 1 or FMT == 4 or FMT == 5:  # Q4_0 / MXFP4 / IQ4_NL: 4 words of nibbles per block, its
+        return _ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN), _ld(P1 + u3 * U1 + r3, m3, EVEN)  # scale (d / E8M0 e)
+    elif FMT == 6:  # IQ4_XS sub-block u: 4 words of nibbles, the super-block's d, the scales_h / scales_l
+        return (_ld(P0 + u3 * U0 + r3 * 4 + j, m3, EVEN), _ld(P1 + (u3 // 8) * U1 + r3, m3, EVEN),  # bytes
+                _ld(P2 + (u3 // 4) * U2 + r3, m3, EVEN), _ld(P3 + (u3 // 2) * U3 + r3, m3, EVEN))  # with its scale
     elif FMT == 2:  # Q4_K chunk u: 8 words, the super-block's d and dmin, sub-blocks 2u, 2u + 1's sc and mn
         sb = 2 * u3
         return (_ld(P0 + u3 * U0 + r3 * 8 + j, m3, EVEN), _ld(P0 + u3 * U0 + r3 * 8 + 4 + j, m3, EVEN),
@@ -197,19 +204,44 @@ def _e2m1_bytes(c):
     return (mag ^ neg) + (neg & B0)
 
 
-# _e2m1_bytes by byte permutes (PTX prmt: each 4-bit selector picks one of 8 bytes of two registers;
-# its bit 3 would replicate the sign, so selectors are masked to 3 bits): magnitudes of codes 0-7 from
-# one table, their negatives from another, and bit 3 of each code picks between the two results.
-# About 15 instructions for a word's 8 codes against ~36 for _e2m1_bytes on both halves: the MXFP4
-# products were bound by this arithmetic (bench/moe_products.py). Same values (tests/gpu: MXFP4 products
-# vs the decoded reference); llama.cpp's CUDA get_int_from_table_16 works the same way.
 @triton.jit
-def _e2m1_lookup(w):
-    """A word of 8 MXFP4 codes (each byte: a low-nibble and a high-nibble code) -> (int8 values of the
-    low nibbles, of the high nibbles): _e2m1_bytes(w & M4), _e2m1_bytes((w >> 4) & M4)."""
-    return tl.inline_asm_elementwise("""{
+def _table16_values(q, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr):
+    """4-bit codes q (int32 0..15) -> their int8 values (int32): byte q of the 16-byte table whose
+    little-endian int32 words are T0..T3 (table16_words), sign-extended."""
+    word = tl.where(q < 8, tl.where(q < 4, T0, T1), tl.where(q < 12, T2, T3))
+    return (word << (24 - 8 * (q & 3))) >> 24
+
+
+@triton.jit
+def _table16_dot(w, x, SHIFT: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                 T3: tl.constexpr):
+    """The interpreter's form of dp4a(_table16_lookup(w)[SHIFT // 4], x) summed over the last axis: words
+    w (BK, BN, 4) of codes (nibbles SHIFT + 8k, k = 0..3, of each word) and x (BK, 1, 4) of int8s ->
+    (BK, BN, 1) int32 sums of value(code k) x byte k. The bytes take a fourth axis, so the interpreter
+    runs a few ops on larger arrays instead of ~40 on small ones (the same integer sums)."""
+    k = 8 * tl.arange(0, 4)
+    v = _table16_values((w[:, :, :, None] >> (k + SHIFT)) & 15, T0, T1, T2, T3)
+    xb = (x[:, :, :, None] << (24 - k)) >> 24
+    return tl.sum(tl.sum(v * xb, 3), 2, keep_dims=True)
+
+
+def table16_words(values) -> tuple[int, int, int, int]:
+    """A 16-entry int8 table (code -> value) -> its four little-endian words, as signed int32."""
+    words = [sum((v & 0xFF) << (8 * i) for i, v in enumerate(values[4 * k:4 * k + 4])) for k in range(4)]
+    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)
+
+
+# A table lookup by byte permutes (PTX prmt: each 4-bit selector picks one of 8 bytes of two registers;
+# its bit 3 would replicate the sign, so selectors are masked to 3 bits): values of codes 0-7 from one
+# 8-byte table (registers p0, p1: table16_words 0, 1), of codes 8-15 from another (n0, n1: words 2, 3),
+# and bit 3 of each code picks between the two results. MXFP4's table: about 15 instructions for a
+# word's 8 codes against ~36 for _e2m1_bytes on both halves: the MXFP4 products were bound by this
+# arithmetic (bench/moe_products.py). Same values (tests/gpu: the products vs the decoded reference;
+# test_triton_q8 runs this PTX in a Python model of its instructions); llama.cpp's CUDA
+# get_int_from_table_16 works the same way, for IQ4_NL's table too.
+TABLE16_PTX = """{{
         .reg .b32 m, sel, p0, p1, n0, n1, l, h, t0, t1, c;
-        mov.b32 p0, 0x03020100; mov.b32 p1, 0x0C080604; mov.b32 n0, 0xFDFEFF00; mov.b32 n1, 0xF4F8FAFC;
+        mov.b32 p0, {0}; mov.b32 p1, {1}; mov.b32 n0, {2}; mov.b32 n1, {3};
         and.b32 m, $2, 0x77777777;
         and.b32 sel, $2, 0x88888888;
         shr.b32 sel, sel, 1;
@@ -226,7 +258,32 @@ def _e2m1_lookup(w):
         prmt.b32 $0, t0, t1, c;
         mov.b32 c, 0x7531;
         prmt.b32 $1, t0, t1, c;
-        }""", "=r,=r,r", [w], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        }}"""
+
+
+def table16_ptx(values) -> str:
+    """TABLE16_PTX for a 16-entry int8 table (code -> value)."""
+    return TABLE16_PTX.format(*(f"0x{w & 0xFFFFFFFF:08X}" for w in table16_words(values)))
+
+
+E2M1_PTX = tl.constexpr(table16_ptx(mxfp4.KVALUES))
+IQ4_PTX = tl.constexpr(table16_ptx(iq4.KVALUES))
+IQ4_WORDS = table16_words(iq4.KVALUES)
+IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3 = (tl.constexpr(w) for w in IQ4_WORDS)
+
+
+@triton.jit
+def _table16_lookup(w, PTX: tl.constexpr):
+    """A word of 8 codes (each byte: a low-nibble and a high-nibble code) -> (int8 values of the low
+    nibbles, of the high nibbles) from the table PTX was made for (table16_ptx)."""
+    return tl.inline_asm_elementwise(PTX, "=r,=r,r", [w], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _e2m1_lookup(w):
+    """A word of 8 MXFP4 codes -> (int8 values of the low nibbles, of the high nibbles):
+    _e2m1_bytes(w & M4), _e2m1_bytes((w >> 4) & M4)."""
+    return _table16_lookup(w, E2M1_PTX)
 
 
 @triton.jit
@@ -272,6 +329,23 @@ def unit_dot(FMT: tl.constexpr, W, xq, xd, xs, u3, um3, ASM: tl.constexpr, EVEN:
         s = tl.sum(_dp4a(v_hi, _ld(xq + 8 * u3 + 4 + j, um3, EVEN), s, ASM), 2, keep_dims=True)
         e = W[1].to(tl.int32)
         d = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (e - 1) << 23).to(tl.float32, bitcast=True)
+        return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
+    elif FMT == 5 or FMT == 6:
+        # IQ4_NL: w = d KVALUES[q]; IQ4_XS: w = (d (scale - 32)) KVALUES[q], scale sub-block u's 6 bits
+        # (low 4: nibble u % 2 of its scales_l byte, high 2: bits 2 (u % 4).. of its scales_h byte).
+        # Low nibbles values 0-15, high 16-31.
+        w = W[0]
+        x_lo, x_hi = _ld(xq + 8 * u3 + j, um3, EVEN), _ld(xq + 8 * u3 + 4 + j, um3, EVEN)
+        if ASM:
+            v_lo, v_hi = _table16_lookup(w, IQ4_PTX)
+            s = tl.sum(_dp4a(v_hi, x_hi, _dp4a(v_lo, x_lo, tl.zeros_like(w), ASM), ASM), 2, keep_dims=True)
+        else:
+            s = (_table16_dot(w, x_lo, 0, IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3)
+                 + _table16_dot(w, x_hi, 4, IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3))
+        d = W[1].to(tl.float32)
+        if FMT == 6:
+            sc = ((W[3].to(tl.int32) >> (4 * (u3 % 2))) & 15) | (((W[2].to(tl.int32) >> (2 * (u3 % 4))) & 3) << 4)
+            d = d * (sc - 32).to(tl.float32)  # exact: an fp16 times a 6-bit integer
         return s.to(tl.float32) * (d * _ld(xd + u3, um3, EVEN))
     else:  # Q6_K half u: w = d sc (q - 32)
         d = W[6].to(tl.float32)

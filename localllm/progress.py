@@ -1,14 +1,19 @@
 """Progress on stderr for long library work: bars for work reported as (stage, done, total) callbacks,
-and a spinner with the elapsed time for one long step that reports nothing (a C++ build, a first parse)."""
+and a spinner with the elapsed time for one long step that reports nothing (a C++ build, a first parse);
+on a non-terminal, a plain line with the elapsed seconds every few seconds instead (as llama.cpp-style
+tools log long steps: no redrawn lines in a pipe or a CI log, no silent minute either)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from .settings import PROGRESS_LINE_SECONDS
 
 
 @contextmanager
@@ -33,13 +38,16 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
 
 
 @contextmanager
-def elapsed_spinner(description: str, delay: float = 0.0, console: Console | None = None) -> Iterator[None]:
+def elapsed_spinner(description: str, delay: float = 0.0, console: Console | None = None,
+                    every: float = PROGRESS_LINE_SECONDS) -> Iterator[None]:
     """A spinner, `description` and the elapsed time on a terminal's stderr while the block runs, shown
     once it has run `delay` seconds (quick work stays quiet) and removed when it ends. Not a terminal
-    (a pipe, a log file): nothing, so that scripts read no redrawn lines."""
+    (a pipe, a log file): one plain line "description: N s elapsed" every `every` seconds while it
+    runs (elapsed_lines), never redrawn."""
     console = console or Console(stderr=True)
     if not console.is_terminal:
-        yield
+        with elapsed_lines(description, console, every):
+            yield
         return
     bar = Progress(SpinnerColumn(), TextColumn(description), TimeElapsedColumn(), console=console, transient=True)
     bar.add_task(description, total=None)
@@ -63,3 +71,24 @@ def elapsed_spinner(description: str, delay: float = 0.0, console: Console | Non
             state["done"] = True
             if state["started"]:
                 bar.stop()
+
+
+@contextmanager
+def elapsed_lines(description: str, console: Console, every: float) -> Iterator[None]:
+    """While the block runs, "description: N s elapsed" on console's file at every `every` seconds
+    (none for work quicker than that); no line after the block has ended."""
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not stop.wait(every):
+            console.file.write(f"{description}: {time.monotonic() - t0:.0f} s elapsed\n")
+            console.file.flush()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

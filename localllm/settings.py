@@ -98,3 +98,7 @@ DEFAULT_CPU = CpuSettings()
 DEFAULT_TEMPLATE = TemplateSettings()
 DEFAULT_FILES = FileSettings()
 DEFAULT_LIMITS = LoaderLimits()
+
+# Seconds between the elapsed-time lines a long silent step (the first C++ kernel build, a first GGUF
+# parse) prints on a non-terminal stderr (a pipe, a CI log), where no spinner is drawn (progress.py).
+PROGRESS_LINE_SECONDS = 10.0

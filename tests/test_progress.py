@@ -1,10 +1,13 @@
 """No silent minute: a long step that reports nothing (the first C++ build, the first parse of a large
-vocabulary) shows a spinner with the elapsed time on a terminal, and nothing on a pipe."""
+vocabulary) shows a spinner with the elapsed time on a terminal, and on a pipe (a CI log) a plain line
+with the elapsed seconds every PROGRESS_LINE_SECONDS (none for quick work)."""
 
 from __future__ import annotations
 
 import io
+import re
 import time
+from functools import partial
 
 from rich.console import Console
 
@@ -74,3 +77,46 @@ def test_cpu_kernel_build_is_announced(tmp_path, monkeypatch):
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: events.append(("load", kw["name"])) or "module")
     assert extension.__wrapped__(tmp_path / "cpu_ext" / "abc") == "module"
     assert [e[0] for e in events] == ["start", "load", "end"] and "CPU kernels" in events[0][1]
+
+
+def elapsed_seconds(text: str, description: str) -> list[int]:
+    """The N of every "description: N s elapsed" line of text; asserts every line is one of those."""
+    lines = text.splitlines()
+    pattern = re.compile(re.escape(description) + r": (\d+) s elapsed")
+    assert all(pattern.fullmatch(line) for line in lines), lines
+    return [int(pattern.fullmatch(line).group(1)) for line in lines]
+
+
+def test_pipe_gets_an_elapsed_line_every_interval_and_none_after():
+    """On a non-terminal: plain lines (no cursor codes) while the step runs, about one per `every`
+    seconds, their seconds rising; nothing once the block has ended. (every 0.5 s here: the real
+    interval, settings.PROGRESS_LINE_SECONDS, is 10 s.)"""
+    from localllm.progress import elapsed_spinner
+
+    pipe = io.StringIO()
+    with elapsed_spinner("slow step", console=Console(file=pipe, force_terminal=False), every=0.5):
+        time.sleep(1.8)
+    shown = pipe.getvalue()
+    seconds = elapsed_seconds(shown, "slow step")
+    assert 2 <= len(seconds) <= 4 and seconds == sorted(seconds) and seconds[-1] >= 1, shown
+    time.sleep(0.7)
+    assert pipe.getvalue() == shown  # the ticker stopped with the block
+
+
+def test_cpu_kernel_build_prints_elapsed_lines_on_a_pipe(tmp_path, monkeypatch, capsys):
+    """The first-use C++ build on a non-terminal stderr (a CI log): its one announcing line, then
+    elapsed lines while the (fake, slow: nothing is compiled) build runs, as llama.cpp-style tools do."""
+    from torch.utils import cpp_extension
+
+    import localllm.progress as progress
+    from localllm.kernels.cpu import extension
+
+    for var in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # stderr is a pipe here, whatever CI says
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(progress, "elapsed_spinner", partial(progress.elapsed_spinner, every=0.25))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: time.sleep(1.1) or "module")
+    assert extension.__wrapped__(tmp_path / "cpu_ext" / "abc") == "module"
+    first, *rest = capsys.readouterr().err.splitlines()
+    assert first.startswith("building localllm's CPU kernels into ") and first.endswith("(about a minute, once) ...")
+    seconds = elapsed_seconds("\n".join(rest), "building localllm's CPU kernels (once)")
+    assert len(seconds) >= 2 and seconds == sorted(seconds), rest

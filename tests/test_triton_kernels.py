@@ -345,6 +345,31 @@ def test_decode_step_matches_model_forward(wtype, monkeypatch):
 
 
 
+@pytest.mark.parametrize("wtype", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_decode_step_takes_integer_products(wtype, monkeypatch):
+    """IQ4 weights in the decode step: every quantized product is an integer-dot one (triton_q8.gemv_q8,
+    the codes' kvalues against int8 activations), none float-decoded (triton_gemv.gemv), and the steps
+    give the fp32 reference's logits as Q4_0's do (check_decode_steps)."""
+    from localllm.kernels import triton_q8
+
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    seen = {"int": set(), "float": set()}
+
+    def spy(module, name, kind):
+        real = getattr(module, name)
+
+        def wrapped(x, w, **kw):
+            if isinstance(w, QWeight):
+                seen[kind].add(w.qtype)
+            return real(x, w, **kw)
+        monkeypatch.setattr(module, name, wrapped)  # kernels.linear imports both at each call
+
+    spy(triton_q8, "gemv_q8", "int")
+    spy(triton_gemv, "gemv", "float")
+    check_decode_steps(TINY, wtype)
+    assert seen == {"int": {gguf.GGMLQuantizationType[wtype]}, "float": set()}, seen
+
+
 @pytest.mark.parametrize("wtype", ["Q8_0", "f32"])
 def test_batched_step_rows_equal_single_sequences(wtype, monkeypatch):
     """A step of B = 3 sequences (bench's batches; each its own cache rows, the same position) gives

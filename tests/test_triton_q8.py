@@ -7,6 +7,7 @@ interpreter's shift emulation; tests/gpu/test_gpu_kernels.py checks the products
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -80,12 +81,83 @@ def test_mxfp4_code_bytes_are_the_e2m1_table():
     assert torch.equal(out.view(torch.int8).reshape(-1, 4), want)
 
 
-@pytest.fixture(scope="module", params=sorted(INT_DOT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
-def weight(request):
+@triton.jit
+def _iq4_values_kernel(inp, out, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out + i, triton_q8._table16_values(tl.load(inp + i), triton_q8.IQ4_T0, triton_q8.IQ4_T1,
+                                                 triton_q8.IQ4_T2, triton_q8.IQ4_T3))
+
+
+def test_iq4_code_values_are_the_kvalues_table():
+    """The interpreter's lookup (_table16_values, under _table16_dot) of every IQ4_NL / IQ4_XS code:
+    gguf's IQ4_NL.kvalues."""
+    out = torch.empty(16, dtype=torch.int32)
+    _iq4_values_kernel[(1,)](torch.arange(16, dtype=torch.int32), out, N=16)
+    assert out.tolist() == list(gguf.quants.IQ4_NL.kvalues)
+
+
+def run_ptx(text: str, word: int) -> tuple[int, int]:
+    """A model of the PTX instructions the table lookups use (mov, and, shr, or, prmt in its default
+    mode, as the PTX ISA defines them), run on one 32-bit input word $2 -> ($0, $1)."""
+    regs = {"$2": word}
+
+    def val(op: str) -> int:
+        return int(op, 0) if op[0].isdigit() else regs[op]
+
+    for ins in text.strip().strip("{}").split(";"):
+        if not ins.strip() or ins.strip().startswith(".reg"):
+            continue
+        name, ops = ins.split(None, 1)
+        d, *src = [o.strip() for o in ops.split(",")]
+        a = [val(o) for o in src]
+        if name == "mov.b32":
+            regs[d] = a[0]
+        elif name == "and.b32":
+            regs[d] = a[0] & a[1]
+        elif name == "or.b32":
+            regs[d] = a[0] | a[1]
+        elif name == "shr.b32":
+            regs[d] = a[0] >> a[1]
+        elif name == "prmt.b32":  # bytes {b, a} numbered 0..7; selector bit 3: replicate the byte's sign
+            pool = (a[1] << 32 | a[0]).to_bytes(8, "little")
+            out = 0
+            for i in range(4):
+                sel = (a[2] >> (4 * i)) & 15
+                byte = pool[sel & 7]
+                out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << (8 * i)
+            regs[d] = out
+        else:
+            raise AssertionError(f"no model for {name}")
+    return regs["$0"], regs["$1"]
+
+
+@pytest.mark.parametrize("ptx,table", [("E2M1_PTX", gguf.quants.MXFP4.kvalues),
+                                       ("IQ4_PTX", gguf.quants.IQ4_NL.kvalues)], ids=["MXFP4", "IQ4"])
+def test_table_lookup_ptx_gives_the_gguf_table(ptx, table):
+    """The byte-permute lookups the GPU runs (_table16_lookup's PTX, which the interpreter cannot run),
+    executed by a model of their instructions: a word of 8 codes -> the int8 values of its low nibbles,
+    of its high nibbles, gguf's table's (every code at every position, and random words)."""
+    words = [sum(c << (4 * i) for i in range(8)) for c in range(16)]  # one code everywhere
+    words += [sum(((c + i) % 16) << (4 * i) for i in range(8)) for c in range(16)]  # every code at every nibble
+    words += torch.randint(0, 1 << 32, (500,), generator=torch.Generator().manual_seed(3)).tolist()
+    for w in words:
+        lo, hi = run_ptx(getattr(triton_q8, ptx).value, w)
+        want = [table[(w >> (4 * i)) & 15] for i in range(8)]
+        got = list(np.array([lo, hi], dtype=np.uint32).view(np.int8))
+        assert got == want[0::2] + want[1::2], hex(w)
+
+
+@functools.cache
+def make_weight(qtype: Q) -> tuple[Q, torch.Tensor, QWeight]:
     """(qtype, reference values (40, 512), QWeight); 40 rows: a partial row tile."""
     g = torch.Generator().manual_seed(7)
-    raw = torch.from_numpy(quantize_tensor(torch.randn(40, 512, generator=g), request.param))
-    return request.param, dequantize_torch(raw, request.param), QWeight.from_raw(raw, request.param).to_blocks()
+    raw = torch.from_numpy(quantize_tensor(torch.randn(40, 512, generator=g), qtype))
+    return qtype, dequantize_torch(raw, qtype), QWeight.from_raw(raw, qtype).to_blocks()
+
+
+@pytest.fixture(scope="module", params=sorted(INT_DOT_TYPES, key=lambda t: t.name), ids=lambda t: t.name)
+def weight(request):
+    return make_weight(request.param)
 
 
 def act(rows: int, seed: int) -> tuple[torch.Tensor, tuple, torch.Tensor]:
@@ -162,7 +234,7 @@ def test_quantize_act_glu_reads_and_clears_the_sums():
     assert not sums.any()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.MXFP4])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.MXFP4, Q.IQ4_NL])
 def test_partial_unit_steps_read_nothing_past_k(qtype):
     """K = 576 (SmolLM2): 18 blocks, not a multiple of the units per step. x's buffers continue past K
     with NaN scales and random words: a product that read them would be NaN or wrong."""
@@ -179,13 +251,19 @@ def test_partial_unit_steps_read_nothing_past_k(qtype):
     assert rel(got, dequantize_act(q, d).double() @ ref.double().T) < 1e-6
 
 
-@pytest.mark.parametrize("preload", [0, 1, 2])
-@pytest.mark.parametrize("split", [1, 8], ids=["whole", "split"])
-def test_preloaded_steps_give_the_same_sums(weight, preload, split, monkeypatch):
+# IQ4's unit decoders take Q4_0's loads and MXFP4's lookup (both on the whole grid): the two hardest
+# cases only (interpreter time: CI)
+PRELOAD_CASES = [(t, p, s) for t in sorted(INT_DOT_TYPES, key=lambda t: t.name) for p in (0, 1, 2) for s in (1, 8)
+                 if t not in (Q.IQ4_NL, Q.IQ4_XS) or p == 2]
+
+
+@pytest.mark.parametrize("qtype,preload,split", PRELOAD_CASES,
+                         ids=[f"{t.name}-{p}-{'split' if s > 1 else 'whole'}" for t, p, s in PRELOAD_CASES])
+def test_preloaded_steps_give_the_same_sums(qtype, preload, split, monkeypatch):
     """Weights loaded before the PDL wait (PRELOAD steps) sum exactly as loaded in the loop, also on
     the unmasked path whose parts have fewer steps than PRELOAD (split 8: one step each). One x row:
     programs of several rows preload nothing (gemv_q8)."""
-    qtype, ref, qw = weight
+    qtype, ref, qw = make_weight(qtype)
     _, xa, xv = act(1, 9)
     w, config = qw.rows(0, 32), (8, 2, 4)  # even: 32 rows, 512 columns
     monkeypatch.setitem(triton_q8.PRELOAD, qtype, 0)

@@ -19,8 +19,8 @@ accumulators (triton_epilogue.FIXED_ONE): products split over K for enough warps
 into them with integer atomics, which give the same sum in any order. So the same step gives the
 same bits every time, and since every kernel computes each token's row the same way whatever T is,
 the verify pass gives plain decoding's bits (speculative decoding's greedy ids are plain decoding's).
-Dense weights take tensor-core products (kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K weights
-integer dot products (kernels/triton_q8.py). Every kernel matches the module ops of model.py (its
+Dense weights take tensor-core products (kernels/triton_dense.py); Q8_0/Q4_0/Q4_K/Q6_K/MXFP4/IQ4_NL/
+IQ4_XS weights integer dot products (kernels/triton_q8.py: INT_DOT_TYPES). Every kernel matches the module ops of model.py (its
 reference) within rounding (the products' sums are added to x unrounded, and Q8_0's rounding of the
 activations for integer-dot weights): tests/gpu/test_gpu_logits.py checks it against the CPU fp32
 model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not here. Q/k norms (Gemma 3,

@@ -2,8 +2,9 @@
 layouts, encoders (quantize/iq4.py, which take the imatrix itself, as llama.cpp's quantize_iq4_nl /
 quantize_iq4_xs) and torch decoders, as gguf-py's quants.IQ4_NL / IQ4_XS and ggml's
 dequantize_row_iq4_nl / dequantize_row_iq4_xs read them. Byte offsets are within one block.
-gemv: kernels/triton_gemv.py's float decode (the table looked up from two int64 words); CPU:
-kernels/cpu_quant.h's Fmt<IQ4_NL> / Fmt<IQ4_XS>.
+gemv: kernels/triton_gemv.py's float decode (the table looked up from two int64 words); int_dot:
+kernels/triton_q8.py's, the codes' int8 values by byte permutes (as MXFP4's), a 32-value (sub-)block a
+unit; CPU: kernels/cpu_quant.h's Fmt<IQ4_NL> / Fmt<IQ4_XS>.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from .. import iq4
 from .bits import fp16_field, nibbles
-from .layout import Field, Format
+from .layout import Field, Format, IntDot
 
 Q = gguf.GGMLQuantizationType
 F16 = torch.float16
@@ -34,7 +35,7 @@ def decode_iq4_nl(b: torch.Tensor) -> torch.Tensor:
 
 IQ4_NL = Format(
     Q.IQ4_NL, 32, 18, (Field("d", 0, 2, F16), Field("qs", 2, 16)), iq4.encode_iq4_nl, decode_iq4_nl,
-    imatrix=True, gemv=("qs", "d"),
+    imatrix=True, gemv=("qs", "d"), int_dot=IntDot(32, {"qs": 16, "d": 1}, ("qs", "d", None, None, None)),
 )
 
 
@@ -59,6 +60,9 @@ IQ4_XS = Format(
     Q.IQ4_XS, 256, 136,
     (Field("d", 0, 2, F16), Field("scales_h", 2, 2), Field("scales_l", 4, 4), Field("qs", 8, 128)),
     iq4.encode_iq4_xs, decode_iq4_xs, imatrix=True, gemv=("qs", "d", "scales_h", "scales_l"),
+    # a unit is sub-block s of super-block b (unit 8b + s): scales_h byte 2b + s // 4, scales_l byte
+    # 4b + s // 2 hold its scale's bits (block-major one byte a row each: unit u reads bytes u // 4, u // 2)
+    int_dot=IntDot(32, {"qs": 16, "d": 1, "scales_h": 1, "scales_l": 1}, ("qs", "d", "scales_h", "scales_l", None)),
 )
 
 FORMATS = (IQ4_NL, IQ4_XS)

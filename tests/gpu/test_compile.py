@@ -99,13 +99,15 @@ def q8_product(fmt: int, chain: int):
     """_q8_gemv_kernel (weight format fmt: triton_q8.FMT) into an int64 accumulator, K split."""
     from localllm.kernels import triton_q8
 
+    # the fields' pointer types (weight_args: word fields as int32, the others as stored)
+    fields = {2: ("*fp16", "*fp16", "*u8", "*u8"), 4: ("*u8", "*i32", "*i8", "*u8"),
+              6: ("*fp16", "*u8", "*u8", "*u8")}.get(fmt, ("*fp16", "*i32", "*i8", "*u8"))
     types = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "out_ptr": "*i64", "bias_ptr": "*i64",
              "res_ptr": "*i64", "act_ptr": "*bf16", "ws_ptr": "*i64", "cnt_ptr": "*i32", "P0": "*i32",
-             "P1": "*fp16", "P2": "*fp16" if fmt == 2 else "*i32", "P3": "*u8" if fmt == 2 else "*i8",
-             "P4": "*u8"}
+             **dict(zip(("P1", "P2", "P3", "P4"), fields))}
     qtype = list(triton_q8.FMT)[fmt]
     bn, bk, warps = triton_q8.CONFIGS[qtype]
-    const = {"FMT": fmt, "UNIT": (32, 32, 64, 128)[fmt], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
+    const = {"FMT": fmt, "UNIT": triton_q8.UNIT[qtype], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
              "HAS_RES": False, "ROUND": True, "SPLIT": 4, "ROWS": 1, "ASM": True, "EVEN": True, "CHAIN": chain,
              "PRELOAD": triton_q8.PRELOAD[qtype], "PDL": True}
     return case(triton_q8._q8_gemv_kernel, types, const, warps, odd=("M", "step"))
@@ -122,7 +124,7 @@ CASES = {
     "attention rope=True one=False": lambda: attention(True, False),
     "rmsnorm_rows int64": rmsnorm_rows,
     "quant_act int64 norm": quant_act,
-    **{f"q8 product fmt {f} chain {c}": (lambda f=f, c=c: q8_product(f, c)) for f, c in ((0, 0), (1, 0), (2, 1), (3, 2))},
+    **{f"q8 product fmt {f} chain {c}": (lambda f=f, c=c: q8_product(f, c)) for f, c in ((0, 0), (1, 0), (2, 1), (3, 2), (4, 0), (5, 0), (6, 1))},
 }
 
 
