@@ -1,6 +1,6 @@
 """Block-major quantized weights decoded to dense for prompt products (kernels/linear.py: a prompt's
 product is dequantize + cuBLAS), read where they lie: the CUDA backend keeps the integer-dot types
-(Q8_0, Q4_0, Q4_K, Q6_K, MXFP4) block-major (kernels/qweight.py), and decoding them through a row-major copy
+(Q8_0, Q4_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS) block-major (kernels/qweight.py), and decoding them through a row-major copy
 first (QWeight.to_rows, then triton_gemv.dequantize) ran at ~1 TB/s; this kernel writes the dense
 values at 2.0-2.7 TB/s on an H100 (bench/qgemm.py, docs/PERFORMANCE.md).
 
@@ -17,13 +17,13 @@ import triton
 import triton.language as tl
 
 from .qweight import QWeight
-from .triton_gemv import e2m1_value
+from .triton_gemv import e2m1_value, iq4_value
 
-Q8_0, Q4_0, Q4_K, Q6_K, MXFP4 = 0, 1, 2, 3, 4
-FMT = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "MXFP4": MXFP4}
+Q8_0, Q4_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS = 0, 1, 2, 3, 4, 5, 6
+FMT = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "MXFP4": MXFP4, "IQ4_NL": IQ4_NL, "IQ4_XS": IQ4_XS}
 FIELDS = {Q8_0: ("qs", "d"), Q4_0: ("qs", "d"), Q4_K: ("qs", "d", "dmin", "sc", "mn"), Q6_K: ("ql", "d", "qh", "sc"),
-          MXFP4: ("qs", "e")}
-UNIT = {Q8_0: 32, Q4_0: 32, Q4_K: 64, Q6_K: 128, MXFP4: 32}  # values per block-major unit
+          MXFP4: ("qs", "e"), IQ4_NL: ("qs", "d"), IQ4_XS: ("qs", "d", "scales_h", "scales_l")}
+UNIT = {Q8_0: 32, Q4_0: 32, Q4_K: 64, Q6_K: 128, MXFP4: 32, IQ4_NL: 32, IQ4_XS: 32}  # values per block-major unit
 STEP = 128  # values of K per loop step
 
 
@@ -49,8 +49,9 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
         hi = q_hi * tl.load(_at(P1, U1, S1, u + 2, r, 0), mask=m_hi, other=0.0).to(tl.float32)
         clo = 32 * u + e
         chi = clo + 64
-    elif FMT == 1 or FMT == 4:  # Q4_0 / MXFP4: blocks 4 step + {0..3}; byte e: value e (low nibble), e + 16
-        # (high); Q4_0 x = d (q - 8), MXFP4 x = 2^(e - 128) value(q) (triton_gemv.decode_tile's)
+    elif FMT == 1 or FMT >= 4:  # Q4_0 / MXFP4 / IQ4: blocks (sub-blocks) 4 step + {0..3}; byte e: value e (low
+        # nibble), e + 16 (high); Q4_0 x = d (q - 8), MXFP4 x = 2^(e - 128) value(q), IQ4_NL x = d KVALUES[q],
+        # IQ4_XS x = (d (scale - 32)) KVALUES[q] (triton_gemv.decode_tile's; triton_q8's IQ4_XS scale bits)
         u = 4 * step + c // 16
         e = c % 16
         m = rmask & (u < n_units)
@@ -59,11 +60,21 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
             d = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0.0).to(tl.float32)
             lo = d * ((b & 15) - 8).to(tl.float32)
             hi = d * ((b >> 4) - 8).to(tl.float32)
-        else:
+        elif FMT == 4:
             x = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0).to(tl.int32)
             d = tl.where(x < 2, 0x00200000 << tl.minimum(x, 1), (x - 1) << 23).to(tl.float32, bitcast=True)
             lo = d * e2m1_value(b & 15)
             hi = d * e2m1_value(b >> 4)
+        else:
+            if FMT == 5:
+                d = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0.0).to(tl.float32)
+            else:
+                sh = tl.load(_at(P2, U2, S2, u // 4, r, 0), mask=m, other=0).to(tl.int32)
+                sl = tl.load(_at(P3, U3, S3, u // 2, r, 0), mask=m, other=0).to(tl.int32)
+                sc = ((sl >> (4 * (u % 2))) & 15) | (((sh >> (2 * (u % 4))) & 3) << 4)
+                d = tl.load(_at(P1, U1, S1, u // 8, r, 0), mask=m, other=0.0).to(tl.float32) * (sc - 32).to(tl.float32)
+            lo = d * iq4_value(b & 15)
+            hi = d * iq4_value(b >> 4)
         clo = 32 * u + e
         chi = clo + 16
     elif FMT == 2:  # Q4_K: chunks 2 step + {0, 1}; byte e: value 64u + e (sub-block 2u), 64u + 32 + e (2u + 1)

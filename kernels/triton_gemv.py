@@ -70,7 +70,7 @@ def e2m1_value(q):
 
 
 @triton.jit
-def _iq4(q):
+def iq4_value(q):
     """Exact float of KVALUES[q] for IQ4_NL / IQ4_XS codes q (int32 0..15) (quantize/iq4.KVALUES, ggml's
     kvalues_iq4nl): u = KVALUES[q] + 127 is byte q of the little-endian int64 word bytes(0 23 44 62 78
     92 105 117) for q < 8, else byte q - 8 of bytes(0 12 24 37 52 68 88 112) plus 128 (every byte below
@@ -156,8 +156,8 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
             sl = tl.load(P3 + r * S3 + 4 * b + j // 2, mask=mask, other=0).to(tl.int32)
             sc = ((sl >> (4 * (j % 2))) & 15) | (((sh >> (2 * (j % 4))) & 3) << 4)
             d = tl.load(P1 + r * S1 + b, mask=mask, other=0.0).to(tl.float32) * _f32(sc, 32.0)
-        lo = d * _iq4(qs & 15)
-        hi = d * _iq4(qs >> 4)
+        lo = d * iq4_value(qs & 15)
+        hi = d * iq4_value(qs >> 4)
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     else:  # Q6_K: g = 8b + 4h + s; ql byte 16g + w holds columns 256b + 128h + 16s + w (+64 high nibble)

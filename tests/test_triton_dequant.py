@@ -23,7 +23,7 @@ from localllm.kernels.qweight import QWeight  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS]
 
 
 def weight(qtype, n: int, k: int, seed: int = 3) -> tuple[torch.Tensor, QWeight]:
@@ -42,7 +42,7 @@ def test_covers_only_block_major_kernel_types():
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dequantize_is_the_reference_bit_for_bit(qtype):
-    k = 512 if qtype in (Q.Q4_K, Q.Q6_K) else 480  # 480: the last step holds 3.75 of 4 blocks
+    k = 512 if qtype in (Q.Q4_K, Q.Q6_K, Q.IQ4_XS) else 480  # 480: the last step holds 3.75 of 4 blocks
     ref, w = weight(qtype, 40, k, seed=8)
     assert torch.equal(triton_dequant.dequantize(w, torch.float32), ref)
     # bf16: within one step (the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest;

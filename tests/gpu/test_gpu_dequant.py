@@ -16,10 +16,10 @@ pytestmark = pytest.mark.cuda
 Q = gguf.GGMLQuantizationType
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_block_major_decoder_equals_reference(qtype, dtype):
-    w = torch.randn(200, 768 if qtype in (Q.Q8_0, Q.Q4_0, Q.MXFP4) else 1024, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(200, 768 if qtype in (Q.Q8_0, Q.Q4_0, Q.MXFP4, Q.IQ4_NL) else 1024, generator=torch.Generator().manual_seed(1))
     raw = torch.from_numpy(quantize_tensor(w, qtype))
     ref = dequantize_torch(raw, qtype).cuda()
     qw = QWeight.from_raw(raw.cuda(), qtype).to_blocks()
