@@ -141,6 +141,7 @@ class Engine:
         self.last_used = [0] * self.parallel  # admission counter of each slot's last request (LRU)
         self._admitted = 0
         self._waiting: list[Handle] = []
+        self._admitting: list[Handle] = []  # taken from the queue, being prefilled
         self._running: dict[int, _Running] = {}  # slot -> its request
         self._cv = threading.Condition()
         self._stopping = False
@@ -161,8 +162,9 @@ class Engine:
         with self._cv:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
-            busy = len(self._running) + len(self._waiting)
-            if busy >= self.parallel and len(self._waiting) >= self.max_queue:
+            # a place in a slot or in the queue: counted together, so that requests arriving while the
+            # engine thread is busy (a prefill) are not refused with slots about to be free
+            if len(self._running) + len(self._admitting) + len(self._waiting) >= self.parallel + self.max_queue:
                 raise QueueFull(f"all {self.parallel} slots are busy and {len(self._waiting)} requests wait")
             self._waiting.append(handle)
             self._cv.notify()
@@ -171,7 +173,7 @@ class Engine:
     def load(self) -> dict[str, int]:
         with self._cv:
             return {"slots_idle": self.parallel - len(self._running), "slots_processing": len(self._running),
-                    "queued": len(self._waiting)}
+                    "queued": len(self._waiting) + len(self._admitting)}
 
     def stop(self) -> None:
         """Begin shutdown: no new requests; running and waiting ones end with finish "cancelled" at the
@@ -198,16 +200,18 @@ class Engine:
                         self._cv.wait(timeout=1.0)  # stop() from a signal handler may not notify
                     if self._stopping:
                         break
-                    admit = []
-                    while self._waiting and len(self._running) + len(admit) < self.parallel:
-                        admit.append(self._waiting.pop(0))
-                for handle in admit:
+                    while self._waiting and len(self._running) + len(self._admitting) < self.parallel:
+                        self._admitting.append(self._waiting.pop(0))
+                for handle in list(self._admitting):
                     self._guarded(self._admit, handle)
+                    with self._cv:
+                        if handle in self._admitting:  # refused or failed before it ran
+                            self._admitting.remove(handle)
                 self._drop_cancelled()
                 if self._running:
                     self._guarded(self._step, None)
         with self._cv:
-            left, self._waiting = self._waiting, []
+            left, self._waiting = self._admitting + self._waiting, []
         for handle in left:
             handle.emit(Event(finish="cancelled", message="the server is shutting down"))
         for slot in list(self._running):
@@ -258,7 +262,9 @@ class Engine:
         budget, _ = token_budget(req.max_tokens, len(prompt), self.capacity)
         run = _Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
                        torch.tensor(prompt, dtype=torch.long, device=self.runtime.device))
-        self._running[slot] = run
+        with self._cv:  # from admitting to running in one move (submit counts both)
+            self._admitting.remove(handle)
+            self._running[slot] = run
         logits = self.runtime.prefill_slot(self.slots, slot, prompt[reuse:], reuse)
         self.held[slot] = list(prompt)
         self.stats.prefilled += len(prompt) - reuse

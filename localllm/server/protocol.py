@@ -73,15 +73,19 @@ def _get(body: dict, name: str, kinds: tuple[type, ...], what: str, default=None
 
 
 def _number(body: dict, name: str, low: float, high: float, default: float) -> float:
-    value = _get(body, name, (int, float), "a number", default)
+    value = _get(body, name, (int, float), "a number")
+    if value is None:
+        return default
     if not low <= value <= high:
         raise ApiError(400, f"'{name}' must be between {low} and {high}, got {value}", name)
     return float(value)
 
 
 def _integer(body: dict, name: str, low: int, high: int | None, default: int | None) -> int | None:
-    value = _get(body, name, (int,), "an integer", default)
-    if value is not None and (value < low or high is not None and value > high):
+    value = _get(body, name, (int,), "an integer")
+    if value is None:
+        return default  # (the server's own default, e.g. max_tokens -1, is not the client's to range-check)
+    if value < low or high is not None and value > high:
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ApiError(400, f"'{name}' must be {bound}, got {value}", name)
     return value

@@ -3,6 +3,7 @@ a background thread on a given socket (tests, benchmarks)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -24,8 +25,13 @@ class GracefulServer(uvicorn.Server):
         self.engine = engine
 
     def handle_exit(self, sig, frame) -> None:
+        # uvicorn's own records the signal and raises it again once shut down (the process would then
+        # die of it, status 130 / 143); a requested shutdown is a clean exit here: status 0.
         self.engine.stop()
-        super().handle_exit(sig, frame)
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: do not wait for the streams
+        else:
+            self.should_exit = True
 
 
 def server_for(served: Served, host: str, port: int, log_level: str = "info") -> GracefulServer:
