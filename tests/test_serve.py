@@ -37,9 +37,6 @@ def server(lm):
     from localllm.commands.serve import build_served
     from localllm.server.run import serve_in_thread, stop_thread_server
 
-    if not hasattr(lm.runtime, "new_slots"):  # PRE-MERGE ONLY (h22-core): remove
-        from fake_slots import FakeSlotsRuntime
-        lm = replace(lm, runtime=FakeSlotsRuntime(lm.runtime))
     served = build_served(lm, None, PARALLEL, CTX, KEY, limits=replace(DEFAULT_SERVE, max_queue=QUEUE))
     srv, url = serve_in_thread(served)
     yield srv, url, served
