@@ -252,7 +252,7 @@ def test_16_concurrent_greedy_streams_equal_each_served_alone(server, client, mo
     prompts = [f"Fact number {i} about the sea:" for i in range(16)]
 
     def run(prompt):
-        chunks = client.completions.create(model=model_id, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+        chunks = client.completions.create(model=model_id, prompt=prompt, max_tokens=8, temperature=0, stream=True,
                                            extra_body={"ignore_eos": True})
         return "".join(c.choices[0].text for c in chunks)
 
