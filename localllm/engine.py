@@ -200,6 +200,11 @@ class Engine:
                         self._cv.wait(timeout=1.0)  # stop() from a signal handler may not notify
                     if self._stopping:
                         break
+                    gone = [h for h in self._waiting if h.cancelled]  # their clients left while they waited
+                    self._waiting = [h for h in self._waiting if not h.cancelled]
+                for handle in gone:
+                    handle.emit(Event(finish="cancelled"))
+                with self._cv:
                     while self._waiting and len(self._running) + len(self._admitting) < self.parallel:
                         self._admitting.append(self._waiting.pop(0))
                 for handle in list(self._admitting):
