@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import time
 
 import openai
@@ -73,7 +72,8 @@ async def round_of(api, model, clients: int, args) -> dict:
             "short": sum(r["tokens"] != args.gen_tokens for r in flat)}
 
 
-async def main(args) -> None:
+async def measure(args, report=print) -> tuple[str, list[dict]]:
+    """-> (model id, one row per client count of args.clients); report(line) after each round."""
     api = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.api_key or "none", max_retries=0,
                              timeout=args.timeout)
     model = args.model or (await api.models.list()).data[0].id
@@ -81,12 +81,20 @@ async def main(args) -> None:
     rows = []
     for n in [int(x) for x in args.clients.split(",")]:
         rows.append(await round_of(api, model, n, args))
-        r = rows[-1]
-        if not args.json:
-            print(f"{n:>4} clients  {r['requests']:>4} requests  {r['tokens']:>6} tokens  {r['wall_s']:7.2f} s  "
-                  f"{r['tokens_per_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50_ms']:8.1f} ms  p99 {r['ttft_p99_ms']:8.1f} ms  "
-                  f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms"
-                  + (f"  ({r['short']} requests short of --gen-tokens)" if r["short"] else ""), flush=True)
+        report(describe(rows[-1], args.gen_tokens))
+    await api.close()
+    return model, rows
+
+
+def describe(r: dict, gen_tokens: int) -> str:
+    return (f"{r['clients']:>4} clients  {r['requests']:>4} requests  {r['tokens']:>6} tokens  {r['wall_s']:7.2f} s  "
+            f"{r['tokens_per_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50_ms']:8.1f} ms  p99 {r['ttft_p99_ms']:8.1f} ms  "
+            f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms"
+            + (f"  ({r['short']} requests short of {gen_tokens} tokens)" if r["short"] else ""))
+
+
+async def main(args) -> None:
+    model, rows = await measure(args, report=(lambda line: None) if args.json else (lambda line: print(line, flush=True)))
     if args.json:
         print(json.dumps({"url": args.url, "model": model, "prompt_tokens": args.prompt_tokens,
                           "gen_tokens": args.gen_tokens, "rounds": rows}))
