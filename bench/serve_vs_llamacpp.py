@@ -179,8 +179,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for which in results:
             results[which].append(run_one(which, args, model, exe))
-    print(f"| clients | localllm tok/s | llama-server tok/s | ratio (median of rounds) | TTFT p50 ms ours / theirs "
-          f"| ITL p50 ms ours / theirs |\n| --- | --- | --- | --- | --- | --- |")
+    print("| clients | localllm tok/s | llama-server tok/s | ratio (median of rounds) | TTFT p50 ms ours / theirs "
+          "| ITL p50 ms ours / theirs |\n| --- | --- | --- | --- | --- | --- |")
     for i, n in enumerate(int(x) for x in args.clients.split(",")):
         ours = [r[i] for r in results["localllm"]]
         theirs = [r[i] for r in results["llama-server"]]
