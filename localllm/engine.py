@@ -122,6 +122,7 @@ class EngineStats:
     decoded: int = 0  # rows decoded over all steps
     prefilled: int = 0  # prompt ids prefilled
     reused: int = 0  # prompt ids taken from the prefix cache instead
+    cancelled: int = 0  # requests ended by cancel() (their clients left) or by shutdown
 
 
 @dataclass
@@ -202,6 +203,7 @@ class Engine:
                         break
                     gone = [h for h in self._waiting if h.cancelled]  # their clients left while they waited
                     self._waiting = [h for h in self._waiting if not h.cancelled]
+                self.stats.cancelled += len(gone)
                 for handle in gone:
                     handle.emit(Event(finish="cancelled"))
                 with self._cv:
@@ -255,6 +257,7 @@ class Engine:
     def _admit(self, handle: Handle) -> None:
         req = handle.request
         if handle.cancelled:
+            self.stats.cancelled += 1
             handle.emit(Event(finish="cancelled"))
             return
         prompt = req.prompt
@@ -322,5 +325,6 @@ class Engine:
 
     def _finish(self, slot: int, event: Event) -> None:
         run = self._running.pop(slot)
+        self.stats.cancelled += event.finish == "cancelled"
         self.held[slot] = self.held[slot][: self.slots.lengths[slot]]
         run.handle.emit(event)

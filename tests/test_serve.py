@@ -222,7 +222,8 @@ def test_errors(lm, server, model_id):
 
 
 def test_queue_full_is_503_and_disconnects_free_the_slots(server, client, model_id):
-    url = server[1]
+    url, engine = server[1], server[2].engine
+    cancelled = engine.stats.cancelled
     streams = [client.completions.create(model=model_id, prompt=f"Story {i}:", max_tokens=200, temperature=0,
                                          stream=True, extra_body={"ignore_eos": True})
                for i in range(PARALLEL + QUEUE)]
@@ -246,6 +247,7 @@ def test_queue_full_is_503_and_disconnects_free_the_slots(server, client, model_
             s.close()  # the client goes away mid-stream
     health = idle(url)
     assert health["slots_processing"] == 0 and health["queued"] == 0 and health["slots_idle"] == PARALLEL
+    assert engine.stats.cancelled - cancelled == PARALLEL + QUEUE  # every one ended by its client's leaving
 
 
 def test_16_concurrent_greedy_streams_equal_each_served_alone(server, client, model_id):
@@ -292,3 +294,22 @@ def test_a_bad_request_does_not_stop_a_stream(server, client, model_id):
     assert post(server[1] + "/v1/completions", {"model": model_id, "prompt": "x", "top_p": 9}, KEY)[0] == 400
     thread.join(60)
     assert got and got[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_slot(server, model_id):
+    import socket
+
+    url, engine = server[1], server[2].engine
+    cancelled = engine.stats.cancelled
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": model_id, "prompt": "Tell me a story.", "max_tokens": 240, "ignore_eos": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 30
+        while json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())["slots_processing"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert idle(url)["slots_processing"] == 0
+    assert engine.stats.cancelled == cancelled + 1  # cancelled, not run to its 240 tokens
