@@ -595,13 +595,14 @@ def serve(
     from localllm.device import gpu_layers_notice
     from localllm.generate import check_generation
     from localllm.runner import context_notice, timed_open
-    from localllm.server.run import serve_forever
+    from localllm.server.run import listen, serve_forever
 
     check_serve_options(parallel, port, api_key)
     check_generation(1, G.ctx if ctx is None else ctx)
     model = one_model(model, model_opt)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
+    sock = listen(host, port)  # a port in use, too
     use_threads(threads)
     lm, load_s = timed_open(model, device, dtype)
     if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
@@ -609,9 +610,10 @@ def serve(
     if notice := context_notice(lm, ctx):
         note(notice)
     served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note)
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
     err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
               f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)
-    serve_forever(served, host, port)
+    serve_forever(served, sock)
 
 
 def show_version(value: bool) -> None:

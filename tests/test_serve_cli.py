@@ -70,7 +70,13 @@ def test_bad_options_are_one_line():
 
     from localllm.cli import app
 
-    for args, needle in ((["--parallel", "0"], "--parallel"), (["--port", "70000"], "--port"),
-                         (["--ctx", "1"], "--ctx"), (["--chat-template", "nope"], "nope")):
-        result = CliRunner().invoke(app, ["serve", *args])
-        assert_one_error(result, needle)
+    with socket.socket() as taken:  # a port in use: found before the model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args, needle in ((["--parallel", "0"], "--parallel"), (["--port", "70000"], "--port"),
+                             (["--ctx", "1"], "--ctx"), (["--chat-template", "nope"], "nope"),
+                             (["--port", port], f"cannot listen on 127.0.0.1:{port}"),
+                             (["--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid")):
+            result = CliRunner().invoke(app, ["serve", "no-such-model-file.gguf", *args])
+            assert_one_error(result, needle)

@@ -40,13 +40,18 @@ def server_for(served: Served, host: str, port: int, log_level: str = "info") ->
     return GracefulServer(config, served.engine)
 
 
-def serve_forever(served: Served, host: str, port: int) -> None:
-    """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0)."""
-    server = server_for(served, host, port)
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port in use is one error line at once."""
     try:
-        sock = bind(host, port)
+        return bind(host, port)
     except OSError as e:
         raise LocalLLMError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve_forever(served: Served, sock: socket.socket) -> None:
+    """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0)."""
+    host, port = sock.getsockname()[:2]
+    server = server_for(served, host, port)
     try:
         server.run(sockets=[sock])
     finally:
