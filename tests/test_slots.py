@@ -121,11 +121,32 @@ def test_decode_slots_rows_equal_each_slot_alone(name, backend):
     check_runtime(synthetic(CONFIGS[name], Runtime if backend == "portable" else None))
 
 
+def check_cpp_rows(rt: Runtime) -> None:
+    """The CPU backend's rows step (one C++ call for all rows) gives each row the bits of the C++
+    decoder's one-token step on a batch-1 cache (Runtime.decode)."""
+    assert rt.cpp_decoder(rt.new_slots(2, 4).cache, batch1=False) is not None
+    seqs = sequences(rt)
+    batched = run_schedule(rt, seqs, SCHEDULE)
+    for s, p in enumerate(PROMPTS):
+        cache = rt.new_cache(24)
+        assert rt.cpp_decoder(cache) is not None
+        rt.prefill(cache, [seqs[s][:p]])
+        n = max(q for t, q in batched if t == s) + 1
+        for q in range(p, n):
+            assert torch.equal(rt.decode(cache, torch.tensor([seqs[s][q]]))[0], batched[s, q]), f"slot {s} position {q}"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cpp_rows_equal_one_token_steps(name):
+    check_cpp_rows(synthetic(CONFIGS[name], None))
+
+
 def test_gemma4_layered_cache(gemma4):
     """Per-layer caches of their own shapes, KV-shared layers reading an earlier layer's rows, PLE."""
     rt = load_model(str(gemma4), "cpu").runtime
     assert isinstance(rt.new_cache(4).k, list)
     check_runtime(rt, tol=2e-3)
+    check_cpp_rows(rt)
 
 
 @pytest.fixture(scope="module")
