@@ -20,6 +20,7 @@ from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_CPU as C
 from localllm.settings import DEFAULT_GENERATION as G
 from localllm.settings import DEFAULT_SAMPLING as S
+from localllm.settings import DEFAULT_SERVE as V
 from localllm.settings import DraftSettings, GenerationSettings, SamplingSettings
 
 err = Console(stderr=True)
@@ -568,6 +569,51 @@ def bench(
         text = run_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, depths, reps, device, dtype, output,
                          batches)
     sys.stdout.write(text)
+
+
+@app.command()
+@user_errors
+def serve(
+    model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    host: str = typer.Option(V.host, "--host", help="address to listen on (localhost only by default; 0.0.0.0 for every interface)"),
+    port: int = typer.Option(V.port, "--port", help="TCP port"),
+    parallel: int = typer.Option(V.parallel, "-np", "--parallel", help="requests decoded together, each in its own slot of --ctx tokens"),
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", help=f"context of each slot in tokens (default {G.ctx}; capped at the model's)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="require 'Authorization: Bearer KEY' on every /v1 request"),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"),
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
+    n_gpu_layers: Optional[int] = OPT_NGL,
+):
+    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health), many requests at once (continuous batching). Ctrl-C stops it."""
+    from localllm.chat_template import resolve_template
+    from localllm.commands.inputs import one_model
+    from localllm.commands.serve import build_served, check_serve_options
+    from localllm.device import gpu_layers_notice
+    from localllm.generate import check_generation
+    from localllm.runner import context_notice, timed_open
+    from localllm.server.run import listen, serve_forever
+
+    check_serve_options(parallel, port, api_key)
+    check_generation(1, G.ctx if ctx is None else ctx)
+    model = one_model(model, model_opt)
+    if chat_template:
+        resolve_template(chat_template, None)  # a bad name fails before the slow model load
+    sock = listen(host, port)  # a port in use, too
+    use_threads(threads)
+    lm, load_s = timed_open(model, device, dtype)
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
+        note(notice)
+    if notice := context_notice(lm, ctx):
+        note(notice)
+    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note)
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
+    err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
+              f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)
+    serve_forever(served, sock)
 
 
 def show_version(value: bool) -> None:

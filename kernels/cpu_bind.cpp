@@ -150,27 +150,62 @@ struct Decoder {
   // k, v: (L, 1, Hkv, S, D) fp32 cache; cos, sin: (n sets, rot/2) rope rows of pos -> logits (V,).
   at::Tensor step(int64_t token, int64_t pos, at::Tensor& k, at::Tensor& v, const at::Tensor& cos,
                   const at::Tensor& sin, int64_t threads) {
-    lq::Cache c{{}, {}, k.size(3)};
-    const int64_t L = k.size(0), per_layer = k.numel() / L;
-    for (int64_t l = 0; l < L; l++) c.k.push_back(k.data_ptr<float>() + l * per_layer);
-    for (int64_t l = 0; l < L; l++) c.v.push_back(v.data_ptr<float>() + l * per_layer);
-    return run(token, pos, c, cos, sin, threads);
+    return run(token, pos, cache(k, v), cos, sin, threads);
   }
 
   // k, v: per layer (1, Hkv_l, S, D_l) fp32 buffers (model.py's layered KVCache: a KV-shared layer's
   // are its source layer's).
   at::Tensor step_layers(int64_t token, int64_t pos, std::vector<at::Tensor> k, std::vector<at::Tensor> v,
                          const at::Tensor& cos, const at::Tensor& sin, int64_t threads) {
-    lq::Cache c{{}, {}, k.at(0).size(2)};
-    for (auto& t : k) c.k.push_back(t.data_ptr<float>());
+    return run(token, pos, layer_cache(k, v), cos, sin, threads);
+  }
+
+  // B rows (lq::decode_rows): tokens, pos, slots (B,) int64; k, v: (L, n, Hkv, S, D) fp32 cache of n slots;
+  // cos, sin: (B, n sets, rot/2) rope rows of each row's position -> logits (B, V).
+  at::Tensor step_rows(const at::Tensor& tokens, const at::Tensor& pos, const at::Tensor& slots, at::Tensor& k,
+                       at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin, int64_t threads) {
+    return rows(tokens, pos, slots, cache(k, v), cos, sin, threads);
+  }
+
+  // The same over per-layer (n, Hkv_l, S, D_l) buffers.
+  at::Tensor step_rows_layers(const at::Tensor& tokens, const at::Tensor& pos, const at::Tensor& slots,
+                              std::vector<at::Tensor> k, std::vector<at::Tensor> v, const at::Tensor& cos,
+                              const at::Tensor& sin, int64_t threads) {
+    return rows(tokens, pos, slots, layer_cache(k, v), cos, sin, threads);
+  }
+
+  static lq::Cache cache(at::Tensor& k, at::Tensor& v) {
+    lq::Cache c{{}, {}, {}, k.size(3)};
+    const int64_t L = k.size(0), per_layer = k.numel() / L;
+    for (int64_t l = 0; l < L; l++) {
+      c.k.push_back(k.data_ptr<float>() + l * per_layer);
+      c.v.push_back(v.data_ptr<float>() + l * per_layer);
+      c.slot_stride.push_back(k.stride(1));
+    }
+    return c;
+  }
+
+  static lq::Cache layer_cache(std::vector<at::Tensor>& k, std::vector<at::Tensor>& v) {
+    lq::Cache c{{}, {}, {}, k.at(0).size(2)};
+    for (auto& t : k) c.k.push_back(t.data_ptr<float>()), c.slot_stride.push_back(t.stride(0));
     for (auto& t : v) c.v.push_back(t.data_ptr<float>());
-    return run(token, pos, c, cos, sin, threads);
+    return c;
   }
 
   at::Tensor run(int64_t token, int64_t pos, const lq::Cache& c, const at::Tensor& cos, const at::Tensor& sin,
                  int64_t threads) {
     at::Tensor logits = at::empty({m.out.N}, at::kFloat);
     lq::decode_step(m, token, pos, c, cos.data_ptr<float>(), sin.data_ptr<float>(), logits.data_ptr<float>(),
+                    static_cast<int>(threads));
+    return logits;
+  }
+
+  at::Tensor rows(const at::Tensor& tokens, const at::Tensor& pos, const at::Tensor& slots, const lq::Cache& c,
+                  const at::Tensor& cos, const at::Tensor& sin, int64_t threads) {
+    const int64_t B = tokens.size(0);
+    at::Tensor logits = at::empty({B, m.out.N}, at::kFloat);
+    lq::decode_rows(m, B, tokens.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), c,
+                    cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(1) * cos.size(2), logits.data_ptr<float>(),
                     static_cast<int>(threads));
     return logits;
   }
@@ -190,5 +225,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
       .def("experts", &Decoder::experts)
       .def("gemma4", &Decoder::gemma4)
       .def("step", &Decoder::step)
-      .def("step_layers", &Decoder::step_layers);
+      .def("step_layers", &Decoder::step_layers)
+      .def("step_rows", &Decoder::step_rows)
+      .def("step_rows_layers", &Decoder::step_rows_layers);
 }

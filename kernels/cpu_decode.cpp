@@ -26,16 +26,17 @@ struct Scratch {
   std::vector<int32_t> xl;
 };
 
-Scratch& scratch(const ModelW& m, int64_t S) {
+Scratch& scratch(const ModelW& m, int64_t S, int64_t B) {
   thread_local Scratch s;
   int64_t D = 0, Hkv = 0, F = 0;  // the widest layer's (Gemma 4's differ)
   for (const LayerW& w : m.layers) D = std::max(D, w.D), Hkv = std::max(Hkv, w.Hkv), F = std::max(F, w.F);
   const int64_t C = m.dim, widest = std::max({C, F, m.H * D, m.P}), G = widest / 32;
-  s.x.resize(C), s.xn.resize(C), s.tmp.resize(C);
-  s.q.resize(m.H * D), s.k.resize(Hkv * D), s.v.resize(Hkv * D), s.att.resize(m.H * D);
-  s.gate.resize(F), s.up.resize(F), s.scores.resize(m.H * S);
-  s.ple.resize(m.layers.size() * m.P), s.ptok.resize(m.layers.size() * m.P), s.pg.resize(m.P);
-  s.xq.resize(widest), s.xd.resize(G), s.xhs.resize(2 * G), s.xl.resize(2 * G);
+  const int64_t L = static_cast<int64_t>(m.layers.size());
+  s.x.resize(B * C), s.xn.resize(B * C), s.tmp.resize(B * C);
+  s.q.resize(B * m.H * D), s.k.resize(B * Hkv * D), s.v.resize(B * Hkv * D), s.att.resize(B * m.H * D);
+  s.gate.resize(B * F), s.up.resize(B * F), s.scores.resize(B * m.H * S);
+  s.ple.resize(B * L * m.P), s.ptok.resize(B * L * m.P), s.pg.resize(B * m.P);
+  s.xq.resize(B * widest), s.xd.resize(B * G), s.xhs.resize(2 * B * G), s.xl.resize(2 * B * G);
   return s;
 }
 
@@ -93,9 +94,16 @@ void products(std::initializer_list<std::pair<const Mat*, float*>> jobs, const Q
   }
 }
 
-void quantize(const float* x, int64_t K, Scratch& s, QX& qx) {
-  quantize_x(x, 1, K, s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), 1);
-  qx = QX{s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), 1, K};
+// B rows of K values -> qx (each row rounded on its own: the same groups as one row alone).
+void quantize(const float* x, int64_t B, int64_t K, Scratch& s, QX& qx) {
+  quantize_x(x, B, K, s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), 1);
+  qx = QX{s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), B, K};
+}
+
+// Row b of qx as a one-row QX.
+QX row_of(const QX& qx, int64_t b) {
+  const int64_t G = qx.K / 32;
+  return QX{qx.q + b * qx.K, qx.d + b * G, qx.half_sums + 2 * b * G, qx.sums + 2 * b * G, 1, qx.K};
 }
 
 void add_bias(float* y, const float* b, int64_t n) {
@@ -160,16 +168,16 @@ void attend(const float* q, const float* kc, const float* vc, int64_t t0, int64_
   }
 }
 
-// Gemma 4 per-layer inputs of the token (Transformer.per_layer_inputs), into s.ple (L, P): the token's
-// row times sqrt(P), plus the RMS-normed projection of the scaled embedding x times C^-1/2, over sqrt(2).
-// Called by every thread of the team.
-void per_layer_inputs(const ModelW& m, int64_t token, const float* x, Scratch& s, QX& qx) {
+// Gemma 4 per-layer inputs of each row's token (Transformer.per_layer_inputs), into s.ple (B, L, P): the
+// token's row times sqrt(P), plus the RMS-normed projection of the scaled embedding x times C^-1/2, over
+// sqrt(2). Called by every thread of the team.
+void per_layer_inputs(const ModelW& m, int64_t B, const int64_t* tokens, const float* x, Scratch& s, QX& qx) {
   const int64_t L = static_cast<int64_t>(m.layers.size()), P = m.P, C = m.dim;
-  float *ple = s.ple.data(), *row = s.ptok.data();
+  float *ple = s.ple.data(), *rows = s.ptok.data();
 #pragma omp single
   {
-    mat_dequantize(m.ple_embd, token, token + 1, row);
-    quantize(x, C, s, qx);
+    for (int64_t b = 0; b < B; b++) mat_dequantize(m.ple_embd, tokens[b], tokens[b] + 1, rows + b * L * P);
+    quantize(x, B, C, s, qx);
   }
   products({{&m.ple_proj, ple}}, qx, x);
 #pragma omp single
@@ -178,11 +186,14 @@ void per_layer_inputs(const ModelW& m, int64_t token, const float* x, Scratch& s
     const float proj_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(C)));
     const float tok_scale = static_cast<float>(std::sqrt(static_cast<double>(P)));
     const float out_scale = static_cast<float>(1.0 / std::sqrt(2.0));
-    for (int64_t l = 0; l < L; l++) {
-      float* p = ple + l * P;
-      for (int64_t i = 0; i < P; i++) p[i] *= proj_scale;
-      rmsnorm(p, m.ple_norm, P, m.eps, p);
-      for (int64_t i = 0; i < P; i++) p[i] = (p[i] + row[l * P + i] * tok_scale) * out_scale;
+    for (int64_t b = 0; b < B; b++) {
+      const float* row = rows + b * L * P;
+      for (int64_t l = 0; l < L; l++) {
+        float* p = ple + (b * L + l) * P;
+        for (int64_t i = 0; i < P; i++) p[i] *= proj_scale;
+        rmsnorm(p, m.ple_norm, P, m.eps, p);
+        for (int64_t i = 0; i < P; i++) p[i] = (p[i] + row[l * P + i] * tok_scale) * out_scale;
+      }
     }
   }
 }
@@ -191,13 +202,21 @@ void per_layer_inputs(const ModelW& m, int64_t token, const float* x, Scratch& s
 
 void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, const float* cos, const float* sin,
                  float* logits, int threads) {
-  Scratch& s = scratch(m, c.S);
-  const int64_t C = m.dim, H = m.H, S = c.S;
+  const int64_t slot = 0;
+  decode_rows(m, 1, &token, &pos, &slot, c, cos, sin, 0, logits, threads);
+}
+
+void decode_rows(const ModelW& m, int64_t B, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
+                 const Cache& c, const float* cos, const float* sin, int64_t rope_row, float* logits, int threads) {
+  Scratch& s = scratch(m, c.S, B);
+  const int64_t C = m.dim, H = m.H, S = c.S, L = static_cast<int64_t>(m.layers.size());
   float *x = s.x.data(), *xn = s.xn.data(), *tmp = s.tmp.data();
   float *q = s.q.data(), *k = s.k.data(), *v = s.v.data(), *att = s.att.data();
   float *gate = s.gate.data(), *up = s.up.data();
-  mat_dequantize(m.embd, token, token + 1, x);
-  if (m.embed_scale != 1.f) for (int64_t i = 0; i < C; i++) x[i] *= m.embed_scale;
+  for (int64_t b = 0; b < B; b++) {
+    mat_dequantize(m.embd, tokens[b], tokens[b] + 1, x + b * C);
+    if (m.embed_scale != 1.f) for (int64_t i = 0; i < C; i++) x[b * C + i] *= m.embed_scale;
+  }
   const int64_t stride = m.rot / 2;  // of the rope rows
   QX qx{};
   std::vector<const MoEW*> moes;
@@ -205,102 +224,119 @@ void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, co
   MoEScratch* ms = moe_scratch(moes, C);  // shared by the team (nullptr: no experts)
 #pragma omp parallel num_threads(threads)
   {
-    if (m.P) per_layer_inputs(m, token, x, s, qx);
+    if (m.P) per_layer_inputs(m, B, tokens, x, s, qx);
     for (const LayerW& w : m.layers) {
       const int64_t l = &w - m.layers.data();
-      const int64_t D = w.D, Hkv = w.Hkv;
-      float* kc = c.k[l];
-      float* vc = c.v[l];
+      const int64_t D = w.D, Hkv = w.Hkv, QD = H * D, KD = Hkv * D;
       const bool own_kv = w.k.N > 0;  // else a KV-shared layer: kc, vc are its source layer's, row pos written
 #pragma omp single
       {
-        rmsnorm(x, w.attn_norm, C, m.eps, xn);
-        quantize(xn, C, s, qx);
+        for (int64_t b = 0; b < B; b++) rmsnorm(x + b * C, w.attn_norm, C, m.eps, xn + b * C);
+        quantize(xn, B, C, s, qx);
       }
       products({{&w.q, q}, {&w.k, k}, {&w.v, v}}, qx, xn);  // (no rows where k or v are absent)
 #pragma omp single
-      {
-        add_bias(q, w.bq, H * D), add_bias(k, w.bk, Hkv * D), add_bias(v, w.bv, Hkv * D);
-        if (own_kv && w.v.N == 0) std::copy(k, k + Hkv * D, v);  // k_eq_v: the values before k's norm
-        const float *lc = cos + w.rope * stride, *ls = sin + w.rope * stride;  // unread where w.rope < 0
-        for (int64_t h = 0; h < H; h++) {
-          if (w.q_norm) rmsnorm(q + h * D, w.q_norm, D, m.eps, q + h * D);
-          if (w.rope >= 0) rope(q + h * D, w.rot, lc, ls);
+      for (int64_t b = 0; b < B; b++) {
+        float *qb = q + b * QD, *kb = k + b * KD, *vb = v + b * KD;
+        float* kc = c.k[l] + slots[b] * c.slot_stride[l];
+        float* vc = c.v[l] + slots[b] * c.slot_stride[l];
+        add_bias(qb, w.bq, QD), add_bias(kb, w.bk, KD), add_bias(vb, w.bv, KD);
+        if (own_kv && w.v.N == 0) std::copy(kb, kb + KD, vb);  // k_eq_v: the values before k's norm
+        const float *lc = cos + b * rope_row + w.rope * stride, *ls = sin + b * rope_row + w.rope * stride;
+        for (int64_t h = 0; h < H; h++) {  // (lc, ls unread where w.rope < 0)
+          if (w.q_norm) rmsnorm(qb + h * D, w.q_norm, D, m.eps, qb + h * D);
+          if (w.rope >= 0) rope(qb + h * D, w.rot, lc, ls);
         }
         for (int64_t h = 0; own_kv && h < Hkv; h++) {
-          if (w.k_norm) rmsnorm(k + h * D, w.k_norm, D, m.eps, k + h * D);
-          if (m.v_norm) unit_rmsnorm(v + h * D, D, m.eps);
-          if (w.rope >= 0) rope(k + h * D, w.rot, lc, ls);
-          std::copy(k + h * D, k + (h + 1) * D, kc + (h * S + pos) * D);
-          std::copy(v + h * D, v + (h + 1) * D, vc + (h * S + pos) * D);
+          if (w.k_norm) rmsnorm(kb + h * D, w.k_norm, D, m.eps, kb + h * D);
+          if (m.v_norm) unit_rmsnorm(vb + h * D, D, m.eps);
+          if (w.rope >= 0) rope(kb + h * D, w.rot, lc, ls);
+          std::copy(kb + h * D, kb + (h + 1) * D, kc + (h * S + pos[b]) * D);
+          std::copy(vb + h * D, vb + (h + 1) * D, vc + (h * S + pos[b]) * D);
         }
       }
 #pragma omp for schedule(static)
-      for (int64_t h = 0; h < H; h++) {
+      for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t b = bh / H, h = bh % H;
         const int64_t hk = h / (H / Hkv);  // grouped-query attention: H / Hkv query heads per kv head
-        const int64_t t0 = w.window > 0 ? std::max<int64_t>(0, pos - w.window + 1) : 0;
-        attend(q + h * D, kc + hk * S * D, vc + hk * S * D, t0, pos, D, m.attn_scale, m.attn_softcap,
-               w.sinks ? w.sinks + h : nullptr, s.scores.data() + h * S, att + h * D);
+        const int64_t t0 = w.window > 0 ? std::max<int64_t>(0, pos[b] - w.window + 1) : 0;
+        const float* kc = c.k[l] + slots[b] * c.slot_stride[l];
+        const float* vc = c.v[l] + slots[b] * c.slot_stride[l];
+        attend(q + b * QD + h * D, kc + hk * S * D, vc + hk * S * D, t0, pos[b], D, m.attn_scale, m.attn_softcap,
+               w.sinks ? w.sinks + h : nullptr, s.scores.data() + bh * S, att + b * QD + h * D);
       }
 #pragma omp single
-      quantize(att, H * D, s, qx);
+      quantize(att, B, QD, s, qx);
       products({{&w.o, tmp}}, qx, att);
 #pragma omp single
       {
-        add_bias(tmp, w.bo, C);
-        if (w.post_attn_norm) rmsnorm(tmp, w.post_attn_norm, C, m.eps, tmp);
-        for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
-        rmsnorm(x, w.ffn_norm, C, m.eps, xn);
-        quantize(xn, C, s, qx);
+        for (int64_t b = 0; b < B; b++) {
+          float *tb = tmp + b * C, *xb = x + b * C;
+          add_bias(tb, w.bo, C);
+          if (w.post_attn_norm) rmsnorm(tb, w.post_attn_norm, C, m.eps, tb);
+          for (int64_t i = 0; i < C; i++) xb[i] += tb[i];
+          rmsnorm(xb, w.ffn_norm, C, m.eps, xn + b * C);
+        }
+        quantize(xn, B, C, s, qx);
       }
       if (w.moe) {
-        moe_ffn(*w.moe, l, xn, qx, *ms, C, tmp);
+        const QX all = qx;  // (moe_ffn's barriers keep every thread on the same row)
+        for (int64_t b = 0; b < B; b++) moe_ffn(*w.moe, l, xn + b * C, row_of(all, b), *ms, C, tmp + b * C);
       } else {
+        const int64_t F = w.F;
         products({{&w.gate, gate}, {&w.up, up}}, qx, xn);
 #pragma omp single
         {
-          glu(w.act, gate, up, w.F);
-          quantize(gate, w.F, s, qx);
+          for (int64_t b = 0; b < B; b++) glu(w.act, gate + b * F, up + b * F, F);
+          quantize(gate, B, F, s, qx);
         }
         products({{&w.down, tmp}}, qx, gate);
       }
 #pragma omp single
       {
-        if (w.post_ffn_norm) rmsnorm(tmp, w.post_ffn_norm, C, m.eps, tmp);
-        for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
-        if (w.inp_gate.N) quantize(x, C, s, qx);
+        for (int64_t b = 0; b < B; b++) {
+          float *tb = tmp + b * C, *xb = x + b * C;
+          if (w.post_ffn_norm) rmsnorm(tb, w.post_ffn_norm, C, m.eps, tb);
+          for (int64_t i = 0; i < C; i++) xb[i] += tb[i];
+        }
+        if (w.inp_gate.N) quantize(x, B, C, s, qx);
       }
       if (w.inp_gate.N) {  // Gemma 4 PLE (model.py Block.forward): x += norm(proj(gelu_tanh(gate(x)) * ple_l))
+        const int64_t P = m.P;
         float* pg = s.pg.data();
         products({{&w.inp_gate, pg}}, qx, x);
 #pragma omp single
         {
-          glu(GELU_TANH, pg, s.ple.data() + l * m.P, m.P);
-          quantize(pg, m.P, s, qx);
+          for (int64_t b = 0; b < B; b++) glu(GELU_TANH, pg + b * P, s.ple.data() + (b * L + l) * P, P);
+          quantize(pg, B, P, s, qx);
         }
         products({{&w.proj, tmp}}, qx, pg);
 #pragma omp single
-        {
-          rmsnorm(tmp, w.post_norm, C, m.eps, tmp);
-          for (int64_t i = 0; i < C; i++) x[i] += tmp[i];
+        for (int64_t b = 0; b < B; b++) {
+          float *tb = tmp + b * C, *xb = x + b * C;
+          rmsnorm(tb, w.post_norm, C, m.eps, tb);
+          for (int64_t i = 0; i < C; i++) xb[i] += tb[i];
         }
       }
       if (w.out_scale) {
 #pragma omp single
-        for (int64_t i = 0; i < C; i++) x[i] *= *w.out_scale;
+        for (int64_t i = 0; i < B * C; i++) x[i] *= *w.out_scale;
       }
     }
 #pragma omp single
     {
-      rmsnorm(x, m.out_norm, C, m.eps, xn);
-      quantize(xn, C, s, qx);
+      for (int64_t b = 0; b < B; b++) rmsnorm(x + b * C, m.out_norm, C, m.eps, xn + b * C);
+      quantize(xn, B, C, s, qx);
     }
     products({{&m.out, logits}}, qx, xn);
     if (m.final_softcap > 0.f) {
-      constexpr int64_t chunk = 256;
-      const int64_t V = m.out.N;
+      constexpr int64_t chunk = 256;  // from each row's start, as one row alone
+      const int64_t V = m.out.N, chunks = (V + chunk - 1) / chunk;
 #pragma omp for schedule(static)
-      for (int64_t i0 = 0; i0 < V; i0 += chunk) softcap(logits + i0, std::min(chunk, V - i0), m.final_softcap);
+      for (int64_t i = 0; i < B * chunks; i++) {
+        const int64_t b = i / chunks, i0 = i % chunks * chunk;
+        softcap(logits + b * V + i0, std::min(chunk, V - i0), m.final_softcap);
+      }
     }
   }
 }

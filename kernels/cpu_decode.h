@@ -61,17 +61,26 @@ struct ModelW {
   const float* ple_norm = nullptr;  // (P,)
 };
 
-// The KV cache of model.py's KVCache for batch 1, fp32: per layer its k, v (1, Hkv, S, D) buffers (a
-// KV-shared layer's are its source layer's).
+// The KV cache of model.py's KVCache, fp32: per layer the base of its k, v (n, Hkv, S, D) buffers (a
+// KV-shared layer's are its source layer's) and the floats from one slot (batch row) to the next.
 struct Cache {
   std::vector<float*> k, v;
+  std::vector<int64_t> slot_stride;  // per layer; unread with one slot
   int64_t S = 0;
 };
 
 // token at position pos (cache rows [0, pos) already filled) -> logits (V,); writes row pos of the
-// cache. cos, sin: (n sets, rot/2) rows of pos, one per rope set a layer names (rope.layer_ropes;
+// cache (slot 0). cos, sin: (n sets, rot/2) rows of pos, one per rope set a layer names (rope.layer_ropes;
 // a set of fewer dims than rot fills the first layer.rot/2 of its row).
 void decode_step(const ModelW& m, int64_t token, int64_t pos, const Cache& c, const float* cos, const float* sin,
                  float* logits, int threads);
+
+// B rows at once (localllm/slots.py decode_slots): row b is tokens[b] at position pos[b] of cache slot
+// slots[b] (distinct slots) -> logits (B, V); cos, sin (B, n sets, rot/2), rope_row floats a row. Each weight is read once for
+// all B rows (the products' several-row kernels), and each row is computed exactly as decode_step
+// computes it alone: the products round and sum a row the same whatever the other rows (cpu_quant.cpp,
+// cpu_tiles.cpp: per-row int16 rounding, per-row accumulators), every other op runs per row.
+void decode_rows(const ModelW& m, int64_t B, const int64_t* tokens, const int64_t* pos, const int64_t* slots,
+                 const Cache& c, const float* cos, const float* sin, int64_t rope_row, float* logits, int threads);
 
 }  // namespace lq

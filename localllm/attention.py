@@ -56,3 +56,25 @@ def attend(cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.
     logits = logits - logits.max(dim=-1, keepdim=True).values
     probs = torch.softmax(logits, dim=-1)[..., :-1]
     return (probs @ v).to(q.dtype)
+
+
+class RowKeys:
+    """The mask argument of a decode_slots step (localllm/slots.py): row b of the batch is one token of
+    cache slot slots[b] at position ends[b] - 1, seeing that slot's keys [0, ends[b]) (within `window`
+    on a sliding layer). Rows past len(slots) are padding: no keys, output zero.
+
+    Each row runs `attend` as a batch-1 decode step of that slot would (the same keys, the same mask), so
+    its output does not depend on the other rows (batch invariance: a fused padded attention would sum
+    over a different number of masked keys per composition and round differently)."""
+
+    def __init__(self, slots: list[int], ends: list[int], window: int | None):
+        self.slots, self.ends, self.window = slots, ends, window
+
+    def attend(self, cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               sinks: torch.Tensor | None) -> torch.Tensor:
+        """q (N, H, 1, D); keys, values: the layer's whole cache buffers (n slots, Hkv, S, D) -> (N, H, 1, D)."""
+        out = torch.zeros_like(q)
+        for b, (s, end) in enumerate(zip(self.slots, self.ends)):
+            mask = attention_mask(torch.tensor([end - 1], device=q.device), end, self.window)
+            out[b:b + 1] = attend(cfg, q[b:b + 1], keys[s:s + 1, :, :end], values[s:s + 1, :, :end], mask, sinks)
+        return out

@@ -18,7 +18,8 @@ from .errors import LocalLLMError
 from .nonfinite import check_logits
 from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
-from .tokenizer import StreamDecoder, Tokenizer
+from .stop_text import StopText
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -133,24 +134,16 @@ def generate(
 def stream_text(tok: Tokenizer, ids: Iterable[int], stop: tuple[str, ...] = ()) -> Iterator[str]:
     """Turn ids into text pieces, ending before the first stop string (which is not emitted).
 
-    Text that might be the start of a stop string is held back until it is known not to be one.
+    Text that might be the start of a stop string is held back until it is known not to be one
+    (stop_text.StopText).
     """
-    stop = tuple(s for s in stop if s)  # "" would match at once and end every stream before its first piece
-    dec = StreamDecoder(tok)
-    pending = ""
-    hold = max((len(s) for s in stop), default=0)
+    text = StopText(tok, stop)
     for tid in ids:
-        pending += dec.push(tid)
-        cut = min((i for i in (pending.find(s) for s in stop) if i >= 0), default=-1)
-        if cut >= 0:
-            if cut:
-                yield pending[:cut]
+        piece = text.push(tid)
+        if piece:
+            yield piece
+        if text.stopped:
             return
-        safe = len(pending) - (hold - 1) if hold else len(pending)
-        if safe > 0:
-            yield pending[:safe]
-            pending = pending[safe:]
-    pending += dec.flush()
-    if pending:
-        cut = min((i for i in (pending.find(s) for s in stop) if i >= 0), default=-1)
-        yield pending[:cut] if cut >= 0 else pending
+    piece = text.flush()
+    if piece:
+        yield piece

@@ -25,7 +25,7 @@ from localllm.kernels.cpu import BlockQWeight, embed
 from localllm.kernels.linear import linear
 from localllm.kernels.qweight import QWeight
 
-from .attention import attend, attention_mask
+from .attention import RowKeys, attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
 from .moe import MoE
@@ -197,10 +197,15 @@ class Attention(nn.Module):
     def forward(self, x, layer: int, cache: KVCache, start: int, cos, sin, mask):
         # x: (B, T, C) -> (B, T, C); writes this step's k/v into cache rows [start, start + T).
         cfg, (B, T, _) = self.cfg, x.shape
-        q, keys, values = self.ops.qkv(self, x, layer, cache, start, cos, sin)
-        # keys/values: (B, Hkv, start + T, D); mask: attention.attention_mask's
         sinks = self.attn_sinks.weight if self.attn_sinks is not None else None
-        y = attend(cfg, q, keys, values, mask, sinks)
+        if isinstance(mask, RowKeys):  # decode_slots (slots.py): each row a slot at its own position
+            # the reference op (a backend's may write one start for all rows); cache: slots.RowCache
+            q, keys, values = project_qkv(self, x, layer, cache, start, cos, sin)
+            y = mask.attend(cfg, q, keys, values, sinks)
+        else:
+            q, keys, values = self.ops.qkv(self, x, layer, cache, start, cos, sin)
+            # keys/values: (B, Hkv, start + T, D); mask: attention.attention_mask's
+            y = attend(cfg, q, keys, values, mask, sinks)
         return self.attn_output(y.transpose(1, 2).reshape(B, T, self.q_dim))
 
 

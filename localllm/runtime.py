@@ -17,6 +17,8 @@ import torch
 
 from .cache import KVCache, make_cache
 from .model import TORCH_OPS, Ops, Transformer
+from . import slots as slot_steps
+from .slots import Slots
 
 
 class Runtime:
@@ -88,6 +90,31 @@ class Runtime:
 
     def warm_verify(self, cache: KVCache) -> None:
         """Prepare now whatever verify passes of every size would prepare on first use (CUDA graphs)."""
+
+    # ---- many sequences, each at its own position (slots.py; `serve`'s continuous batching)
+
+    def new_slots(self, n: int, capacity: int) -> Slots:
+        """n empty slots of capacity positions each, in one cache of batch n."""
+        return slot_steps.new_slots(self.new_cache(capacity, n))
+
+    def prefill_slot(self, slots: Slots, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """ids at positions [start, start + len(ids)) of one slot (its rows [0, start) kept: a prefix
+        already there) -> logits (V,) fp32 of the last id; writes that slot's rows only; its length is
+        then start + len(ids)."""
+        slot_steps.check_prefill(slots, slot, ids, start)
+        logits = self.prefill(slot_steps.slot_view(slots.cache, slot, start), [ids], start)[0]
+        slots.lengths[slot] = start + len(ids)
+        return logits.float()
+
+    def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (N,) long, one per slot of `which` (distinct, any order), each at its slot's position
+        lengths[s] -> logits (N, V) fp32, each row the same bits whatever the other rows; then
+        lengths[s] += 1 for each. One batched forward (slots.decode_slots)."""
+        return slot_steps.decode_slots(self.model, slots, which, tokens)
+
+    def copy_prefix(self, slots: Slots, src: int, dst: int, n: int) -> None:
+        """Rows [0, n) of slot src into slot dst; dst then holds n positions."""
+        slot_steps.copy_prefix(slots, src, dst, n)
 
     def sync(self) -> None:
         """Wait until the device has finished the work queued so far (for timing)."""

@@ -91,6 +91,23 @@ class LoaderLimits:
     max_dims: int = 4  # GGML_MAX_DIMS: dimensions of one tensor
 
 
+@dataclass(frozen=True)
+class ServeSettings:
+    """`localllm serve` (localllm/server/, localllm/engine.py). Sampling defaults are SamplingSettings'
+    (llama-server's); a request's own values override them."""
+
+    host: str = "127.0.0.1"  # localhost only unless asked
+    port: int = 8080
+    parallel: int = 4  # sequences decoded together (slots), each with its own --ctx rows of KV cache
+    max_queue: int = 64  # requests waiting for a slot; one more is refused with 503 + Retry-After
+    retry_after_seconds: int = 1
+    max_tokens: int = -1  # a request without max_tokens: until an end-of-turn id or its slot's context is full
+    max_top_logprobs: int = 20  # OpenAI's limit on top_logprobs (chat); completions' logprobs: at most 5
+    max_stop_strings: int = 4  # OpenAI's limit on `stop`
+    idle_wait_seconds: float = 0.5  # a non-streaming request checks this often whether its client left
+    shutdown_seconds: float = 5.0  # Ctrl-C / SIGTERM: in-flight streams get this long to end
+
+
 DEFAULT_SAMPLING = SamplingSettings()
 DEFAULT_GENERATION = GenerationSettings()
 DEFAULT_DRAFT = DraftSettings()
@@ -98,6 +115,7 @@ DEFAULT_CPU = CpuSettings()
 DEFAULT_TEMPLATE = TemplateSettings()
 DEFAULT_FILES = FileSettings()
 DEFAULT_LIMITS = LoaderLimits()
+DEFAULT_SERVE = ServeSettings()
 
 # Seconds between the elapsed-time lines a long silent step (the first C++ kernel build, a first GGUF
 # parse) prints on a non-terminal stderr (a pipe, a CI log), where no spinner is drawn (progress.py).

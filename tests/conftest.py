@@ -50,7 +50,7 @@ LONGEST_FIRST = (
     "test_repl_pty.py",
     "test_bad_input.py", "test_cli.py", "test_default_model.py", "test_evaluate.py", "test_quantize_cmd.py",
     "test_bad_quantize.py", "test_triton_moe_decode.py", "test_speculative.py", "test_cpu_kernels.py",
-    "test_tokenizer.py", "test_chat.py", "test_cpu_error.py",
+    "test_tokenizer.py", "test_chat.py", "test_cpu_error.py", "test_serve.py", "test_serve_cli.py",
 )
 
 

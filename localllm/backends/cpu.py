@@ -6,7 +6,9 @@ F32/F16/BF16 linear weights and embeddings (of GGUF files and safetensors folder
 rows of their stored type, multiplied in fp32 (no fp32 copy of an F16 file); the vectors beside them
 are fp32 (the kernels compute in fp32). One-token steps of a batch-1 fp32 cache go through the C++
 decoder when the extension is built and every linear weight is a BlockQWeight the C++ products read
-(or a dense fp32 matrix); everything else (prompts, batches) runs the portable torch forward. Both give the same results up to the int16 activation
+(or a dense fp32 matrix), and so do decode_slots' steps over many slots of one cache (one C++ call for all
+rows, each weight read once for them: `serve`'s batches, localllm/slots.py); everything else (prompts,
+batches of equal positions) runs the portable torch forward. Both give the same results up to the int16 activation
 rounding of the products (tests/test_cpu_kernels.py, tests/test_cpu_error.py).
 
 The decoder runs the Llama layer and the dense families' fields (cpp_covers: Gemma 2/3, Phi-3,
@@ -31,6 +33,7 @@ from ..model import QEmbedding, Transformer
 from ..rope import layer_ropes, rotary_dims
 from ..runtime import Runtime
 from ..settings import DEFAULT_CPU
+from ..slots import Slots, check_rows
 from ..weights import to_module_name
 from .cpu_moe import MOE_FIELDS, NO_MATRIX, add_moe_layers, moe_covers, moe_layers, parameter_names
 from .cpu_gemma4 import EMPTY_MAT, GEMMA4_FIELDS, gemma4_args, param_names, shapes_fit
@@ -168,13 +171,23 @@ class CpuDecoder:
             return self.native.step_layers(token, pos, cache.k, cache.v, cos[pos], sin[pos], torch.get_num_threads())
         return self.native.step(token, pos, cache.k, cache.v, cos[pos], sin[pos], torch.get_num_threads())
 
+    def step_rows(self, tokens: torch.Tensor, positions: list[int], which: list[int], cache: KVCache) -> torch.Tensor:
+        """tokens (B,) of slots `which` of a cache of n slots, at their positions -> logits (B, V) fp32;
+        writes each slot's row at its position (one call for all rows: kernels/cpu_decode.h decode_rows)."""
+        cos, sin = self.rope_rows(cache.capacity)
+        pos = torch.tensor(positions, dtype=torch.long)
+        rows = (cos[pos].contiguous(), sin[pos].contiguous())  # (B, sets, R/2)
+        ids, slots = tokens.view(-1).to(torch.long).contiguous(), torch.tensor(which, dtype=torch.long)
+        step = self.native.step_rows_layers if isinstance(cache.k, list) else self.native.step_rows
+        return step(ids, pos, slots, cache.k, cache.v, *rows, torch.get_num_threads())
 
-def cache_fits(cache: KVCache) -> bool:
-    """A batch-1 fp32 CPU cache: one (L, 1, Hkv, S, D) buffer, or per-layer (1, Hkv, S, D) ones."""
+
+def cache_fits(cache: KVCache, batch1: bool = True) -> bool:
+    """An fp32 CPU cache: one (L, n, Hkv, S, D) buffer, or per-layer (n, Hkv, S, D) ones; n = 1 if batch1."""
     layered = isinstance(cache.k, list)
     tensors = [*cache.k, *cache.v] if layered else [cache.k, cache.v]
     return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors) and (
-        tensors[0].shape[0 if layered else 1] == 1
+        not batch1 or tensors[0].shape[0 if layered else 1] == 1
     )
 
 
@@ -212,8 +225,8 @@ class CpuRuntime(Runtime):
         extension: its torch fallback)."""
         return pack_for_cpu(BlockQWeight.from_blocks(blocks, qtype, dtype), load_extension(DEFAULT_CPU.cache_dir))
 
-    def cpp_decoder(self, cache: KVCache) -> CpuDecoder | None:
-        if not cache_fits(cache):
+    def cpp_decoder(self, cache: KVCache, batch1: bool = True) -> CpuDecoder | None:
+        if not cache_fits(cache, batch1):
             return None
         if not self.decoder_built:
             self.decoder, self.decoder_built = build_decoder(self.model), True
@@ -227,6 +240,18 @@ class CpuRuntime(Runtime):
         logits = decoder.step(int(tokens.view(-1)[0]), start, cache)
         cache.length = start + 1
         return logits.view(1, -1)
+
+    def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """The C++ decoder's rows step (each row the bits of its one-token step alone); the portable
+        step where the decoder does not cover the model."""
+        decoder = self.cpp_decoder(slots.cache, batch1=False)
+        if decoder is None:
+            return super().decode_slots(slots, which, tokens)
+        check_rows(slots, which, tokens)
+        logits = decoder.step_rows(tokens, [slots.lengths[s] for s in which], which, slots.cache)
+        for s in which:
+            slots.lengths[s] += 1
+        return logits
 
 
 class CpuEagerRuntime(Runtime):

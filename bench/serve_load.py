@@ -1,0 +1,120 @@
+"""Load test of an OpenAI-compatible server: N concurrent streaming clients, fixed prompt and output lengths.
+
+    localllm serve MODEL --parallel 16 --port 8080 &
+    python bench/serve_load.py --url http://127.0.0.1:8080 --clients 1,4,16,64
+
+The same script drives llama.cpp's llama-server (`llama-server -m FILE -np 16 -c $((16*CTX)) --port 8081`),
+or any server speaking /v1/completions with streaming. Each client sends its own prompt of exactly
+--prompt-tokens token ids (distinct per client and request, so no prefix cache helps) with
+`ignore_eos` (llama-server's and our extension) and greedy sampling, so every request generates exactly
+--gen-tokens tokens; then the next of its --requests.
+
+Per client count it prints: aggregate generated tokens/s (all completion tokens / wall time of the
+round), time to first token p50 / p99 (request sent -> first text chunk), inter-token latency p50 / p99
+(gaps between a stream's text chunks; llama-server and localllm send one chunk per token, except where
+a chunk holds back the start of a multi-byte character).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import openai
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def prompt_ids(client: int, request: int, n: int, first_id: int, span: int) -> list[int]:
+    """n ids in [first_id, first_id + span), different from the first id on for each (client, request)."""
+    seed = client * 1009 + request * 917
+    return [first_id + (seed + 31 * i * (i + 1)) % span for i in range(n)]
+
+
+async def one_request(api: openai.AsyncOpenAI, model: str, ids: list[int], gen: int) -> dict:
+    t0 = time.perf_counter()
+    stamps, tokens = [], 0
+    stream = await api.completions.create(model=model, prompt=ids, max_tokens=gen, temperature=0, stream=True,
+                                          stream_options={"include_usage": True},
+                                          extra_body={"ignore_eos": True, "top_k": 1})
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            stamps.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return {"ttft": stamps[0] - t0 if stamps else float("nan"),
+            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens or len(stamps)}
+
+
+async def client_loop(api, model, client: int, requests: int, args) -> list[dict]:
+    return [await one_request(api, model, prompt_ids(client, r, args.prompt_tokens, args.first_id, args.id_span),
+                              args.gen_tokens) for r in range(requests)]
+
+
+async def round_of(api, model, clients: int, args) -> dict:
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(client_loop(api, model, c, args.requests, args) for c in range(clients)))
+    wall = time.perf_counter() - t0
+    flat = [r for rs in results for r in rs]
+    tokens = sum(r["tokens"] for r in flat)
+    ttft = [r["ttft"] for r in flat]
+    itl = [g for r in flat for g in r["itl"]]
+    return {"clients": clients, "requests": len(flat), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+            "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
+            "short": sum(r["tokens"] != args.gen_tokens for r in flat)}
+
+
+async def measure(args, report=print) -> tuple[str, list[dict]]:
+    """-> (model id, one row per client count of args.clients); report(line) after each round."""
+    api = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.api_key or "none", max_retries=0,
+                             timeout=args.timeout)
+    model = args.model or (await api.models.list()).data[0].id
+    await one_request(api, model, prompt_ids(10**6, 0, args.prompt_tokens, args.first_id, args.id_span), 4)  # warm up
+    rows = []
+    for n in [int(x) for x in args.clients.split(",")]:
+        rows.append(await round_of(api, model, n, args))
+        report(describe(rows[-1], args.gen_tokens))
+    await api.close()
+    return model, rows
+
+
+def describe(r: dict, gen_tokens: int) -> str:
+    return (f"{r['clients']:>4} clients  {r['requests']:>4} requests  {r['tokens']:>6} tokens  {r['wall_s']:7.2f} s  "
+            f"{r['tokens_per_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50_ms']:8.1f} ms  p99 {r['ttft_p99_ms']:8.1f} ms  "
+            f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms"
+            + (f"  ({r['short']} requests short of {gen_tokens} tokens)" if r["short"] else ""))
+
+
+async def main(args) -> None:
+    model, rows = await measure(args, report=(lambda line: None) if args.json else (lambda line: print(line, flush=True)))
+    if args.json:
+        print(json.dumps({"url": args.url, "model": model, "prompt_tokens": args.prompt_tokens,
+                          "gen_tokens": args.gen_tokens, "rounds": rows}))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL (without /v1)")
+    p.add_argument("--model", help="model id (default: the first of /v1/models)")
+    p.add_argument("--api-key")
+    p.add_argument("--clients", default="1,4,16,64", help="concurrent clients per round, comma-separated")
+    p.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--first-id", type=int, default=1000, help="prompt ids are drawn from [first-id, first-id + span)")
+    p.add_argument("--id-span", type=int, default=20000)
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--json", action="store_true")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

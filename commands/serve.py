@@ -1,0 +1,41 @@
+"""`localllm serve`: open the model, start the engine, serve the OpenAI-compatible API until Ctrl-C."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localllm.chat_template import resolve_template
+from localllm.engine import Engine
+from localllm.errors import LocalLLMError
+from localllm.load import LoadedModel
+from localllm.registry import default_model_name
+from localllm.runner import context_size
+from localllm.server.app import Served
+from localllm.settings import DEFAULT_SAMPLING, DEFAULT_SERVE, SamplingSettings, ServeSettings
+
+
+def model_names(spec: str | None, path: Path) -> tuple[str, ...]:
+    """The model's id in /v1/models (the name it was opened by), then other names requests may use."""
+    first = spec or default_model_name()
+    return tuple(dict.fromkeys((first, path.name, path.stem, str(path))))
+
+
+def check_serve_options(parallel: int, port: int, api_key: str | None) -> None:
+    """Before the model loads."""
+    if parallel < 1:
+        raise LocalLLMError(f"--parallel must be at least 1, got {parallel}")
+    if not 0 <= port <= 65535:
+        raise LocalLLMError(f"--port must be 0 to 65535, got {port}")
+    if api_key is not None and not api_key.strip():
+        raise LocalLLMError("--api-key is empty")
+
+
+def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api_key: str | None = None,
+                 chat_template: str | None = None, limits: ServeSettings = DEFAULT_SERVE,
+                 defaults: SamplingSettings = DEFAULT_SAMPLING, notify=lambda text: None) -> Served:
+    """The engine (started) and what the app needs: ctx is each slot's context, capped at the model's."""
+    template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
+    if notice:
+        notify(notice)
+    engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, context_size(lm, ctx), limits.max_queue).start()
+    return Served(engine, lm.tokenizer, template, model_names(spec, lm.path), api_key, limits, defaults)

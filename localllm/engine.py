@@ -1,0 +1,330 @@
+"""Continuous batching: many requests share each decode step of one model (the server's scheduler).
+
+A background thread loops: admit waiting requests into free slots (prefill each, sample its first id),
+then one Runtime.decode_slots over every active slot (each at its own position, its own cache rows),
+sample each row with its request's own Sampler, emit events, and free the slots of finished requests.
+New requests join between steps; finished ones leave. No HTTP here: localllm/server/ drives it.
+
+Prefix cache: each slot keeps the ids its rows hold after its last request. A new prompt goes to the
+free slot sharing the longest prefix with it and only the rest is prefilled; when a busy slot shares a
+longer prefix (the same system prompt, sent by several clients at once), its rows are copied first.
+
+Determinism: each request samples with its own torch.Generator seeded from its seed, and decode_slots
+is batch-invariant (a row's logits do not depend on the other rows), so a seeded request repeats its
+output whatever else runs beside it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .chat import common_prefix
+from .errors import LocalLLMError
+from .generate import token_budget
+from .nonfinite import check_logits
+from .runtime import Runtime
+from .sampling import Sampler, is_plain_greedy
+from .settings import DEFAULT_SAMPLING, SamplingSettings
+
+
+def check_fits(prompt_len: int, capacity: int) -> None:
+    """A prompt needs its ids and one more row for the reply (generate.check_fits's rule, per slot)."""
+    if prompt_len == 0:
+        raise LocalLLMError("the prompt is empty (no tokens to start from)")
+    if prompt_len >= capacity:
+        raise LocalLLMError(f"the prompt is {prompt_len} tokens but the context holds {capacity}"
+                            f" (one more is needed for the reply)")
+
+
+class QueueFull(LocalLLMError):
+    """Every slot is busy and the waiting queue is full (the server answers 503 + Retry-After)."""
+
+
+class EngineStopped(LocalLLMError):
+    """The engine is shutting down and takes no more requests."""
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int]
+    sampling: SamplingSettings = DEFAULT_SAMPLING
+    max_tokens: int = -1  # -1: until an end-of-turn id or the slot's context is full
+    top_logprobs: int | None = None  # None: no log-probs; k >= 0: the chosen id's and the k most likely
+    ignore_eos: bool = False  # end-of-turn ids do not end it (benchmarks with fixed output lengths)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One generated id (token set), or the end (finish set): "stop" (an end-of-turn id), "length"
+    (max_tokens or the context), "cancelled" (cancel() or shutdown), "error" (message says why)."""
+
+    token: int | None = None
+    logprob: float | None = None  # log-softmax of the model's logits at the chosen id
+    top: tuple[tuple[int, float], ...] = ()  # the top_logprobs most likely (id, log-prob), best first
+    finish: str | None = None
+    message: str = ""
+
+
+Sink = Callable[[Event], None]
+
+
+class Handle:
+    """One submitted request. Iterate it for its events (with the default sink), or pass submit() a sink
+    (the server's: a thread-safe put into its event loop). cancel() frees the slot at the next step."""
+
+    def __init__(self, request: Request, sink: Sink | None = None):
+        self.request = request
+        self._queue: queue.Queue[Event] | None = None if sink is not None else queue.Queue()
+        self._sink = sink if sink is not None else self._queue.put
+        self.cancelled = False
+        self.done = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def emit(self, event: Event) -> None:
+        if self.done:
+            return
+        self.done = event.finish is not None
+        try:
+            self._sink(event)
+        except RuntimeError:  # the consumer's event loop is closed: it is gone, so is its interest
+            self.cancelled = True
+
+    def __iter__(self) -> Iterator[Event]:
+        assert self._queue is not None, "a handle with its own sink is not iterable"
+        while True:
+            ev = self._queue.get()
+            yield ev
+            if ev.finish is not None:
+                return
+
+
+@dataclass
+class _Running:
+    handle: Handle
+    slot: int
+    sampler: Sampler
+    greedy: bool
+    budget: int  # ids it may still produce
+    history: torch.Tensor  # prompt + generated ids (the repeat penalty's window)
+    next_id: int = -1  # the last sampled id, fed to the next decode step
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0  # decode steps run
+    decoded: int = 0  # rows decoded over all steps
+    prefilled: int = 0  # prompt ids prefilled
+    reused: int = 0  # prompt ids taken from the prefix cache instead
+    cancelled: int = 0  # requests ended by cancel() (their clients left) or by shutdown
+
+
+@dataclass
+class Engine:
+    runtime: Runtime
+    stop_ids: frozenset[int]
+    parallel: int
+    capacity: int  # KV rows of each slot (the per-sequence context)
+    max_queue: int = 64
+    stats: EngineStats = field(default_factory=EngineStats)
+
+    def __post_init__(self):
+        if self.parallel < 1:
+            raise LocalLLMError(f"--parallel must be at least 1, got {self.parallel}")
+        self.slots = self.runtime.new_slots(self.parallel, self.capacity)
+        self.held: list[list[int]] = [[] for _ in range(self.parallel)]  # ids in each slot's rows [0, len)
+        self.last_used = [0] * self.parallel  # admission counter of each slot's last request (LRU)
+        self._admitted = 0
+        self._waiting: list[Handle] = []
+        self._admitting: list[Handle] = []  # taken from the queue, being prefilled
+        self._running: dict[int, _Running] = {}  # slot -> its request
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- the caller's side (any thread) ---------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._loop, name="localllm-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, request: Request, sink: Sink | None = None) -> Handle:
+        """Queue a request -> its Handle. Raises LocalLLMError when the prompt does not fit a slot,
+        QueueFull when the queue is full, EngineStopped during shutdown."""
+        check_fits(len(request.prompt), self.capacity)
+        handle = Handle(request, sink)
+        with self._cv:
+            if self._stopping:
+                raise EngineStopped("the server is shutting down")
+            # a place in a slot or in the queue: counted together, so that requests arriving while the
+            # engine thread is busy (a prefill) are not refused with slots about to be free
+            if len(self._running) + len(self._admitting) + len(self._waiting) >= self.parallel + self.max_queue:
+                raise QueueFull(f"all {self.parallel} slots are busy and {len(self._waiting)} requests wait")
+            self._waiting.append(handle)
+            self._cv.notify()
+        return handle
+
+    def load(self) -> dict[str, int]:
+        with self._cv:
+            return {"slots_idle": self.parallel - len(self._running), "slots_processing": len(self._running),
+                    "queued": len(self._waiting) + len(self._admitting)}
+
+    def stop(self) -> None:
+        """Begin shutdown: no new requests; running and waiting ones end with finish "cancelled" at the
+        next step. Safe from a signal handler (no waiting here); join() waits for the thread."""
+        self._stopping = True
+        if self._cv.acquire(blocking=False):
+            self._cv.notify()
+            self._cv.release()
+
+    def join(self, timeout: float | None = None) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- the engine thread -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    while not self._waiting and not self._running and not self._stopping:
+                        self._cv.wait(timeout=1.0)  # stop() from a signal handler may not notify
+                    if self._stopping:
+                        break
+                    gone = [h for h in self._waiting if h.cancelled]  # their clients left while they waited
+                    self._waiting = [h for h in self._waiting if not h.cancelled]
+                self.stats.cancelled += len(gone)
+                for handle in gone:
+                    handle.emit(Event(finish="cancelled"))
+                with self._cv:
+                    while self._waiting and len(self._running) + len(self._admitting) < self.parallel:
+                        self._admitting.append(self._waiting.pop(0))
+                for handle in list(self._admitting):
+                    self._guarded(self._admit, handle)
+                    with self._cv:
+                        if handle in self._admitting:  # refused or failed before it ran
+                            self._admitting.remove(handle)
+                self._drop_cancelled()
+                if self._running:
+                    self._guarded(self._step, None)
+        with self._cv:
+            left, self._waiting = self._admitting + self._waiting, []
+        for handle in left:
+            handle.emit(Event(finish="cancelled", message="the server is shutting down"))
+        for slot in list(self._running):
+            self._finish(slot, Event(finish="cancelled", message="the server is shutting down"))
+
+    def _guarded(self, fn, handle: Handle | None) -> None:
+        """A failure ends the requests it touched ("error" events), never the engine."""
+        try:
+            fn(handle) if handle is not None else fn()
+        except Exception as e:  # noqa: BLE001 -- one bad request must not take the server down
+            message = str(e) if isinstance(e, LocalLLMError) else f"{type(e).__name__}: {e}"
+            if handle is not None:
+                slot = next((s for s, r in self._running.items() if r.handle is handle), None)
+                if slot is not None:
+                    self._finish(slot, Event(finish="error", message=message))
+                else:
+                    handle.emit(Event(finish="error", message=message))
+            else:
+                for slot in list(self._running):
+                    self._finish(slot, Event(finish="error", message=message))
+
+    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
+        """(free slot, ids of the prompt already in its rows): the free slot with the longest common
+        prefix, the least recently used on a tie; rows copied from a busy slot that shares more."""
+        free = [s for s in range(self.parallel) if s not in self._running]
+        slot = max(free, key=lambda s: (common_prefix(self.held[s], prompt), -self.last_used[s]))
+        have = common_prefix(self.held[slot], prompt)
+        busy = [(common_prefix(self.held[s][: self.slots.lengths[s]], prompt), s) for s in self._running]
+        best, src = max(busy, default=(0, -1))
+        if best > have:
+            slot = min(free, key=lambda s: self.last_used[s])  # keep the other free slots' prefixes
+            self.runtime.copy_prefix(self.slots, src, slot, best)
+            self.held[slot], have = list(prompt[:best]), best
+        return slot, have
+
+    def _admit(self, handle: Handle) -> None:
+        req = handle.request
+        if handle.cancelled:
+            self.stats.cancelled += 1
+            handle.emit(Event(finish="cancelled"))
+            return
+        prompt = req.prompt
+        slot, have = self._pick_slot(prompt)
+        reuse = min(have, len(prompt) - 1)  # at least one id runs: its logits give the first new id
+        self._admitted += 1
+        self.last_used[slot] = self._admitted
+        self.held[slot] = []  # until the prefill has written the rows
+        sampler = Sampler(req.sampling, self.runtime.device)
+        budget, _ = token_budget(req.max_tokens, len(prompt), self.capacity)
+        run = _Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
+                       torch.tensor(prompt, dtype=torch.long, device=self.runtime.device))
+        with self._cv:  # from admitting to running in one move (submit counts both)
+            self._admitting.remove(handle)
+            self._running[slot] = run
+        logits = self.runtime.prefill_slot(self.slots, slot, prompt[reuse:], reuse)
+        self.held[slot] = list(prompt)
+        self.stats.prefilled += len(prompt) - reuse
+        self.stats.reused += reuse
+        check_logits(self.runtime.model, logits)
+        token = logits.argmax() if run.greedy else sampler(logits, run.history)
+        self._take(run, int(token), logits)
+
+    def _step(self) -> None:
+        runs = list(self._running.values())
+        which = [r.slot for r in runs]
+        tokens = torch.tensor([r.next_id for r in runs], dtype=torch.long, device=self.runtime.device)
+        logits = self.runtime.decode_slots(self.slots, which, tokens)  # (B, V)
+        self.stats.steps += 1
+        self.stats.decoded += len(runs)
+        for r in runs:
+            self.held[r.slot].append(r.next_id)
+        greedy = logits.argmax(-1)
+        picked = [greedy[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
+        ids = torch.stack(picked).tolist()  # the one host sync of the step
+        for i, r in enumerate(runs):
+            self._take(r, ids[i], logits[i])
+
+    def _take(self, run: _Running, token: int, logits: torch.Tensor) -> None:
+        """Emit a sampled id (or finish at an end-of-turn id / the budget's end)."""
+        req = run.handle.request
+        if token in self.stop_ids and not req.ignore_eos:
+            self._finish(run.slot, Event(finish="stop"))
+            return
+        logprob, top = None, ()
+        if req.top_logprobs is not None:
+            lp = logits.float().log_softmax(-1)
+            logprob = float(lp[token])
+            if req.top_logprobs:
+                values, idx = lp.topk(req.top_logprobs)
+                top = tuple(zip(idx.tolist(), values.tolist()))
+        run.handle.emit(Event(token=token, logprob=logprob, top=top))
+        run.budget -= 1
+        if run.budget <= 0:
+            self._finish(run.slot, Event(finish="length"))
+            return
+        run.next_id = token
+        if req.sampling.repeat_penalty != 1.0:
+            run.history = torch.cat((run.history, run.history.new_tensor([token])))
+
+    def _drop_cancelled(self) -> None:
+        for slot, run in list(self._running.items()):
+            if run.handle.cancelled:
+                self._finish(slot, Event(finish="cancelled"))
+
+    def _finish(self, slot: int, event: Event) -> None:
+        run = self._running.pop(slot)
+        self.stats.cancelled += event.finish == "cancelled"
+        self.held[slot] = self.held[slot][: self.slots.lengths[slot]]
+        run.handle.emit(event)

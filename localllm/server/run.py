@@ -1,0 +1,95 @@
+"""Run the app under uvicorn: in the foreground (the CLI; Ctrl-C / SIGTERM shut it down gracefully), or in
+a background thread on a given socket (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+
+import uvicorn
+
+from ..engine import Engine
+from ..errors import LocalLLMError
+from .app import Served, create_app
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server that, on Ctrl-C / SIGTERM, also stops the engine: running streams end at its next
+    step (an error chunk naming the shutdown, then [DONE]) instead of holding the exit until they finish;
+    uvicorn stops accepting, lets the responses go out (within shutdown_seconds) and returns."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine):
+        super().__init__(config)
+        self.engine = engine
+
+    def handle_exit(self, sig, frame) -> None:
+        # uvicorn's own records the signal and raises it again once shut down (the process would then
+        # die of it, status 130 / 143); a requested shutdown is a clean exit here: status 0.
+        self.engine.stop()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: do not wait for the streams
+        else:
+            self.should_exit = True
+
+
+def server_for(served: Served, host: str, port: int, log_level: str = "info") -> GracefulServer:
+    config = uvicorn.Config(create_app(served), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=served.limits.shutdown_seconds, lifespan="off")
+    return GracefulServer(config, served.engine)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a port in use is one error line at once."""
+    try:
+        return bind(host, port)
+    except OSError as e:
+        raise LocalLLMError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve_forever(served: Served, sock: socket.socket) -> None:
+    """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0)."""
+    host, port = sock.getsockname()[:2]
+    server = server_for(served, host, port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        served.engine.stop()
+        served.engine.join(served.limits.shutdown_seconds)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_in_thread(served: Served, host: str = "127.0.0.1", port: int = 0) -> tuple[GracefulServer, str]:
+    """Start serving in a daemon thread -> (server, base URL "http://host:port"); stop it with
+    stop_thread_server(server)."""
+    sock = bind(host, port)
+    server = server_for(served, host, sock.getsockname()[1], log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    server.thread = thread
+    return server, f"http://{host}:{sock.getsockname()[1]}"
+
+
+def stop_thread_server(server: GracefulServer) -> None:
+    server.engine.stop()
+    server.should_exit = True
+    server.thread.join(30)
+    server.engine.join(30)

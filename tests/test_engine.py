@@ -1,0 +1,82 @@
+"""The continuous-batching engine (localllm/engine.py) without HTTP, on the default model: the prefix
+cache (a free slot's own rows, rows copied from a busy slot), the context's end, cancellation, the
+queue's bound. Oracle: generate() alone on a fresh cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from localllm.engine import Engine, QueueFull, Request
+from localllm.errors import LocalLLMError
+from localllm.runner import encode_prompt, open_model
+from localllm.settings import SamplingSettings
+from serve_helpers import reference
+
+GREEDY = SamplingSettings(temperature=0)
+CTX = 96
+
+
+@pytest.fixture(scope="module")
+def lm(default_path):
+    return open_model(str(default_path), "cpu")
+
+
+def ids_of(events):
+    return [e.token for e in events if e.token is not None]
+
+
+def engine(lm, parallel=2, queue=4):
+    return Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, CTX, queue).start()
+
+
+def test_prefix_rows_copied_from_a_busy_slot(lm):
+    eng = engine(lm)
+    try:
+        system = encode_prompt(lm, "You are a helpful assistant who knows the sea. Question:")
+        a, b = system + encode_prompt(lm, " what is salt?")[1:], system + encode_prompt(lm, " why waves?")[1:]
+        ha = eng.submit(Request(a, GREEDY, 12, ignore_eos=True))
+        hb = eng.submit(Request(b, GREEDY, 12, ignore_eos=True))  # admitted while a's slot is busy
+        out_a, out_b = ids_of(ha), ids_of(hb)
+        assert eng.stats.reused >= len(system) - 1  # b's shared prefix came from a's rows
+        assert eng.stats.prefilled == len(a) + len(b) - eng.stats.reused
+        assert out_a == reference(lm, a, 12, CTX) and out_b == reference(lm, b, 12, CTX)
+        # the same prompt again: served from the free slot's own rows, all but the last id
+        before = eng.stats.reused
+        assert ids_of(eng.submit(Request(a, GREEDY, 12, ignore_eos=True))) == out_a
+        assert eng.stats.reused - before == len(a) - 1
+    finally:
+        eng.join()
+
+
+def test_the_context_end_is_length(lm):
+    eng = engine(lm)
+    try:
+        prompt = encode_prompt(lm, "one two three four five six seven")
+        prompt = (prompt * (CTX // len(prompt) + 1))[: CTX - 3]
+        events = list(eng.submit(Request(prompt, GREEDY, -1, ignore_eos=True)))
+        assert len(ids_of(events)) == 3 and events[-1].finish == "length"
+        with pytest.raises(LocalLLMError, match=f"{CTX} tokens but the context holds {CTX}"):
+            eng.submit(Request(prompt + [1, 2, 3], GREEDY))
+    finally:
+        eng.join()
+
+
+def test_cancel_frees_the_slot_and_the_queue_is_bounded(lm):
+    eng = engine(lm, parallel=1, queue=1)
+    try:
+        prompt = encode_prompt(lm, "Count:")
+        running = eng.submit(Request(prompt, GREEDY, 80, ignore_eos=True))
+        waiting = eng.submit(Request(prompt, GREEDY, 80, ignore_eos=True))
+        with pytest.raises(QueueFull):
+            eng.submit(Request(prompt, GREEDY, 2))
+        waiting.cancel()
+        first = next(iter(running))
+        assert first.token is not None
+        running.cancel()
+        assert list(running)[-1].finish == "cancelled"
+        assert list(waiting)[-1].finish == "cancelled"
+        events = list(eng.submit(Request(prompt, GREEDY, 4, ignore_eos=True)))  # the slot is free again
+        assert len(ids_of(events)) == 4 and events[-1].finish == "length"
+        assert eng.load() == {"slots_idle": 1, "slots_processing": 0, "queued": 0}
+    finally:
+        eng.join()

@@ -1,0 +1,82 @@
+"""`localllm serve` as a process: it serves, and SIGTERM / Ctrl-C shut it down gracefully (a stream in
+flight ends with [DONE], exit status 0); bad options are one error line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import assert_one_error
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(default_path, port):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "localllm.cli", "serve", str(default_path), "--port", str(port),
+                             "--ctx", "128", "-np", "2", "--device", "cpu"], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if json.loads(r.read())["status"] == "ok":
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_ends_streams_and_exits_0(default_path, sig):
+    port = free_port()
+    proc = start(default_path, port)
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", method="POST", data=json.dumps(
+            {"model": default_path.name, "prompt": "Once", "max_tokens": 100, "stream": True,
+             "ignore_eos": True}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            first = r.readline()
+            assert first.startswith(b"data: {")
+            proc.send_signal(sig)
+            rest = r.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]")
+        assert proc.wait(60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_options_are_one_line():
+    from typer.testing import CliRunner
+
+    from localllm.cli import app
+
+    with socket.socket() as taken:  # a port in use: found before the model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args, needle in ((["--parallel", "0"], "--parallel"), (["--port", "70000"], "--port"),
+                             (["--ctx", "1"], "--ctx"), (["--chat-template", "nope"], "nope"),
+                             (["--port", port], f"cannot listen on 127.0.0.1:{port}"),
+                             (["--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid")):
+            result = CliRunner().invoke(app, ["serve", "no-such-model-file.gguf", *args])
+            assert_one_error(result, needle)
