@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.formats import FORMATS
 
+from .cpu_memory import huge_page_copy
 from .qweight import QWeight
 
 Q = gguf.GGMLQuantizationType
@@ -167,7 +168,7 @@ def pack_for_cpu(w: BlockQWeight, ext) -> BlockQWeight:
     # One thread: repacking is bound by memory (0.1 s for the default model), and a load must not
     # wait on a second thread that a busy machine has descheduled.
     tiles = ext.repack(w.parts["raw"].contiguous(), int(w.qtype), w.shape[1], 1)
-    parts = {"tiles": tiles} if tiles.numel() else {"raw": w.parts["raw"].clone()}
+    parts = {"tiles": huge_page_copy(tiles)} if tiles.numel() else {"raw": huge_page_copy(w.parts["raw"])}
     return BlockQWeight(w.qtype, w.shape, parts, dtype=w.dtype, ext=ext)
 
 
