@@ -33,7 +33,7 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
         buf.madvise(mmap.MADV_HUGEPAGE, 0, huge)
     except OSError:  # THP off in this kernel: 4 KiB pages, as a clone would have
         pass
-    # the tensor holds buf (frombuffer keeps the exporting object alive)
-    out = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(t.dtype).view(t.shape)
+    # a storage of the tensor's bytes only, holding buf (frombuffer keeps the exporting object alive)
+    out = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(t.dtype).view(t.shape)
     out.copy_(t)
     return out
