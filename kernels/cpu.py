@@ -17,7 +17,9 @@ prompts but moves greedy output off the fp32 reference where the top two logits 
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
 weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
 dequantize_torch) one matrix at a time for torch's fp32 GEMM (an F32 weight's rows as they are).
-Dense F32/F16/BF16 rows of short inputs: fp32 FMA products, several weight rows and inputs a pass.
+Dense F32/F16/BF16 rows of short inputs: fp32 FMA products, several weight rows and inputs a pass
+(decode: one row at a time, the weights read as one prefetched stream). Packed weights live in 2 MiB
+pages where Linux gives them (kernels/cpu_memory.py).
 A whole decode step (T = 1) runs in C++ without returning to Python: localllm/backends/cpu.py.
 MPS (Apple) keeps the file's blocks and runs the torch fallback (dequantize_torch's ops run there).
 """
