@@ -17,7 +17,9 @@ prompts but moves greedy output off the fp32 reference where the top two logits 
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
 weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
 dequantize_torch) one matrix at a time for torch's fp32 GEMM (an F32 weight's rows as they are).
-Dense F32/F16/BF16 rows of short inputs: fp32 FMA products, several weight rows and inputs a pass.
+Dense F32/F16/BF16 rows of short inputs: fp32 FMA products, several weight rows and inputs a pass
+(decode: one row at a time, the weights read as one prefetched stream). Packed weights live in 2 MiB
+pages where Linux gives them (kernels/cpu_memory.py).
 A whole decode step (T = 1) runs in C++ without returning to Python: localllm/backends/cpu.py.
 MPS (Apple) keeps the file's blocks and runs the torch fallback (dequantize_torch's ops run there).
 """
@@ -41,6 +43,7 @@ import torch.nn.functional as F
 from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.formats import FORMATS
 
+from .cpu_memory import huge_page_copy
 from .qweight import QWeight
 
 Q = gguf.GGMLQuantizationType
@@ -167,7 +170,7 @@ def pack_for_cpu(w: BlockQWeight, ext) -> BlockQWeight:
     # One thread: repacking is bound by memory (0.1 s for the default model), and a load must not
     # wait on a second thread that a busy machine has descheduled.
     tiles = ext.repack(w.parts["raw"].contiguous(), int(w.qtype), w.shape[1], 1)
-    parts = {"tiles": tiles} if tiles.numel() else {"raw": w.parts["raw"].clone()}
+    parts = {"tiles": huge_page_copy(tiles)} if tiles.numel() else {"raw": huge_page_copy(w.parts["raw"])}
     return BlockQWeight(w.qtype, w.shape, parts, dtype=w.dtype, ext=ext)
 
 

@@ -141,8 +141,8 @@ inline __m256 load8(int qtype, const uint8_t* row, int64_t k) {
 }
 
 // NR weight rows (from row n) times NT rows of x (from t): NR * NT fp32 accumulators in registers, so
-// each weight load serves NT rows of x and each x load NR weight rows; NR streams of weights in flight
-// keep decode (NT = 1) bound by memory, not by the FMA chain's latency.
+// each weight load serves NT rows of x and each x load NR weight rows (short prompts; decode takes
+// dense_rows_x1).
 template <int QT, int NR, int NT>
 inline void dense_block(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, const float* x, int64_t t,
                         float* y, int64_t ldy) {
@@ -184,19 +184,41 @@ inline void dense_block(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t 
     for (int j = 0; j < NT; j++) y[(t + j) * ldy + n + r] = hsum(acc[r][j]);
 }
 
+// Bytes ahead of the row being read that decode prefetches (a line per 64 bytes read): tuned by
+// bench/dense_products.py on the project's EPYC (512 to 1024 ran best; 2048 and more lost ~10%).
+constexpr int64_t DENSE_PREFETCH = 1024;
+
+// Decode (one x): rows [n0, n1) one at a time, 32 values a step into 4 accumulators. The rows lie end
+// to end, so this reads the weights as one sequential stream, which the prefetch runs ahead of; 8 rows
+// a pass (8 interleaved streams) streamed 10-30% slower for F16 and BF16 (bench/dense_products.py).
+template <int QT>
+void dense_rows_x1(const uint8_t* w, int64_t K, int64_t n0, int64_t n1, const float* x, float* y) {
+  constexpr int64_t esz = QT == F32 ? 4 : 2;
+  const int64_t row_bytes = K * esz;
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t* row = w + n * row_bytes;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < K; k += 32) {  // K % 32 == 0 (kernels/cpu.py fits_cpp)
+      for (int64_t b = 0; b < 32 * esz; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row + k * esz + b + DENSE_PREFETCH), _MM_HINT_T0);
+      a0 = _mm256_fmadd_ps(dense8<QT>(row, k), _mm256_loadu_ps(x + k), a0);
+      a1 = _mm256_fmadd_ps(dense8<QT>(row, k + 8), _mm256_loadu_ps(x + k + 8), a1);
+      a2 = _mm256_fmadd_ps(dense8<QT>(row, k + 16), _mm256_loadu_ps(x + k + 16), a2);
+      a3 = _mm256_fmadd_ps(dense8<QT>(row, k + 24), _mm256_loadu_ps(x + k + 24), a3);
+    }
+    y[n] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
 template <int QT>
 void dense_rows_of(const uint8_t* w, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t T, float* y,
                    int64_t ldy) {
   const int64_t row_bytes = K * (QT == F32 ? 4 : 2);
+  if (T == 1) return dense_rows_x1<QT>(w, K, n0, n1, x, y);
   int64_t n = n0;
-  if (T == 1) {  // decode: 8 rows a pass
-    for (; n + 8 <= n1; n += 8) dense_block<QT, 8, 1>(w, row_bytes, K, n, x, 0, y, ldy);
-  } else {
-    for (; n + 4 <= n1; n += 4) {
-      int64_t t = 0;
-      for (; t + 2 <= T; t += 2) dense_block<QT, 4, 2>(w, row_bytes, K, n, x, t, y, ldy);
-      if (t < T) dense_block<QT, 4, 1>(w, row_bytes, K, n, x, t, y, ldy);
-    }
+  for (; n + 4 <= n1; n += 4) {
+    int64_t t = 0;
+    for (; t + 2 <= T; t += 2) dense_block<QT, 4, 2>(w, row_bytes, K, n, x, t, y, ldy);
+    if (t < T) dense_block<QT, 4, 1>(w, row_bytes, K, n, x, t, y, ldy);
   }
   for (; n < n1; n++)
     for (int64_t t = 0; t < T; t++) dense_block<QT, 1, 1>(w, row_bytes, K, n, x, t, y, ldy);
