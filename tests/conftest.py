@@ -48,9 +48,9 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "test_triton_kernels.py", "test_triton_families.py", "test_triton_norm_fused.py", "test_mixed.py", "test_fuzz.py",
     "test_repl_pty.py",
-    "test_bad_input.py", "test_cli.py", "test_default_model.py", "test_evaluate.py", "test_quantize_cmd.py",
+    "test_default_model.py", "test_evaluate.py", "test_quantize_cmd.py",
     "test_bad_quantize.py", "test_triton_moe_decode.py", "test_speculative.py", "test_cpu_kernels.py",
-    "test_tokenizer.py", "test_chat.py", "test_cpu_error.py",
+    "test_tokenizer.py", "test_chat.py", "test_cli.py", "test_cpu_error.py", "test_bad_input.py",
 )
 
 
