@@ -47,10 +47,10 @@ def pytest_configure(config):
 # fill the end; only the order changes. A file not named here keeps its place after them.
 LONGEST_FIRST = (
     "test_triton_kernels.py", "test_triton_families.py", "test_triton_norm_fused.py", "test_mixed.py", "test_fuzz.py",
-    "test_repl_pty.py",
-    "test_bad_input.py", "test_cli.py", "test_default_model.py", "test_evaluate.py", "test_quantize_cmd.py",
+    "test_repl_pty.py", "test_serve.py",
+    "test_default_model.py", "test_evaluate.py", "test_quantize_cmd.py",
     "test_bad_quantize.py", "test_triton_moe_decode.py", "test_speculative.py", "test_cpu_kernels.py",
-    "test_tokenizer.py", "test_chat.py", "test_cpu_error.py", "test_serve.py", "test_serve_cli.py",
+    "test_tokenizer.py", "test_chat.py", "test_cli.py", "test_cpu_error.py", "test_serve_cli.py", "test_bad_input.py",
 )
 
 

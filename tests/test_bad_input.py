@@ -1,9 +1,10 @@
 """Bad input through the real command: each case must print exactly one `error: ...` line naming the
 problem on stderr, exit non-zero, and never show a traceback.
 
-The CLI runs are slow to start (torch, GGUF metadata), so one module fixture runs them all, one per
-core at a time, and the tests only read their results. More paths run in this process through typer's
-test runner.
+The CLI runs are slow to start (a Python and torch import each), so one process per command (complete,
+info) keeps the installed command covered: one module fixture runs them, one per core at a time, and
+the tests only read their results. Every other case runs in this process through typer's test runner
+(the same checks: one line, non-zero exit, no exception but the CLI's own exit).
 """
 
 from __future__ import annotations
@@ -88,14 +89,21 @@ def make_files(d: Path) -> dict[str, Path]:
 
 
 # case -> (CLI arguments, words the one error line must contain (case-insensitive)).
-# These run the installed `localllm` command in a process of its own.
+# These run the installed `localllm` command in a process of its own: one per command.
 def cases(f: dict[str, Path], d: Path) -> dict[str, tuple[list[str], list[str]]]:
     missing = d / "no_such_model.gguf"
     return {
         "missing_complete": (["complete", missing, "hi"], ["file not found", missing.name]),
+        "cut_in_tensor_data": (["info", f["cut_data"]], ["truncated", "past the end", "tensor"]),
+    }
+
+
+# The same check in this process through typer's test runner (no start-up cost): every other path.
+def in_process_cases(f: dict[str, Path], d: Path) -> dict[str, tuple[list[str], list[str]]]:
+    missing = d / "no_such_model.gguf"
+    return {
         "missing_info": (["info", missing], ["file not found", missing.name]),
         "not_gguf": (["info", f["not_gguf"]], ["not a GGUF file", "magic"]),
-        "cut_in_tensor_data": (["info", f["cut_data"]], ["truncated", "past the end", "tensor"]),
         "cut_in_metadata": (["info", f["cut_meta"]], ["truncated", "metadata", "past the end"]),
         "cut_in_header": (["complete", f["cut_header"], "hi"], ["truncated", "header", "past the end"]),
         "offset_past_end": (["info", f["offset"]], ["past the end", "blk.1.ffn_up.weight"]),
@@ -106,12 +114,6 @@ def cases(f: dict[str, Path], d: Path) -> dict[str, tuple[list[str], list[str]]]
         "over_context": (["complete", f["tiny"], LONG_PROMPT, "--ctx", "8"], ["context holds 8", "--ctx"]),
         "unknown_name": (["complete", "no-such-model-7b", "hi"], ["no such file or model name", "no-such-model-7b"]),
         "absent_device": (["complete", "hi", "--device", _absent_device()], [_absent_device()]),
-    }
-
-
-# The same check in this process through typer's test runner (no start-up cost): more paths.
-def in_process_cases(f: dict[str, Path], d: Path) -> dict[str, tuple[list[str], list[str]]]:
-    return {
         "not_gguf_tokenize": (["tokenize", f["not_gguf"], "hi", "--ids"], ["not a GGUF file"]),
         "unknown_arch_complete": (["complete", f["foo"], "hi"], ["unknown architecture 'foo'"]),
         "unknown_type_id_info": (["info", f["type_id"]], ["unknown type id 200"]),
@@ -166,7 +168,7 @@ def test_bad_input_in_process(files, name):
     from localllm.cli import app
 
     args, needles = in_process_cases(*files)[name]
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})  # as run_cli
     # Anything but the CLI's own exit would have been a traceback outside the test runner.
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     r = subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)

@@ -2,7 +2,11 @@
 default model (checked against the gguf package's own reading), tokenize prints llama.cpp's ids, every
 command explains its options, and a seed fixes the sampled text.
 
-The slow runs (each loads the default model) start together in one module fixture; the tests read them.
+The slow runs (each a process of its own) start together in one module fixture; the tests read them.
+One process per command keeps the installed command covered (complete streaming the default model,
+complete with a seed, info, tokenize); the other runs go through typer's runner in this process (no
+start-up: a Python and torch import each), the seeded ones on the tiny model (its size adds nothing to
+seeding) and compared with the process's text (the same seed gives the same text in another process).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from _bad_files import VOCAB_DIR, default_model, parallel_jobs, run_cli, start_cli
+from typer.testing import CliRunner
+
+from _bad_files import VOCAB_DIR, default_model, parallel_jobs, run_cli, start_cli, write_tiny_model
 
 PROMPT = "Once upon a time, there was a little"
 SPM_VOCAB = VOCAB_DIR / "ggml-vocab-llama-spm.gguf"
@@ -39,34 +45,48 @@ class Streamed:
         return b"".join(c for c, _ in self.chunks).decode(), self.stderr, self.proc.returncode
 
 
-def seeded(seed: int) -> list[str]:
-    return ["complete", PROMPT, "-n", "16", "--temp", "0.8", "--seed", str(seed)]
+def seeded(tiny, seed: int) -> list[str]:
+    return ["complete", tiny, PROMPT, "-n", "16", "--temp", "0.8", "--seed", str(seed)]
+
+
+def invoke(*args: str):
+    """The command in this process through typer's runner, as a CompletedProcess-like result."""
+    from localllm.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
     model = default_model()
-    jobs = {  # the slowest first: each loads the default model
+    tiny = write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny.gguf")
+    jobs = {  # the slowest first
         "stream": lambda: Streamed("complete", PROMPT, "-n", "8", "--temp", "0", "--verbose"),
-        "seed1": lambda: run_cli(*seeded(1234)),
-        "seed1_again": lambda: run_cli(*seeded(1234)),
-        "seed2": lambda: run_cli(*seeded(99)),
         "info": lambda: run_cli("info"),
-        "ids_default": lambda: run_cli("tokenize", model, DEFAULT_TEXT, "--ids"),
+        "seed1": lambda: run_cli(*seeded(tiny, 1234)),
         "ids": lambda: run_cli("tokenize", SPM_VOCAB, SPM_TEXT, "--ids"),
-        "ids_bos": lambda: run_cli("tokenize", SPM_VOCAB, SPM_TEXT, "--ids", "--bos"),
     }
     with ThreadPoolExecutor(parallel_jobs()) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
-        out = {name: f.result() for name, f in futures.items()}
+        out = {
+            "seed1_again": invoke(*seeded(tiny, 1234)),
+            "seed2": invoke(*seeded(tiny, 99)),
+            "ids_default": invoke("tokenize", model, DEFAULT_TEXT, "--ids"),
+            "ids_bos": invoke("tokenize", SPM_VOCAB, SPM_TEXT, "--ids", "--bos"),
+        }
+        out.update({name: f.result() for name, f in futures.items()})
     out["model"] = model
     return out
 
 
 def ok(result) -> str:
-    stdout, stderr, rc = (
-        result.result() if isinstance(result, Streamed) else (result.stdout, result.stderr, result.returncode)
-    )
+    if isinstance(result, Streamed):
+        stdout, stderr, rc = result.result()
+    else:  # a process's result, or typer's runner's (exit_code)
+        stdout, stderr = result.stdout, result.stderr
+        rc = result.returncode if hasattr(result, "returncode") else result.exit_code
     assert rc == 0 and "Traceback" not in stderr, f"exit {rc}\n{stderr}"
     return stdout
 

@@ -27,11 +27,11 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 @torch.inference_mode()
-def test_cpu_path_error_against_fp32_reference(default_path):
+def test_cpu_path_error_against_fp32_reference(default_path, default_lm):
     from localllm.load import load_model
 
     cpu = load_model(str(default_path), "cpu")
-    ref = load_model(str(default_path), "cpu", torch.float32, keep_quantized=False).runtime
+    ref = default_lm.runtime  # conftest's fp32 load, weights decoded to dense float32 (shared)
     ids = cpu.tokenizer.encode(EVAL.read_text(), add_bos=cpu.tokenizer.add_bos)[:N]
     assert len(ids) == N
     tokens = torch.tensor([ids])

@@ -80,9 +80,16 @@ def test_torch_fallback_reads_the_file_blocks(qtype):
     assert rel(qlinear(x, w), x.double() @ ref.double().T) < 1e-6
 
 
-def test_weights_are_held_once(default_path):
+@pytest.fixture(scope="module")
+def cpu_lm(default_path):
+    """The default model as `localllm` loads it on the CPU (weights kept quantized, tiled), loaded once
+    for this module's tests: they read its weights or decode with caches of their own."""
+    return load_model(str(default_path), "cpu")
+
+
+def test_weights_are_held_once(cpu_lm, default_path):
     """The CPU load holds no more weight bytes than the file and no view of its mapping."""
-    lm = load_model(str(default_path), "cpu")
+    lm = cpu_lm
     held = [w for m in lm.model.modules() for w in [getattr(m, "qweight", None)] if w is not None]
     held.append(lm.model.token_embd.weight)
     assert all(isinstance(w, BlockQWeight) and w.tiled for w in held)
@@ -145,10 +152,10 @@ LONG_PROMPT = (  # ~130 tokens: a prompt past QMATVEC_MAX_ROWS, multiplied as a 
 @pytest.mark.parametrize("prompt", ["Once upon a time, there was a little",
                                     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
                                     LONG_PROMPT], ids=["readme", "chat", "long"])
-def test_default_model_greedy_64_equals_reference(default_lm, default_path, prompt):
+def test_default_model_greedy_64_equals_reference(default_lm, cpu_lm, prompt):
     """The README prompt has a near tie at its 13th token (top-2 logits 0.003 apart): int8-rounded
     activations, llama.cpp's, flip it; the int16 ones do not."""
-    cpu = load_model(str(default_path), "cpu")
+    cpu = cpu_lm
     ids = encode_prompt(cpu, prompt)
     assert len(ids) > QMATVEC_MAX_ROWS or prompt != LONG_PROMPT
     assert greedy(cpu, ids, 64) == greedy(default_lm, ids, 64)

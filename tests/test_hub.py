@@ -222,21 +222,19 @@ def one_error(result, needle: str) -> None:
 
 def test_cli_pull_then_complete_offline(served, tmp_path):
     """HF_HOME / HF_ENDPOINT / HF_HUB_OFFLINE as a user sets them: pull, then the reference as MODEL with
-    no Hub at all gives the text the local file gives."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    no Hub at all gives the text the local file gives (that one through typer's runner in this process:
+    no Hub involved, so no process of its own)."""
     state, url, files = served
     ours = ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
     env = {k: v for k, v in cli_env().items() if k not in ours} | {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": url}
     offline = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens there
     prompt = ["Once upon a time", "-n", "4", "--temp", "0", "--device", "cpu"]
     ref = f"{GGUF_REPO}:Q8_0"
-    with ThreadPoolExecutor(2) as pool:
-        local = pool.submit(run, env, "complete", str(files["q8"]), *prompt)
-        pulled = run(env, "pull", ref)
-        assert pulled.returncode == 0 and f"pulled {ref}: gguf" in pulled.stderr, pulled.stderr
-        used = run(offline, "complete", ref, *prompt)
-        local = local.result()
+    pulled = run(env, "pull", ref)
+    assert pulled.returncode == 0 and f"pulled {ref}: gguf" in pulled.stderr, pulled.stderr
+    used = run(offline, "complete", ref, *prompt)
+    local = cli("complete", str(files["q8"]), *prompt)
+    assert local.exit_code == 0, local.stderr
     assert used.returncode == 0, used.stderr
     assert used.stdout == local.stdout and local.stdout.strip()
 
