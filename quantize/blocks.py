@@ -24,11 +24,14 @@ BLOCK_ENCODERS = {t: f.encode for t, f in FORMATS.items() if not f.dense}
 # The K-quants take the imatrix itself; the 32-value formats take llama.cpp's per-row weights.
 K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
 
+# Types whose encoder without an importance also runs in C++ (kernels/cpu_encode.cpp, same bytes).
+SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
+
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
 
 
-def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None) -> np.ndarray:
+def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None) -> np.ndarray:
     """w (rows, cols) float -> uint8 (rows, bytes per row), the standard ggml block layout of qtype.
 
     importance: (cols,) imatrix-style mean of x^2 per input column, or None; or (G, cols), one per
@@ -49,6 +52,8 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     # both extremes finite <=> all finite (amax / amin propagate NaN); ~8x faster than isfinite(w).all()
     if w.numel() and not (torch.isfinite(w.amax()) and torch.isfinite(w.amin())):
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
+    if ext is not None and importance is None and qtype in SIMPLE_CPP and w.device.type == "cpu":
+        return ext.encode_simple(w.contiguous(), int(qtype), torch.get_num_threads()).numpy()
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
     step = max(1, CHUNK_VALUES // cols)
