@@ -148,6 +148,12 @@ def load_extension(cache_dir: Path):
     return extension(build_dir(cache_dir))
 
 
+def encoders_for(device: torch.device | str, cache_dir: Path):
+    """The kernels whose encoders quantize_tensor(..., ext=) uses for tensors on `device` (same bytes
+    as the torch encoders, faster): the CPU's build, or None (another device, or no build)."""
+    return load_extension(cache_dir) if torch.device(device).type == "cpu" else None
+
+
 def fits_cpp(w: BlockQWeight) -> bool:
     return w.device.type == "cpu" and w.qtype in CPU_TYPES | DENSE_TYPES and w.shape[1] % 32 == 0
 

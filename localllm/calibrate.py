@@ -389,10 +389,11 @@ def predict_losses(sens_kl: float, probe_err: float, errs: Mapping[Hashable, flo
     return {q: sens_kl * e / probe_err for q, e in errs.items()}
 
 
-def roundtrip(w: torch.Tensor, qtype, importance: torch.Tensor | None = None) -> torch.Tensor:
-    """w (out, in) quantized to qtype (a GGUF type) and decoded back, in w's dtype: a ready perturbation."""
+def roundtrip(w: torch.Tensor, qtype, importance: torch.Tensor | None = None, ext=None) -> torch.Tensor:
+    """w (out, in) quantized to qtype (a GGUF type) and decoded back, in w's dtype: a ready perturbation.
+    ext: the C++ encoders for w's device (kernels/cpu.py encoders_for) or None."""
     from localllm.quantize import dequantize_torch, quantize_tensor
 
-    back = dequantize_torch(quantize_tensor(w.detach().float(), qtype, importance), qtype)
+    back = dequantize_torch(quantize_tensor(w.detach().float(), qtype, importance, ext=ext), qtype)
     return back.reshape(w.shape).to(device=w.device, dtype=w.dtype)
 

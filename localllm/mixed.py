@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 import gguf
 import torch
 
+from localllm.kernels.cpu import encoders_for
 from localllm.quantize.allocate import Option, allocate
 from localllm.quantize.formats import BLOCK_SIZES
 from localllm.quantize.plan import TensorInfo, sample_rows
@@ -38,6 +39,7 @@ from .calibrate import collect_imatrix, roundtrip
 from .errors import LocalLLMError
 from .fused import fused_parts
 from .load import LoadedModel
+from .settings import DEFAULT_CPU
 from .weights import to_module_name
 
 Q = gguf.GGMLQuantizationType
@@ -77,17 +79,19 @@ def padded(nbytes: int, align: int) -> int:
     return -(-nbytes // align) * align
 
 
-def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q]) -> dict[Q, float]:
+def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q],
+                   ext=None) -> dict[Q, float]:
     """1/2 sum F_ij dW_ij^2 of each type's round trip, over SAMPLE_ROWS rows, scaled to all rows.
 
     w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None, or
-    (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert)."""
+    (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert). ext: the
+    C++ encoders for w's device (kernels/cpu.py encoders_for), or None."""
     rows = sample_rows(w.shape[0], SAMPLE_ROWS).to(w.device)
     ws, fs = w[rows].float(), f[rows].double()
     scale = w.shape[0] / ws.shape[0]
     if imp is not None and imp.dim() == 2 and imp.shape[0] > 1:  # each sampled row its group's
         imp = imp.to(w.device)[rows // (w.shape[0] // imp.shape[0])]
-    return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp) - ws).double().pow(2)).sum()) for q in types}
+    return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp, ext) - ws).double().pow(2)).sum()) for q in types}
 
 
 def fisher_diagonal(model, chunks: Sequence[Sequence[int]], progress=lambda done, total: None,
@@ -170,6 +174,7 @@ def plan_mixed(
     fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
     seconds["fisher"], mark = time.perf_counter() - mark, time.perf_counter()
     params = dict(model.named_parameters())
+    ext = encoders_for(next(iter(params.values())).device, DEFAULT_CPU.cache_dir)
     options = []
     for i, t in enumerate(todo):
         names = [_module_name(params, n) for n in fused_parts(lm.config, t.name)]  # one, or a fused tensor's
@@ -179,7 +184,7 @@ def plan_mixed(
             w = torch.cat([params[n].data.reshape(-1, cols) for n in names])
             f = torch.cat([fisher[n].reshape(-1, cols) for n in names])
         types, rounded = options_of(t), candidates(t.shape[-1])
-        loss = sampled_losses(w, f, imat.get(t.name), rounded) | {q: 0.0 for q in types if q not in rounded}
+        loss = sampled_losses(w, f, imat.get(t.name), rounded, ext) | {q: 0.0 for q in types if q not in rounded}
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))
