@@ -4,7 +4,8 @@ For every quantizable tensor t and candidate type q we predict L(t, q), the KL-d
 output gains when t is stored as q, and let quantize/allocate.py pick the types with the least total
 predicted loss that fit the size budget:
 1. imatrix: mean x^2 per input column of every matrix over the calibration chunks
-   (localllm/calibrate.py); the encoders use it for importance-weighted rounding.
+   (localllm/calibrate.py), recorded in the Fisher passes' forwards; the encoders use it for
+   importance-weighted rounding.
 2. Fisher: for small weight errors dW, KL(p || p_dW) ~ 1/2 dW^T F dW with F the Fisher information of
    the output distribution; we keep its diagonal, estimated as E[(d log p(y) / dW)^2] with y sampled
    from the model itself, over the calibration chunks (one backward pass per chunk for all tensors).
@@ -35,7 +36,7 @@ from localllm.quantize.plan import TensorInfo, sample_rows
 from localllm.quantize.presets import LAST_RESORT, allows_quantization
 
 from .cache import KVCache, make_cache
-from .calibrate import collect_imatrix, roundtrip
+from .calibrate import recording_imatrix, roundtrip
 from .errors import LocalLLMError
 from .fused import fused_parts
 from .load import LoadedModel
@@ -54,7 +55,7 @@ class MixedPlan:
     predicted_kl: float  # sum of the chosen types' predicted losses
     imatrix: dict[str, torch.Tensor]
     n_chunks: int  # calibration chunks the imatrix and sensitivities were measured on
-    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds (imatrix, fisher, errors, search)
+    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds (fisher[+imatrix], errors, search)
 
 
 def candidates(cols: int) -> list[Q]:
@@ -169,10 +170,17 @@ def plan_mixed(
     todo, fixed = chosen_and_fixed(tensors, fixed)
     model = lm.model
     seconds, mark = {}, time.perf_counter()
-    imat = dict(imatrix) if imatrix is not None else collect_imatrix(model, chunks)
-    seconds["imatrix"], mark = time.perf_counter() - mark, time.perf_counter()
-    fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
-    seconds["fisher"], mark = time.perf_counter() - mark, time.perf_counter()
+    fisher_progress = lambda done, total: progress("fisher", done, total)  # noqa: E731
+    if imatrix is not None:
+        imat = dict(imatrix)
+        fisher = fisher_diagonal(model, chunks, fisher_progress)
+        seconds["fisher"] = time.perf_counter() - mark
+    else:  # the imatrix recorded in the Fisher passes' forwards: no forward of its own
+        with recording_imatrix(model) as stats:
+            fisher = fisher_diagonal(model, chunks, fisher_progress)
+        imat = stats(chunks).means()
+        seconds["fisher+imatrix"] = time.perf_counter() - mark
+    mark = time.perf_counter()
     params = dict(model.named_parameters())
     ext = encoders_for(next(iter(params.values())).device, DEFAULT_CPU.cache_dir)
     options = []
