@@ -100,7 +100,10 @@ void affine(const float* x, int nmax, float* d_out, float* m_out, int* q) {
 
 constexpr float GROUP_MAX_EPS = 1e-15f;
 
-float nearest(float v) { return std::nearbyint(v); }  // half to even (the default rounding mode)
+// Half to even, as torch.round and ggml's nearest_int (one SSE4.1 instruction, exact for any float).
+float nearest(float v) {
+  return _mm_cvtss_f32(_mm_round_ss(_mm_setzero_ps(), _mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 
 float clampf(float v, float lo, float hi) { return std::fmin(std::fmax(v, lo), hi); }
 
