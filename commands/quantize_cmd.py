@@ -383,13 +383,14 @@ def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, de
                  imatrix: Mapping[str, torch.Tensor] | None, progress: bool) -> Path:
     metadata = output_metadata(src, preset)
     slots = [TensorSlot(r.name, r.shape, r.target) for r in plan]
+    ext = cpu_encoders(device)
 
     def make_tensor(i: int) -> np.ndarray:
         t, row = src.tensors[i], plan[i]
         if row.target == row.source and t.raw is not None:
             return t.raw()
         importance = imatrix.get(row.name) if imatrix else None
-        return encode(row, t.read(), device, importance)
+        return encode(row, t.read(), device, importance, ext)
 
     remove_stale_partials(out, DEFAULT_FILES.stale_partial_seconds)  # left by killed runs
     try:
@@ -407,9 +408,18 @@ def output_metadata(src: Source, preset: Preset) -> dict[str, MetaValue]:
     return metadata
 
 
-def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None) -> np.ndarray:
+def cpu_encoders(device: str):
+    """The compiled CPU kernels whose encoders quantize_tensor uses (same bytes, faster), or None
+    (another device, or no build: the torch encoders)."""
+    from localllm.kernels.cpu import encoders_for
+    from localllm.settings import DEFAULT_CPU
+
+    return encoders_for(device, DEFAULT_CPU.cache_dir)
+
+
+def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None, ext=None) -> np.ndarray:
     try:
-        return quantize_tensor(w.reshape(-1, row.shape[-1]).to(device), row.target, importance)
+        return quantize_tensor(w.reshape(-1, row.shape[-1]).to(device), row.target, importance, ext=ext)
     except ValueError as e:  # non-finite values, a bad imatrix length
         raise LocalLLMError(f"cannot quantize tensor {row.name!r} to {row.target.name}: {e}") from None
 

@@ -49,6 +49,8 @@ from .qweight import QWeight
 Q = gguf.GGMLQuantizationType
 SOURCES = ("cpu_quant.cpp", "cpu_tiles.cpp", "cpu_decode.cpp", "cpu_moe.cpp", "cpu_bind.cpp")
 HEADERS = ("cpu_quant.h", "cpu_simd.h", "cpu_tiles.h", "cpu_decode.h", "cpu_vmath.h", "cpu_moe.h")
+SOURCES += ("cpu_encode.cpp",)  # Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 encoders (quantize/blocks.py's C++ path)
+HEADERS += ("cpu_encode.h",)
 # Types the C++ products read in place (plus F32/F16/BF16 matrices, multiplied in fp32): Format.cpu.
 CPU_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and not f.dense)
 DENSE_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and f.dense)
@@ -147,6 +149,12 @@ def extension(folder: Path):
 def load_extension(cache_dir: Path):
     """The kernels built for these sources under cache_dir (localllm/settings.py's), or None."""
     return extension(build_dir(cache_dir))
+
+
+def encoders_for(device: torch.device | str, cache_dir: Path):
+    """The kernels whose encoders quantize_tensor(..., ext=) uses for tensors on `device` (same bytes
+    as the torch encoders, faster): the CPU's build, or None (another device, or no build)."""
+    return load_extension(cache_dir) if torch.device(device).type == "cpu" else None
 
 
 def fits_cpp(w: BlockQWeight) -> bool:

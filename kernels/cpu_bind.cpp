@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "cpu_decode.h"
+#include "cpu_encode.h"
 #include "cpu_quant.h"
 #include "cpu_tiles.h"
 
@@ -217,6 +218,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("qmatmul", &qmatmul);
   mod.def("dequantize", &dequantize);
   mod.def("repack", &repack);
+  // x (rows, cols) fp32 -> (rows, cols / 32 * block bytes) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 blocks; imp: empty,
+  // (cols,) or (rows, cols) imatrix.
+  mod.def("encode_simple", [](const at::Tensor& x, int64_t qtype, const at::Tensor& imp, int64_t threads) {
+    at::Tensor out = at::empty({x.size(0), x.size(1) / 32 * lq::simple_block_bytes(static_cast<int>(qtype))}, at::kByte);
+    lq::encode_simple(static_cast<int>(qtype), x.data_ptr<float>(), x.size(0), x.size(1), ptr_or_null(imp),
+                      imp.dim() == 2 ? imp.size(1) : 0, out.data_ptr<uint8_t>(), static_cast<int>(threads));
+    return out;
+  });
   pybind11::class_<Decoder>(mod, "Decoder")
       .def(pybind11::init<std::vector<int64_t>, std::vector<double>, std::vector<at::Tensor>, std::vector<int64_t>,
                           std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, std::vector<at::Tensor>,

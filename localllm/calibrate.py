@@ -15,10 +15,11 @@ onto the model's parameters.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -92,13 +93,11 @@ def _device_cache(model: Transformer, length: int) -> KVCache:
     return make_cache(model.cfg, length, dtype=w.dtype, device=w.device)
 
 
-@torch.inference_mode()
-def collect_imatrix_stats(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None,
-                          dataset: str = "") -> ImatrixStats:
-    """The raw statistics behind collect_imatrix, as llama-imatrix keeps them: per GGUF weight name the
-    float64 sums of x_j^2 over the tokens (1, in) (an expert stack (E, in), row e over the tokens routed
-    to expert e, as llama.cpp's MUL_MAT_ID statistics) and the tokens summed (1,) (or (E,)); with the
-    chunk count and size, and `dataset` as the file's dataset name (imatrix_files writes them)."""
+@contextmanager
+def recording_imatrix(model: Transformer, dataset: str = "") -> Iterator[Callable[[Sequence[Sequence[int]]], ImatrixStats]]:
+    """While open, every forward pass of `model` adds to the imatrix statistics (collect_imatrix_stats'),
+    with or without autograd (mixed.plan_mixed records them during its Fisher passes: no forward of its
+    own). Yields stats(chunks): the statistics so far, of those chunks (their count and size)."""
     sums: dict[str, torch.Tensor] = {}  # name -> (in,) or (E, in) float64 sum of x^2 over tokens
     counts: dict[str, int | torch.Tensor] = {}  # tokens seen: int, or (E,) float64 per expert
     memo: list = [None, None]  # (last input, its sums): q/k/v and gate/up read the very same tensor
@@ -106,7 +105,7 @@ def collect_imatrix_stats(model: Transformer, chunks: Sequence[Sequence[int]], p
     def square_sums(x: torch.Tensor) -> torch.Tensor:
         # x: (..., in) -> sum over tokens of x^2 (in,) in float64 (fp32 per call, exact enough for a mean).
         if memo[0] is not x:
-            memo[:] = [x, x.float().pow(2).reshape(-1, x.shape[-1]).sum(0).double()]
+            memo[:] = [x, x.detach().float().pow(2).reshape(-1, x.shape[-1]).sum(0).double()]
         return memo[1]
 
     def record(name: str, x: torch.Tensor) -> None:
@@ -121,6 +120,12 @@ def collect_imatrix_stats(model: Transformer, chunks: Sequence[Sequence[int]], p
         sums[name][expert] += square_sums(x)
         counts[name][expert] += x.numel() // x.shape[-1]
 
+    def stats(chunks: Sequence[Sequence[int]]) -> ImatrixStats:
+        s = {k: v.cpu().reshape(-1, v.shape[-1]) for k, v in sums.items()}
+        c = {k: torch.as_tensor(v, dtype=torch.float64).cpu().reshape(-1) for k, v in counts.items()}
+        return ImatrixStats(file_imatrix(model.cfg, s), file_imatrix(model.cfg, c), len(chunks),
+                            max(len(ch) for ch in chunks), [dataset] if dataset else [])
+
     hooks = [m.register_forward_pre_hook(lambda mod, args, name=gguf_name(n) + ".weight": record(name, args[0]))
              for n, m in model.named_modules() if isinstance(m, Linear)]
     hooks += [m.register_forward_pre_hook(lambda mod, args, name=gguf_name(n) + ".weight": record_expert(mod, name, *args))
@@ -129,19 +134,27 @@ def collect_imatrix_stats(model: Transformer, chunks: Sequence[Sequence[int]], p
     out_name = "token_embd.weight" if model.cfg.tied_output else "output.weight"  # the tensor it reads
     hooks.append(model.output_norm.register_forward_hook(lambda mod, args, out: record(out_name, out)))
     try:
+        yield stats
+    finally:
+        for h in hooks:
+            h.remove()
+        memo.clear()
+
+
+@torch.inference_mode()
+def collect_imatrix_stats(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None,
+                          dataset: str = "") -> ImatrixStats:
+    """The raw statistics behind collect_imatrix, as llama-imatrix keeps them: per GGUF weight name the
+    float64 sums of x_j^2 over the tokens (1, in) (an expert stack (E, in), row e over the tokens routed
+    to expert e, as llama.cpp's MUL_MAT_ID statistics) and the tokens summed (1,) (or (E,)); with the
+    chunk count and size, and `dataset` as the file's dataset name (imatrix_files writes them)."""
+    with recording_imatrix(model, dataset) as stats:
         cache = _device_cache(model, max(len(c) for c in chunks))
         for i, chunk in enumerate(chunks):
             model(torch.tensor([list(chunk)], device=model.output_norm.weight.device), cache, 0)
             if progress:
                 progress("imatrix", i + 1, len(chunks))
-    finally:
-        for h in hooks:
-            h.remove()
-        memo.clear()
-    sums = {k: v.cpu().reshape(-1, v.shape[-1]) for k, v in sums.items()}
-    counts = {k: torch.as_tensor(v, dtype=torch.float64).cpu().reshape(-1) for k, v in counts.items()}
-    return ImatrixStats(file_imatrix(model.cfg, sums), file_imatrix(model.cfg, counts), len(chunks),
-                        max(len(c) for c in chunks), [dataset] if dataset else [])
+        return stats(chunks)
 
 
 def collect_imatrix(model: Transformer, chunks: Sequence[Sequence[int]], progress: Progress | None = None
@@ -389,10 +402,11 @@ def predict_losses(sens_kl: float, probe_err: float, errs: Mapping[Hashable, flo
     return {q: sens_kl * e / probe_err for q, e in errs.items()}
 
 
-def roundtrip(w: torch.Tensor, qtype, importance: torch.Tensor | None = None) -> torch.Tensor:
-    """w (out, in) quantized to qtype (a GGUF type) and decoded back, in w's dtype: a ready perturbation."""
+def roundtrip(w: torch.Tensor, qtype, importance: torch.Tensor | None = None, ext=None) -> torch.Tensor:
+    """w (out, in) quantized to qtype (a GGUF type) and decoded back, in w's dtype: a ready perturbation.
+    ext: the C++ encoders for w's device (kernels/cpu.py encoders_for) or None."""
     from localllm.quantize import dequantize_torch, quantize_tensor
 
-    back = dequantize_torch(quantize_tensor(w.detach().float(), qtype, importance), qtype)
+    back = dequantize_torch(quantize_tensor(w.detach().float(), qtype, importance, ext=ext), qtype)
     return back.reshape(w.shape).to(device=w.device, dtype=w.dtype)
 

@@ -4,7 +4,8 @@ For every quantizable tensor t and candidate type q we predict L(t, q), the KL-d
 output gains when t is stored as q, and let quantize/allocate.py pick the types with the least total
 predicted loss that fit the size budget:
 1. imatrix: mean x^2 per input column of every matrix over the calibration chunks
-   (localllm/calibrate.py); the encoders use it for importance-weighted rounding.
+   (localllm/calibrate.py), recorded in the Fisher passes' forwards; the encoders use it for
+   importance-weighted rounding.
 2. Fisher: for small weight errors dW, KL(p || p_dW) ~ 1/2 dW^T F dW with F the Fisher information of
    the output distribution; we keep its diagonal, estimated as E[(d log p(y) / dW)^2] with y sampled
    from the model itself, over the calibration chunks (one backward pass per chunk for all tensors).
@@ -28,16 +29,18 @@ from typing import Callable, Mapping, Sequence
 import gguf
 import torch
 
+from localllm.kernels.cpu import encoders_for
 from localllm.quantize.allocate import Option, allocate
 from localllm.quantize.formats import BLOCK_SIZES
 from localllm.quantize.plan import TensorInfo, sample_rows
 from localllm.quantize.presets import LAST_RESORT, allows_quantization
 
 from .cache import KVCache, make_cache
-from .calibrate import collect_imatrix, roundtrip
+from .calibrate import recording_imatrix, roundtrip
 from .errors import LocalLLMError
 from .fused import fused_parts
 from .load import LoadedModel
+from .settings import DEFAULT_CPU
 from .weights import to_module_name
 
 Q = gguf.GGMLQuantizationType
@@ -52,7 +55,7 @@ class MixedPlan:
     predicted_kl: float  # sum of the chosen types' predicted losses
     imatrix: dict[str, torch.Tensor]
     n_chunks: int  # calibration chunks the imatrix and sensitivities were measured on
-    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds (imatrix, fisher, errors, search)
+    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds (fisher[+imatrix], errors, search)
 
 
 def candidates(cols: int) -> list[Q]:
@@ -77,17 +80,19 @@ def padded(nbytes: int, align: int) -> int:
     return -(-nbytes // align) * align
 
 
-def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q]) -> dict[Q, float]:
+def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q],
+                   ext=None) -> dict[Q, float]:
     """1/2 sum F_ij dW_ij^2 of each type's round trip, over SAMPLE_ROWS rows, scaled to all rows.
 
     w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None, or
-    (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert)."""
+    (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert). ext: the
+    C++ encoders for w's device (kernels/cpu.py encoders_for), or None."""
     rows = sample_rows(w.shape[0], SAMPLE_ROWS).to(w.device)
     ws, fs = w[rows].float(), f[rows].double()
     scale = w.shape[0] / ws.shape[0]
     if imp is not None and imp.dim() == 2 and imp.shape[0] > 1:  # each sampled row its group's
         imp = imp.to(w.device)[rows // (w.shape[0] // imp.shape[0])]
-    return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp) - ws).double().pow(2)).sum()) for q in types}
+    return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp, ext) - ws).double().pow(2)).sum()) for q in types}
 
 
 def fisher_diagonal(model, chunks: Sequence[Sequence[int]], progress=lambda done, total: None,
@@ -165,11 +170,19 @@ def plan_mixed(
     todo, fixed = chosen_and_fixed(tensors, fixed)
     model = lm.model
     seconds, mark = {}, time.perf_counter()
-    imat = dict(imatrix) if imatrix is not None else collect_imatrix(model, chunks)
-    seconds["imatrix"], mark = time.perf_counter() - mark, time.perf_counter()
-    fisher = fisher_diagonal(model, chunks, lambda done, total: progress("fisher", done, total))
-    seconds["fisher"], mark = time.perf_counter() - mark, time.perf_counter()
+    fisher_progress = lambda done, total: progress("fisher", done, total)  # noqa: E731
+    if imatrix is not None:
+        imat = dict(imatrix)
+        fisher = fisher_diagonal(model, chunks, fisher_progress)
+        seconds["fisher"] = time.perf_counter() - mark
+    else:  # the imatrix recorded in the Fisher passes' forwards: no forward of its own
+        with recording_imatrix(model) as stats:
+            fisher = fisher_diagonal(model, chunks, fisher_progress)
+        imat = stats(chunks).means()
+        seconds["fisher+imatrix"] = time.perf_counter() - mark
+    mark = time.perf_counter()
     params = dict(model.named_parameters())
+    ext = encoders_for(next(iter(params.values())).device, DEFAULT_CPU.cache_dir)
     options = []
     for i, t in enumerate(todo):
         names = [_module_name(params, n) for n in fused_parts(lm.config, t.name)]  # one, or a fused tensor's
@@ -179,7 +192,7 @@ def plan_mixed(
             w = torch.cat([params[n].data.reshape(-1, cols) for n in names])
             f = torch.cat([fisher[n].reshape(-1, cols) for n in names])
         types, rounded = options_of(t), candidates(t.shape[-1])
-        loss = sampled_losses(w, f, imat.get(t.name), rounded) | {q: 0.0 for q in types if q not in rounded}
+        loss = sampled_losses(w, f, imat.get(t.name), rounded, ext) | {q: 0.0 for q in types if q not in rounded}
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))

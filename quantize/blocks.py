@@ -12,6 +12,7 @@ import gguf
 import numpy as np
 import torch
 
+from . import simple_search
 from .formats import FORMATS, format_of
 
 Q = gguf.GGMLQuantizationType
@@ -24,11 +25,14 @@ BLOCK_ENCODERS = {t: f.encode for t, f in FORMATS.items() if not f.dense}
 # The K-quants take the imatrix itself; the 32-value formats take llama.cpp's per-row weights.
 K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
 
+# Types whose encoder (with or without an importance) also runs in C++ (kernels/cpu_encode.cpp, same bytes).
+SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
+
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
 
 
-def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None) -> np.ndarray:
+def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None) -> np.ndarray:
     """w (rows, cols) float -> uint8 (rows, bytes per row), the standard ggml block layout of qtype.
 
     importance: (cols,) imatrix-style mean of x^2 per input column, or None; or (G, cols), one per
@@ -51,6 +55,11 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
+    if ext is not None and qtype in SIMPLE_CPP and w.device.type == "cpu":
+        imp = torch.empty(0) if importance is None else importance
+        if imp.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
+            imp = imp.repeat_interleave(rows // imp.shape[0], dim=0)
+        return ext.encode_simple(w.contiguous(), int(qtype), imp.contiguous(), torch.get_num_threads()).numpy()
     step = max(1, CHUNK_VALUES // cols)
     parts = [encode_rows(w[r:r + step], qtype, chunk_importance(importance, rows, r, min(r + step, rows)))
              for r in range(0, rows, step)]
@@ -96,12 +105,14 @@ def encode_rows(x: torch.Tensor, qtype: Q, importance: torch.Tensor | None) -> t
 
 
 def row_weights(x: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
-    """llama.cpp's weights for the 32-value formats: qw * sqrt(sigma2 + x^2), sigma2 = mean of x^2 over the row."""
-    sigma2 = (x * x).mean(-1, keepdim=True)
-    return importance * torch.sqrt(sigma2 + x * x)
+    """llama.cpp's weights for the 32-value formats: qw * sqrt(sigma2 + x^2), sigma2 = mean of x^2 over
+    the row (summed in order, as kernels/cpu_encode.cpp: simple_search.row_weights)."""
+    return simple_search.row_weights(x, importance)
 
 
 def block_error(xb: torch.Tensor, qw: torch.Tensor | None, qtype: Q, data: torch.Tensor) -> torch.Tensor:
+    if qtype in SIMPLE_CPP:  # summed in order, as kernels/cpu_encode.cpp picks
+        return simple_search.block_error(FORMATS[qtype].decode(data), xb, qw)
     diff = FORMATS[qtype].decode(data) - xb
     err = diff * diff if qw is None else qw * diff * diff
     return torch.nan_to_num(err.sum(-1), nan=float("inf"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .pack import cat_bytes, fp16_bytes, fp16_round, pack_nibbles
-from .search import make_qkx_quants, make_qx_quants
+from .simple_search import qkx_fit, qx_scale
 
 
 # ---- float formats: x (R, C) -> (R, C * bytes per value)
@@ -91,21 +91,20 @@ def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return cat_bytes(fp16_bytes(d), q.to(torch.int8).view(torch.uint8))
 
 
-# ---- with importance: llama.cpp's weighted searches (quantize_row_*_impl), then every value
-# re-rounded against the fp16 scale (and min) as they decode
+# ---- with importance: llama.cpp's weighted searches (quantize_row_*_impl, in C's arithmetic order:
+# simple_search.py), then every value re-rounded against the fp16 scale (and min) as they decode
 
 def symmetric_weighted(x: torch.Tensor, w: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor]:
     """make_qx_quants' scale -> quants in [0, 2 nmax - 1] (offset by nmax) and d."""
-    _, d = make_qx_quants(x, w, nmax)
-    d = fp16_round(d)
+    d = fp16_round(qx_scale(x, w, nmax))
     q = torch.round(x / torch.where(d != 0, d, 1.0)).clamp(-nmax, nmax - 1)
     return torch.where(d != 0, q, 0.0).int() + nmax, d
 
 
 def affine_weighted(x: torch.Tensor, w: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """make_qkx_quants' scale and min -> quants in [0, nmax], d and m (x ~ d * q + m)."""
-    scale, the_min = make_qkx_quants(x, w, nmax, -0.9, 0.05, 36)
-    d, m = fp16_round(scale), fp16_round(-the_min)
+    """make_qkx2_quants' scale and min -> quants in [0, nmax], d and m (x ~ d * q + m)."""
+    scale, low = qkx_fit(x, w, nmax)
+    d, m = fp16_round(scale), fp16_round(low)
     q = torch.round((x - m) / torch.where(d != 0, d, 1.0)).clamp(0, nmax)
     return torch.where(d != 0, q, 0.0).int(), d, m
 

@@ -390,7 +390,7 @@ def test_cli_imatrix_written_then_reused(small, tmp_path, monkeypatch):
     def measuring(*args, **kwargs):
         raise AssertionError("the imatrix was measured again")
 
-    monkeypatch.setattr(mixed, "collect_imatrix", measuring)
+    monkeypatch.setattr(mixed, "recording_imatrix", measuring)
     result = invoke(small, second, "--target-bpw", "5", "--imatrix", imat)
     assert result.exit_code == 0, result.stderr
     assert second.read_bytes() == first.read_bytes()
@@ -423,7 +423,7 @@ def test_cli_target_with_override_stays_within_size(small, tmp_path):
     result = invoke(small, out, "--target-size", target, "--tensor-type", "ffn_down=q8_0")
     assert result.exit_code == 0, result.stderr
     assert out.stat().st_size <= target
-    phases = "read load imatrix fisher errors search write".split()
+    phases = r"read load fisher\+imatrix errors search write".split()
     assert re.search("time: " + ", ".join(rf"{p} [\d.]+ s" for p in phases), result.stderr), result.stderr
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(out).tensors}
     assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down.weight"] == Q.Q8_0

@@ -1,0 +1,115 @@
+"""The imatrix searches of the 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in C's arithmetic order.
+
+ggml-quants.c's quantize_row_q4_0_impl .. q5_1_impl run make_qx_quants (symmetric) and make_qkx2-style
+fits (affine) on each block with per-value weights; here the same searches run on all blocks (B, 32)
+at once, every float computed as the C loops compute it: each sum a sequential loop over the 32
+values (seq_sum), each product left to right, float32 constants, correctly rounded divisions and
+square roots. kernels/cpu_encode.cpp does the same per block; the bytes agree (tests/test_cpu_encode.py).
+nearest_int rounds half to even, as torch.round does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+GROUP_MAX_EPS = 1e-15
+QX_STEPS = (0, -9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9)  # make_qx_quants' order
+
+
+def f32(v) -> float:
+    return float(np.float32(v))
+
+
+def seq_sum(t: torch.Tensor) -> torch.Tensor:
+    """(B, n) -> (B, 1): t[:, 0] + t[:, 1] + ... in that order, from 0 (a C loop's float sum)."""
+    cols = t.t().contiguous()
+    acc = torch.zeros_like(cols[0])
+    for c in cols:
+        acc = acc + c
+    return acc.unsqueeze(-1)
+
+
+def rdiv(c: float, t: torch.Tensor) -> torch.Tensor:
+    """c / t correctly rounded, as C's float division (torch's scalar / tensor multiplies by 1 / t)."""
+    return torch.full_like(t, c) / t
+
+
+def sqrtf(t: torch.Tensor) -> torch.Tensor:
+    """C's sqrtf: the float64 root rounded to float32 is the correctly rounded float32 root."""
+    return torch.sqrt(t.double()).float()
+
+
+def row_weights(x: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
+    """x (R, C), importance (C,) or (R, C) -> (R, C): qw * sqrtf(sigma2 + x^2), sigma2 = (sum of x^2 over
+    the row, in order) / C, as quantize_row_q4_0_impl .. q5_1_impl."""
+    sigma2 = seq_sum(x * x) / x.shape[-1]
+    return importance * sqrtf(sigma2 + x * x)
+
+
+def qx_scale(x: torch.Tensor, w: torch.Tensor, nmax: int) -> torch.Tensor:
+    """make_qx_quants(n, nmax, x, L, rmse_type 1, w): the scale (B, 1) of x ~ scale * q, q in
+    [-nmax, nmax - 1]: iscale = -(nmax + 0.1f is) / max over QX_STEPS, kept when sumlx^2 / suml2 grows."""
+    xmax = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))  # the first value of largest |x|
+    live = xmax.abs() >= GROUP_MAX_EPS
+    xmax = torch.where(live, xmax, 1.0)
+    scale = best = None
+    for k in QX_STEPS:
+        c = f32(np.float32(nmax) + np.float32(0.1) * np.float32(k)) if k else float(nmax)
+        q = torch.round(rdiv(-c, xmax) * x).clamp(-nmax, nmax - 1)
+        wq = w * q
+        sumlx, suml2 = seq_sum(w * x * q), seq_sum(wq * q)
+        if scale is None:
+            scale = torch.where(suml2 != 0, sumlx / suml2, 0.0)
+            best = scale * sumlx
+            continue
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        this = sumlx / suml2
+        scale = torch.where(better, this, scale)
+        best = torch.where(better, this * sumlx, best)
+    return torch.where(live, scale, 0.0)
+
+
+def qkx_fit(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float = -0.9, rdelta: float = 0.05,
+            nstep: int = 36) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_qkx2_quants' fit x ~ scale * q + low, q in [0, nmax], low <= 0: (scale, low) (B, 1) each.
+
+    The (min, max) start, then iscale = (rmin + rdelta is + nmax) / (max - min) for is in 0..nstep,
+    each fit by weighted least squares (low refit to 0 when above it), kept when the weighted squared
+    error drops. A block with max == min (after min <= 0): scale 0, low = min."""
+    xmax, xmin = x.amax(-1, keepdim=True), x.amin(-1, keepdim=True)
+    low = low0 = torch.where(xmin > 0, 0.0, xmin)  # ggml: if (min > 0) min = 0 (a -0 stays)
+    flat = ~(xmax > low)
+    sum_w, sum_x = seq_sum(w), seq_sum(w * x)
+
+    def error(scale, offset, q):
+        diff = scale * q + offset - x
+        return seq_sum(w * (diff * diff))
+
+    iscale = rdiv(nmax, torch.where(flat, 1.0, xmax - low))
+    scale = rdiv(1, iscale)
+    best = error(scale, low, torch.round(iscale * (x - low)).clamp(0, nmax))
+    for k in range(nstep + 1):  # (max - min) and x - min with the best min so far, as ggml
+        c = f32(np.float32(rmin) + np.float32(rdelta) * np.float32(k) + np.float32(nmax))
+        q = torch.round(rdiv(c, xmax - low) * (x - low)).clamp(0, nmax)
+        wq = w * q
+        sum_l, sum_l2, sum_xl = seq_sum(wq), seq_sum(wq * q), seq_sum(wq * x)
+        det = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+        this_low = (sum_l2 * sum_x - sum_l * sum_xl) / det
+        pos = this_low > 0  # an offset above 0 is not allowed: the scale alone
+        this_scale = torch.where(pos, sum_xl / sum_l2, this_scale)
+        this_low = torch.where(pos, 0.0, this_low)
+        err = error(this_scale, this_low, q)
+        better = (det > 0) & (err < best)
+        best = torch.where(better, err, best)
+        scale = torch.where(better, this_scale, scale)
+        low = torch.where(better, this_low, low)
+    return torch.where(flat, 0.0, scale), torch.where(flat, low0, low)
+
+
+def block_error(decoded: torch.Tensor, x: torch.Tensor, qw: torch.Tensor | None) -> torch.Tensor:
+    """(B, 32) -> (B,): sum of (qw * diff) * diff (or diff * diff) in order, NaN as infinite."""
+    diff = decoded - x
+    err = seq_sum(diff * diff if qw is None else qw * diff * diff)[:, 0]
+    return torch.nan_to_num(err, nan=float("inf"))
