@@ -158,6 +158,8 @@ def quantize_model(
     if imatrix is None and imatrix_file is not None and not measuring:
         imatrix = read_imatrix(imatrix_file, {t.info.name: t.info.shape for t in src.tensors})
     if mixed:
+        if writing and not allow_requantize:  # before the minutes of calibration, not after them
+            check_requantize_source([t.info for t in src.tensors])
         budget, align = mixed_budget(src, target_bpw, target_size, overrides)
     chunks = calib_chunks(path, text, calib) if text is not None else None  # the tokenizer only
     lap("read")
@@ -200,6 +202,19 @@ def check_requantize(plan: Sequence[PlanRow]) -> None:
         raise LocalLLMError(
             f"the input is already quantized ({first.name} is {first.source.name}; {len(requant)} tensors would be "
             f"re-quantized, e.g. to {first.target.name}): requantizing loses quality for no gain in size over "
+            "quantizing the 16/32-bit model; give --allow-requantize to do it anyway")
+
+
+def check_requantize_source(infos: Sequence[TensorInfo]) -> None:
+    """check_requantize's rule, up front for a mixed-precision plan (whose types are known only after its
+    calibration and search, minutes later): an input whose weight matrices are stored quantized is refused
+    before any of that."""
+    quantized = [t for t in infos if t.source not in UNQUANTIZED and len(t.shape) >= 2]
+    if quantized:
+        first = quantized[0]
+        raise LocalLLMError(
+            f"the input is already quantized ({first.name} is {first.source.name}; {len(quantized)} weight "
+            "matrices): a mixed-precision plan would re-quantize them, losing quality for no gain in size over "
             "quantizing the 16/32-bit model; give --allow-requantize to do it anyway")
 
 

@@ -203,6 +203,20 @@ def test_quantize_refuses_requantize(f32_model, tmp_path):
     ok(invoke("quantize", q8, tmp_path / "again.gguf", "Q8_0"))
 
 
+def test_mixed_plan_refuses_requantize_before_calibrating(f32_model, tmp_path, monkeypatch):
+    """--target-bpw on a quantized input: refused up front, not after minutes of calibration."""
+    from cli_helpers import assert_one_error
+
+    from localllm.commands import quantize_cmd
+
+    q8 = tmp_path / "q8.gguf"
+    ok(invoke("quantize", f32_model, q8, "Q8_0"))
+    monkeypatch.setattr(quantize_cmd, "calib_chunks", lambda *a, **k: pytest.fail("calibration started"))
+    out = tmp_path / "mixed.gguf"
+    assert_one_error(invoke("quantize", q8, out, "--target-bpw", "5"), "--allow-requantize")
+    assert not out.exists()
+
+
 def test_quantize_metadata_from_the_cache(model, monkeypatch):
     """quantize copies the metadata from open_gguf's parse and cache (a large vocabulary is not parsed a
     second time, 7 s of a Q8_0 run of qwen2): every key, type and value as the gguf package reads them.
