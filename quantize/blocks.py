@@ -28,7 +28,7 @@ K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
 CHUNK_VALUES = 1 << 22
 
 
-def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None) -> np.ndarray:
+def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None) -> np.ndarray:
     """w (rows, cols) float -> uint8 (rows, bytes per row), the standard ggml block layout of qtype.
 
     importance: (cols,) imatrix-style mean of x^2 per input column, or None; or (G, cols), one per
@@ -52,6 +52,12 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
     step = max(1, CHUNK_VALUES // cols)
+    if ext is not None and w.device.type == "cpu" and qtype in K_QUANTS:
+        qw = torch.empty(0) if importance is None else importance
+        if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
+            qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
+        qw = qw.contiguous()
+        return ext.kquant_encode(w.contiguous(), int(qtype), nbytes, qw, torch.get_num_threads()).numpy()
     parts = [encode_rows(w[r:r + step], qtype, chunk_importance(importance, rows, r, min(r + step, rows)))
              for r in range(0, rows, step)]
     return torch.cat(parts).reshape(rows, cols // block * nbytes).cpu().numpy()
