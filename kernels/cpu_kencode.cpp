@@ -4,6 +4,7 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "cpu_kencode.h"
+#include "cpu_kencode_avx.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -33,68 +34,6 @@ inline void put_f16(uint8_t* p, float v) {
 }
 
 // ---- the searches (quantize/ksearch.py)
-
-// make_qkx2_quants (v3 false) / make_qkx3_quants (v3 true): returns scale, *the_min.
-float make_qkx(int n, int nmax, const float* x, const float* w, float rmin, float rdelta, int nstep, bool mad,
-               bool v3, float* the_min) {
-  float mn = x[0], mx = x[0];
-  for (int i = 1; i < n; ++i) {
-    if (x[i] < mn) mn = x[i];
-    if (x[i] > mx) mx = x[i];
-  }
-  float sum_w = 0, sum_x = 0;
-  for (int i = 0; i < n; ++i) sum_w += w[i];
-  for (int i = 0; i < n; ++i) sum_x += w[i] * x[i];
-  if (mn > 0) mn = 0;
-  if (mx <= mn) {
-    *the_min = -mn;
-    return 0.f;
-  }
-  const float fmax = static_cast<float>(nmax);
-  float iscale = fmax / (mx - mn);
-  float scale = 1 / iscale;
-  float best = 0;
-  for (int i = 0; i < n; ++i) {
-    const float l = clampf(rnd(iscale * (x[i] - mn)), 0.f, fmax);
-    const float diff = scale * l + mn - x[i];
-    best += w[i] * (mad ? std::fabs(diff) : diff * diff);
-  }
-  float low = mn;
-  float La[32];
-  for (int is = 0; is <= nstep; ++is) {
-    const float c = rmin + rdelta * static_cast<float>(is) + fmax;
-    const float isc = c / (mx - low);
-    float sl = 0, sl2 = 0, sxl = 0;
-    for (int i = 0; i < n; ++i) {
-      const float v = isc * (x[i] - low);
-      const float l = v3 ? (v > 0 ? rnd(v < fmax ? v : fmax) : 0.f) : clampf(rnd(v), 0.f, fmax);
-      La[i] = l;
-      const float wl = w[i] * l;
-      sl += wl;
-      sl2 += wl * l;
-      sxl += wl * x[i];
-    }
-    const float D = sum_w * sl2 - sl * sl;
-    float ts = (sum_w * sxl - sum_x * sl) / D;
-    float tm = (sl2 * sum_x - sl * sxl) / D;
-    if (tm > 0) {
-      tm = 0;
-      ts = sxl / sl2;
-    }
-    float err = 0;
-    for (int i = 0; i < n; ++i) {
-      const float diff = ts * La[i] + tm - x[i];
-      err += w[i] * (mad ? std::fabs(diff) : diff * diff);
-    }
-    if (D > 0 && err < best) {
-      best = err;
-      scale = ts;
-      low = tm;
-    }
-  }
-  *the_min = -low;
-  return scale;
-}
 
 // ggml's coordinate descent on L (make_qp_quants: gate slx > 0 && sl2 > 0; make_q3_quants: slx > 0).
 void descend(int n, const float* x, const float* w, float* L, float qmin, float qmax, bool gate_sl2, float* psumlx,
@@ -362,8 +301,13 @@ Fields affine_fields(const float* x, const float* w, int nmax, float rmin, float
                      bool search, bool mad) {
   constexpr int S = QK / NS;
   float scale[NS], mins[NS], sw[NS];
+  for (int j0 = 0; j0 < NS; j0 += 8) {  // 8 sub-blocks at a time, one per lane
+    float xt[8 * S], wt[8 * S];
+    for (int j = 0; j < 8; ++j)
+      for (int i = 0; i < S; ++i) xt[8 * i + j] = x[S * (j0 + j) + i], wt[8 * i + j] = w[S * (j0 + j) + i];
+    make_qkx8(S, nmax, xt, wt, rmin, rdelta, nstep, mad, search, scale + j0, mins + j0);
+  }
   for (int j = 0; j < NS; ++j) {
-    scale[j] = make_qkx(S, nmax, x + S * j, w + S * j, rmin, rdelta, nstep, mad, search, &mins[j]);
     float s = 0;
     for (int i = 0; i < S; ++i) s += w[S * j + i];
     sw[j] = s;
