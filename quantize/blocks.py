@@ -52,12 +52,12 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
     step = max(1, CHUNK_VALUES // cols)
-    if ext is not None and w.device.type == "cpu" and qtype in K_QUANTS:
-        qw = torch.empty(0) if importance is None else importance
+    if ext is not None and qtype in K_QUANTS:  # on the CPU, wherever w is
+        qw = torch.empty(0) if importance is None else importance.cpu()
         if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
             qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
-        qw = qw.contiguous()
-        return ext.kquant_encode(w.contiguous(), int(qtype), nbytes, qw, torch.get_num_threads()).numpy()
+        return ext.kquant_encode(w.cpu().contiguous(), int(qtype), nbytes, qw.contiguous(),
+                                 torch.get_num_threads()).numpy()
     parts = [encode_rows(w[r:r + step], qtype, chunk_importance(importance, rows, r, min(r + step, rows)))
              for r in range(0, rows, step)]
     return torch.cat(parts).reshape(rows, cols // block * nbytes).cpu().numpy()

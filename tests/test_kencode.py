@@ -37,6 +37,9 @@ CANDIDATES = {
 }
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: small passes run faster on one thread
+
+
 @pytest.fixture(scope="module")
 def sample() -> dict[str, np.ndarray]:
     with np.load(DATA) as d:
@@ -51,17 +54,30 @@ def ext():
     return built
 
 
+@pytest.fixture(scope="module")
+def reference(sample):
+    """(qtype, weighted) -> (x (B, 256), qw (B, 256) or None, the reference's candidates), computed once."""
+    x = torch.from_numpy(sample["w"]).reshape(-1, 256)
+    qw = torch.from_numpy(sample["imatrix"]).expand(sample["w"].shape).reshape(-1, 256)
+    cache = {}
+
+    def get(qtype, weighted):
+        if (qtype, weighted) not in cache:
+            w = qw if weighted else None
+            cache[qtype, weighted] = (x, w, CANDIDATES[qtype][0](x, w))
+        return cache[qtype, weighted]
+    return get
+
+
 def blocks_differ(a: np.ndarray, b: np.ndarray, nbytes: int) -> np.ndarray:
     return np.nonzero((a.reshape(-1, nbytes) != b.reshape(-1, nbytes)).any(1))[0]
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
-def test_llama_cpp_candidate_is_llama_cpp_bytes(sample, qtype, weighted):
-    candidates, plain, with_imatrix = CANDIDATES[qtype]
-    x = torch.from_numpy(sample["w"]).reshape(-1, 256)
-    qw = torch.from_numpy(sample["imatrix"]).expand(sample["w"].shape).reshape(-1, 256) if weighted else None
-    ours = candidates(x, qw)[with_imatrix if weighted else plain][1].numpy()
+def test_llama_cpp_candidate_is_llama_cpp_bytes(sample, reference, qtype, weighted):
+    _, plain, with_imatrix = CANDIDATES[qtype]
+    ours = reference(qtype, weighted)[2][with_imatrix if weighted else plain][1].numpy()
     theirs = sample[qtype.name.lower() + ("_imatrix" if weighted else "")]
     differ = blocks_differ(ours, theirs, gguf.GGML_QUANT_SIZES[qtype][1])
     assert differ.size == 0, f"{differ.size} blocks differ, first {differ[:8]}"
@@ -69,21 +85,23 @@ def test_llama_cpp_candidate_is_llama_cpp_bytes(sample, qtype, weighted):
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
-def test_cpp_equals_reference_on_llama_cpp_sample(sample, ext, qtype, weighted):
+def test_cpp_equals_reference_on_llama_cpp_sample(sample, reference, ext, qtype, weighted):
+    x, qw, candidates = reference(qtype, weighted)
+    ref = kquants.best_of(x, qw, candidates).numpy()
     w = torch.from_numpy(sample["w"])
     importance = torch.from_numpy(sample["imatrix"]) if weighted else None
-    ref = quantize_tensor(w, qtype, importance)
     cpp = quantize_tensor(w, qtype, importance, ext=ext)
     differ = blocks_differ(cpp, ref, gguf.GGML_QUANT_SIZES[qtype][1])
     assert differ.size == 0, f"{differ.size} blocks differ, first {differ[:8]}"
-    # and the best candidate is never worse than llama.cpp's own bytes (weighted as measured)
+    # so the block kept is never worse than llama.cpp's own bytes (error weighted as measured)
     theirs = sample[qtype.name.lower() + ("_imatrix" if weighted else "")]
     cw = torch.ones(w.shape[1]) if importance is None else importance
 
     def err(raw):
         return (cw * (dequantize_torch(raw, qtype) - w) ** 2).reshape(-1, 256).sum(-1)
 
-    assert (err(cpp) <= err(theirs) * (1 + 1e-5) + 1e-30).all()
+    assert (err(cpp) <= err(theirs) * (1 + 1e-5)).all()
+    assert (err(cpp) < err(theirs) * (1 - 1e-3)).any()  # and better somewhere: the other candidates count
 
 
 def adversarial_rows() -> torch.Tensor:
@@ -113,17 +131,13 @@ def adversarial_rows() -> torch.Tensor:
     return torch.stack(rows).float()
 
 
-@pytest.mark.parametrize("importance", ["none", "column", "row", "zeros"])
+@pytest.mark.parametrize("importance", ["none", "rows"])
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
 def test_cpp_equals_reference_on_adversarial_rows(ext, qtype, importance):
     w = adversarial_rows()
     g = torch.Generator().manual_seed(3)
-    imp = {
-        "none": None,
-        "column": torch.rand(512, generator=g) * 4,
-        "row": torch.rand(w.shape, generator=g) ** 4,  # one importance per row (groups = rows)
-        "zeros": torch.where(torch.arange(512) % 3 == 0, 0.0, 1.0),
-    }[importance]
+    # one importance per row (groups = rows), zero in every third column
+    imp = None if importance == "none" else torch.rand(w.shape, generator=g) ** 4 * (torch.arange(512) % 3 != 0)
     ref = quantize_tensor(w, qtype, imp)
     cpp = quantize_tensor(w, qtype, imp, ext=ext)
     differ = blocks_differ(cpp, ref, gguf.GGML_QUANT_SIZES[qtype][1])
@@ -131,12 +145,9 @@ def test_cpp_equals_reference_on_adversarial_rows(ext, qtype, importance):
     assert np.isfinite(dequantize_torch(cpp, qtype).numpy()).all()
 
 
-def test_cpp_random_rows_of_varied_scales(ext):
+def test_cpp_random_rows_of_varied_scales_grouped_importance(ext):
     g = torch.Generator().manual_seed(11)
-    w = torch.randn(24, 768, generator=g) * torch.logspace(-3, 2, 24).unsqueeze(1)
-    imp = torch.rand(4, 768, generator=g)  # per group of 6 rows (an expert stack's imatrix)
+    w = torch.randn(12, 512, generator=g) * torch.logspace(-3, 2, 12).unsqueeze(1)
+    imp = torch.rand(4, 512, generator=g)  # per group of 3 rows (an expert stack's imatrix)
     for qtype in K_TYPES:
-        for importance in (None, imp):
-            ref = quantize_tensor(w, qtype, importance)
-            cpp = quantize_tensor(w, qtype, importance, ext=ext)
-            assert np.array_equal(cpp, ref), qtype.name
+        assert np.array_equal(quantize_tensor(w, qtype, imp, ext=ext), quantize_tensor(w, qtype, imp)), qtype.name
