@@ -147,6 +147,16 @@ float make_qx(int n, int nmax, const float* x, const float* w, float* L) {
   return scale;
 }
 
+// make_qx's scale of each of the 16 sub-blocks of 16 (x, w: 256), 8 sub-blocks a call.
+void qx_scales16(const float* x, const float* w, int nmax, float* scale) {
+  for (int j0 = 0; j0 < 16; j0 += 8) {
+    float xt[128], wt[128];
+    for (int j = 0; j < 8; ++j)
+      for (int i = 0; i < 16; ++i) xt[8 * i + j] = x[16 * (j0 + j) + i], wt[8 * i + j] = w[16 * (j0 + j) + i];
+    make_qx8(16, nmax, xt, wt, scale + j0);
+  }
+}
+
 // make_q3_quants with do_rmse; returns scale.
 float make_q3(int n, int nmax, const float* x) {
   const float mx = signed_max(n, x);
@@ -425,9 +435,9 @@ void encode_q2(const float* x, const float* qw, const float* ones, uint8_t* out)
 
 // Q3_K's impl candidates: make_qx per sub-block weighted w, then its scales by make_qx weighted sw.
 Fields q3_impl(const float* x, const float* w) {
-  float scale[16], sw[16], L[16];
+  float scale[16], sw[16];
+  qx_scales16(x, w, 4, scale);
   for (int j = 0; j < 16; ++j) {
-    scale[j] = make_qx(16, 4, x + 16 * j, w + 16 * j, L);
     float s = 0;
     for (int i = 0; i < 16; ++i) s += w[16 * j + i];
     sw[j] = s;
@@ -471,13 +481,13 @@ void encode_q3(const float* x, const float* qw, const float* ones, uint8_t* out)
 
 void encode_q6(const float* x, const float* qw, const float* ones, uint8_t* out) {
   const float* ew = qw ? qw : ones;
-  float w[QK], scale[16], L[16];
+  float w[QK], scale[16];
   Fields c[MAX_CANDIDATES];
   int n = 0;
   for (int e = 0; e < QK; ++e) w[e] = x[e] * x[e];
   const float* wsets[2] = {w, ew};
   for (const float* ws : wsets) {
-    for (int j = 0; j < 16; ++j) scale[j] = make_qx(16, 32, x + 16 * j, ws + 16 * j, L);
+    qx_scales16(x, ws, 32, scale);
     signed_scales_by_max(16, scale, 128, c[n].sc, &c[n].d);
     ++n;
   }

@@ -90,4 +90,46 @@ inline void make_qkx8(int n, int nmax, const float* xt, const float* wt, float r
   _mm256_storeu_ps(min_out, _mm256_xor_ps(sign, _mm256_blendv_ps(low, mn0, flat)));
 }
 
+// make_qx_quants (rmse_type 1, weights w) on 8 groups at once (cpu_kencode.cpp's scalar make_qx, lane by
+// lane; the quants themselves are not returned): xt, wt n x 8 as above -> scale[8].
+inline void make_qx8(int n, int nmax, const float* xt, const float* wt, float* scale_out) {
+  const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.f);
+  const __m256 lo = _mm256_set1_ps(-static_cast<float>(nmax)), hi = _mm256_set1_ps(static_cast<float>(nmax - 1));
+  __m256 amax = zero, mx = zero;
+  for (int i = 0; i < n; ++i) {
+    const __m256 x = _mm256_loadu_ps(xt + 8 * i), ax = _mm256_andnot_ps(sign, x);
+    const __m256 gt = _mm256_cmp_ps(ax, amax, _CMP_GT_OQ);
+    amax = _mm256_blendv_ps(amax, ax, gt);
+    mx = _mm256_blendv_ps(mx, x, gt);
+  }
+  const __m256 live = _mm256_cmp_ps(_mm256_andnot_ps(sign, mx), _mm256_set1_ps(1e-15f), _CMP_GE_OQ);
+  static const int ks[19] = {0, -9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  __m256 scale = zero, best = zero;
+  for (int t = 0; t < 19; ++t) {
+    const int k = ks[t];
+    const float c = k ? static_cast<float>(nmax) + 0.1f * static_cast<float>(k) : static_cast<float>(nmax);
+    const __m256 isc = _mm256_div_ps(_mm256_set1_ps(-c), mx);
+    __m256 sumlx = zero, suml2 = zero;
+    for (int i = 0; i < n; ++i) {
+      const __m256 x = _mm256_loadu_ps(xt + 8 * i), w = _mm256_loadu_ps(wt + 8 * i);
+      const __m256 v = _mm256_round_ps(_mm256_mul_ps(isc, x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256 h = _mm256_blendv_ps(v, hi, _mm256_cmp_ps(v, hi, _CMP_GT_OQ));
+      const __m256 q = _mm256_blendv_ps(h, lo, _mm256_cmp_ps(v, lo, _CMP_LT_OQ));
+      sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w, x), q));
+      suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w, q), q));
+    }
+    const __m256 s = _mm256_div_ps(sumlx, suml2);
+    if (t == 0) {
+      scale = _mm256_blendv_ps(zero, s, _mm256_cmp_ps(suml2, zero, _CMP_NEQ_UQ));
+      best = _mm256_mul_ps(scale, sumlx);
+    } else {
+      const __m256 better = _mm256_and_ps(_mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),
+                                          _mm256_cmp_ps(_mm256_mul_ps(sumlx, sumlx), _mm256_mul_ps(best, suml2), _CMP_GT_OQ));
+      scale = _mm256_blendv_ps(scale, s, better);
+      best = _mm256_blendv_ps(best, _mm256_mul_ps(s, sumlx), better);
+    }
+  }
+  _mm256_storeu_ps(scale_out, _mm256_and_ps(scale, live));
+}
+
 }  // namespace lq
