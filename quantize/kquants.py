@@ -1,12 +1,13 @@
 """Encoders of the K-quants (super-blocks of 256 values): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
 Each encoder takes x (B, 256) float32 and the imatrix weights qw (B, 256) (None without importance)
-and returns candidate encodings (B, bytes per block) uint8; blocks.py keeps each block's best.
-The candidates are llama.cpp's two quantizers of the format, quantize_row_*_ref (its choice without
+and returns [the best candidate's bytes (B, bytes per block) uint8] (best_of: least error, summed in
+order; *_candidates give them all). The candidates are llama.cpp's two quantizers of the format, quantize_row_*_ref (its choice without
 an imatrix) and quantize_row_*_impl (with one; also run without one, on its default weights), the
 impl search once more weighted as the error is measured (1, or the imatrix), and for each of these
 two least-squares refits of the super-block scale(s) (ours). Each is: a scale search per sub-block
-(search.py), the sub-block scales as ints against one fp16 super-block scale, then every value
+(ksearch.py: ggml-quants.c's arithmetic order, so each llama.cpp candidate is its bytes, and
+kernels/cpu_kencode.cpp's C++ encoder gives these very bytes), the sub-block scales as ints against one fp16 super-block scale, then every value
 re-rounded against the scales as they will decode. Bit layouts are drawn in formats/k_types.py.
 """
 
