@@ -39,7 +39,7 @@ import torch
 
 from localllm.kernels.cpu import load_extension
 from localllm.quantize import dequantize, quantize_tensor
-from localllm.quantize.blocks import K_QUANTS
+from localllm.quantize.blocks import CPP_K_TYPES
 from localllm.quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
@@ -411,7 +411,7 @@ def output_metadata(src: Source, preset: Preset) -> dict[str, MetaValue]:
 
 def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None) -> np.ndarray:
     # K-quants: the C++ encoder on the CPU wherever it builds (whatever the device: the same bytes)
-    ext = load_extension(DEFAULT_CPU.cache_dir) if row.target in K_QUANTS else None
+    ext = load_extension(DEFAULT_CPU.cache_dir) if row.target in CPP_K_TYPES else None
     w = w.reshape(-1, row.shape[-1])
     try:
         return quantize_tensor(w if ext is not None else w.to(device), row.target, importance, ext=ext)

@@ -526,6 +526,7 @@ bool kquant_encodes(int qtype) { return block_bytes(qtype) != 0; }
 void kquant_encode(int qtype, const float* x, int64_t rows, int64_t cols, const float* qw, int64_t qw_stride,
                    uint8_t* out, int threads) {
   const int nbytes = block_bytes(qtype);
+  if (!nbytes || cols % QK) return;  // not a K type: the caller checks kquant_encodes (quantize/blocks.py)
   const int64_t per_row = cols / QK, blocks = rows * per_row;
 #pragma omp parallel num_threads(threads)
   {

@@ -23,6 +23,8 @@ BLOCK_ENCODERS = {t: f.encode for t, f in FORMATS.items() if not f.dense}
 
 # The K-quants take the imatrix itself; the 32-value formats take llama.cpp's per-row weights.
 K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
+# The types kernels/cpu_kencode.cpp encodes (quantize_tensor's ext).
+CPP_K_TYPES = frozenset((Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
@@ -52,7 +54,7 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
     step = max(1, CHUNK_VALUES // cols)
-    if ext is not None and qtype in K_QUANTS:  # on the CPU, wherever w is
+    if ext is not None and qtype in CPP_K_TYPES:  # on the CPU, wherever w is
         qw = torch.empty(0) if importance is None else importance.cpu()
         if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
             qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
