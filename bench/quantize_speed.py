@@ -65,7 +65,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     base = Path(args.base) if args.base else work / "base-f16.gguf"
     if not base.exists():
-        subprocess.run([sys.executable, str(ROOT / "cli.py"), "quantize", "smollm2-135m", str(base), "--type", "F16"],
+        subprocess.run([sys.executable, str(ROOT / "cli.py"), "quantize", "smollm2-135m", str(base), "--type", "F16",
+                        "--allow-requantize"],  # the default file is Q8_0
                        check=True, capture_output=True)
     print(f"cpu: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (a shared machine)")
     if args.target_bpw is not None:

@@ -37,7 +37,9 @@ import gguf
 import numpy as np
 import torch
 
+from localllm.kernels.cpu import load_extension
 from localllm.quantize import dequantize, quantize_tensor
+from localllm.quantize.blocks import CPP_K_TYPES
 from localllm.quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
@@ -53,7 +55,7 @@ from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
 from localllm.hf_to_gguf import converter_rope_freqs, gguf_arch, hf_metadata, permute_qk
 from localllm.registry import resolve_model
-from localllm.settings import DEFAULT_FILES
+from localllm.settings import DEFAULT_CPU, DEFAULT_FILES
 from localllm.progress import stage_progress
 from localllm.quantize_checks import (
     check_calibration_text, check_output, check_reachable, check_targets, check_tensors, imatrix_to_measure,
@@ -433,8 +435,14 @@ def cpu_encoders(device: str):
 
 
 def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None, ext=None) -> np.ndarray:
+    # ext: cpu_encoders(device)'s. K-quants take the C++ encoder on the CPU wherever it builds, whatever the
+    # device (the same bytes); the 32-value types only when the device is the CPU.
+    if ext is None and row.target in CPP_K_TYPES:
+        ext = load_extension(DEFAULT_CPU.cache_dir)
+    w = w.reshape(-1, row.shape[-1])
     try:
-        return quantize_tensor(w.reshape(-1, row.shape[-1]).to(device), row.target, importance, ext=ext)
+        on_cpu = ext is not None and row.target in CPP_K_TYPES
+        return quantize_tensor(w if on_cpu else w.to(device), row.target, importance, ext=ext)
     except ValueError as e:  # non-finite values, a bad imatrix length
         raise LocalLLMError(f"cannot quantize tensor {row.name!r} to {row.target.name}: {e}") from None
 

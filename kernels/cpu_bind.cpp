@@ -6,6 +6,7 @@
 
 #include "cpu_decode.h"
 #include "cpu_encode.h"
+#include "cpu_kencode.h"
 #include "cpu_quant.h"
 #include "cpu_tiles.h"
 
@@ -224,6 +225,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
     at::Tensor out = at::empty({x.size(0), x.size(1) / 32 * lq::simple_block_bytes(static_cast<int>(qtype))}, at::kByte);
     lq::encode_simple(static_cast<int>(qtype), x.data_ptr<float>(), x.size(0), x.size(1), ptr_or_null(imp),
                       imp.dim() == 2 ? imp.size(1) : 0, out.data_ptr<uint8_t>(), static_cast<int>(threads));
+    return out;
+  });
+  // x (rows, cols) fp32 -> (rows, cols / 256 * block bytes) K-quant blocks; qw: empty, (cols,) or (rows, cols).
+  mod.def("kquant_encode", [](const at::Tensor& x, int64_t qtype, int64_t nbytes, const at::Tensor& qw,
+                              int64_t threads) {
+    at::Tensor out = at::empty({x.size(0), x.size(1) / 256 * nbytes}, at::kByte);
+    const int64_t stride = qw.dim() == 2 ? qw.size(1) : 0;
+    lq::kquant_encode(static_cast<int>(qtype), x.data_ptr<float>(), x.size(0), x.size(1), ptr_or_null(qw), stride,
+                      out.data_ptr<uint8_t>(), static_cast<int>(threads));
     return out;
   });
   pybind11::class_<Decoder>(mod, "Decoder")

@@ -24,6 +24,8 @@ BLOCK_ENCODERS = {t: f.encode for t, f in FORMATS.items() if not f.dense}
 
 # The K-quants take the imatrix itself; the 32-value formats take llama.cpp's per-row weights.
 K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
+# The types kernels/cpu_kencode.cpp encodes (quantize_tensor's ext).
+CPP_K_TYPES = frozenset((Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 
 # Types whose encoder (with or without an importance) also runs in C++ (kernels/cpu_encode.cpp, same bytes).
 SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
@@ -61,6 +63,12 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
             imp = imp.repeat_interleave(rows // imp.shape[0], dim=0)
         return ext.encode_simple(w.contiguous(), int(qtype), imp.contiguous(), torch.get_num_threads()).numpy()
     step = max(1, CHUNK_VALUES // cols)
+    if ext is not None and qtype in CPP_K_TYPES:  # on the CPU, wherever w is
+        qw = torch.empty(0) if importance is None else importance.cpu()
+        if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
+            qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
+        return ext.kquant_encode(w.cpu().contiguous(), int(qtype), nbytes, qw.contiguous(),
+                                 torch.get_num_threads()).numpy()
     parts = [encode_rows(w[r:r + step], qtype, chunk_importance(importance, rows, r, min(r + step, rows)))
              for r in range(0, rows, step)]
     return torch.cat(parts).reshape(rows, cols // block * nbytes).cpu().numpy()

@@ -1,12 +1,13 @@
 """Encoders of the K-quants (super-blocks of 256 values): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
 Each encoder takes x (B, 256) float32 and the imatrix weights qw (B, 256) (None without importance)
-and returns candidate encodings (B, bytes per block) uint8; blocks.py keeps each block's best.
-The candidates are llama.cpp's two quantizers of the format, quantize_row_*_ref (its choice without
+and returns [the best candidate's bytes (B, bytes per block) uint8] (best_of: least error, summed in
+order; *_candidates give them all). The candidates are llama.cpp's two quantizers of the format, quantize_row_*_ref (its choice without
 an imatrix) and quantize_row_*_impl (with one; also run without one, on its default weights), the
 impl search once more weighted as the error is measured (1, or the imatrix), and for each of these
 two least-squares refits of the super-block scale(s) (ours). Each is: a scale search per sub-block
-(search.py), the sub-block scales as ints against one fp16 super-block scale, then every value
+(ksearch.py: ggml-quants.c's arithmetic order, so each llama.cpp candidate is its bytes, and
+kernels/cpu_kencode.cpp's C++ encoder gives these very bytes), the sub-block scales as ints against one fp16 super-block scale, then every value
 re-rounded against the scales as they will decode. Bit layouts are drawn in formats/k_types.py.
 """
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .ksearch import GROUP_MAX_EPS, make_q3_quants, make_qkx, make_qp_quants, make_qx_quants, rdiv, seq_sum, signed_max, sqrtf
 from .pack import cat_bytes, fp16_bytes, fp16_round, high_bit_bytes, pack_nibbles, two_bit_bytes
-from .search import GROUP_MAX_EPS, make_q3_quants, make_qkx_quants, make_qp_quants, make_qx_quants, signed_max
 
 
 def sub_blocks(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -23,10 +24,14 @@ def sub_blocks(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.reshape(-1, n)
 
 
+def block_sigma2(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """(B, 256) -> (B, 1): llama.cpp's sigma2 = factor * sum(x^2) / 256, summed in order."""
+    return factor * seq_sum(x * x) / 256
+
+
 def imatrix_weights(x: torch.Tensor, qw: torch.Tensor, sigma_factor: float) -> torch.Tensor:
     """llama.cpp's per-value weights with an imatrix: qw * sqrt(sigma2 + x^2), sigma2 = f * mean(x^2)."""
-    sigma2 = sigma_factor * (x * x).mean(-1, keepdim=True)
-    return qw * torch.sqrt(sigma2 + x * x)
+    return qw * sqrtf(block_sigma2(x, sigma_factor) + x * x)
 
 
 def error_weights(x: torch.Tensor, qw: torch.Tensor | None) -> torch.Tensor:
@@ -36,16 +41,17 @@ def error_weights(x: torch.Tensor, qw: torch.Tensor | None) -> torch.Tensor:
 
 def sub_block_rms(x: torch.Tensor, n: int) -> torch.Tensor:
     """(B, 256) -> (B, 256): the root mean square of each value's sub-block of n."""
-    xs = x.reshape(x.shape[0], -1, n)
-    return (xs * xs).mean(-1, keepdim=True).sqrt().expand_as(xs).reshape(x.shape)
+    xs = x.reshape(-1, n)
+    rms = sqrtf(seq_sum(xs * xs) / n)  # quantize_row_q4_K_ref's sqrtf(sum_x2 / 32)
+    return rms.expand_as(xs).reshape(x.shape)
 
 
 # ---- sub-block scales against one fp16 super-block scale: (ints, d) with d as it will decode
 
 def scales_by_max(s: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-negative s (B, n) -> ints in [0, levels] with d = max / levels (the ref quantizers)."""
-    top = s.amax(-1, keepdim=True)
-    inv = torch.where(top > 0, levels / torch.where(top > 0, top, 1.0), 0.0)
+    top = s.amax(-1, keepdim=True).clamp(min=0) + 0.0  # llama.cpp's max starts at +0 (never -0)
+    inv = torch.where(top > 0, rdiv(levels, torch.where(top > 0, top, 1.0)), 0.0)
     return torch.round(inv * s).clamp(0, levels).int(), fp16_round(top / levels)
 
 
@@ -59,8 +65,8 @@ def signed_scales_by_max(s: torch.Tensor, levels: int) -> tuple[torch.Tensor, to
     """Signed s (B, n) -> ints in [-levels, levels-1]: the largest |s| maps to -levels (Q3_K, Q6_K ref)."""
     top = signed_max(s)
     live = top.abs() >= GROUP_MAX_EPS
-    iscale = torch.where(live, -levels / torch.where(live, top, 1.0), 0.0)
-    d = torch.where(live, 1 / torch.where(live, iscale, 1.0), 0.0)
+    iscale = torch.where(live, rdiv(-levels, torch.where(live, top, 1.0)), 0.0)
+    d = torch.where(live, rdiv(1, torch.where(live, iscale, 1.0)), 0.0)
     return torch.round(iscale * s).clamp(-levels, levels - 1).int(), fp16_round(d)
 
 
@@ -94,8 +100,8 @@ def refit_affine(x: torch.Tensor, ew: torch.Tensor, nmax: int, d, sc, dmin, m) -
     """(d, dmin) minimizing sum ew (d * sc * q - dmin * m - x)^2 for the current quants q."""
     a = per_value(sc) * requantize_affine(x, d, sc, dmin, m, nmax).float()
     b = per_value(m)
-    saa, sab, sbb = ((ew * u * v).sum(-1, keepdim=True) for u, v in ((a, a), (a, b), (b, b)))
-    sax, sbx = (ew * a * x).sum(-1, keepdim=True), (ew * b * x).sum(-1, keepdim=True)
+    saa, sab, sbb = (seq_sum(ew * u * v) for u, v in ((a, a), (a, b), (b, b)))
+    sax, sbx = seq_sum(ew * a * x), seq_sum(ew * b * x)
     det = saa * sbb - sab * sab
     both = det > 1e-6 * saa * sbb  # else no mins to fit: d alone
     safe = torch.where(both, det, 1.0)
@@ -108,10 +114,40 @@ def refit_affine(x: torch.Tensor, ew: torch.Tensor, nmax: int, d, sc, dmin, m) -
 def refit_symmetric(x: torch.Tensor, ew: torch.Tensor, nmax: int, d, sc) -> tuple:
     """d minimizing sum ew (d * sc * q - x)^2 for the current quants q."""
     a = per_value(sc) * requantize_symmetric(x, d, sc, nmax).float()
-    saa, sax = (ew * a * a).sum(-1, keepdim=True), (ew * a * x).sum(-1, keepdim=True)
+    saa, sax = seq_sum(ew * a * a), seq_sum(ew * a * x)
     new_d = sax / torch.where(saa > 0, saa, 1.0)
     ok = (saa > 0) & torch.isfinite(new_d)
     return torch.where(ok, fp16_round(new_d), d), sc
+
+
+def affine_values(q: torch.Tensor, d, sc, dmin, m) -> torch.Tensor:
+    """The decoded (B, 256): (d * sc) * q - (dmin * m), as the torch decoders (and the C++ ones) compute it."""
+    dl, ml = (d * sc.float()).unsqueeze(-1), (dmin * m.float()).unsqueeze(-1)
+    return (dl * q.reshape(q.shape[0], sc.shape[-1], -1).float() - ml).reshape(q.shape)
+
+
+def symmetric_values(q: torch.Tensor, d, sc) -> torch.Tensor:
+    """The decoded (B, 256): (d * sc) * q."""
+    dl = (d * sc.float()).unsqueeze(-1)
+    return (dl * q.reshape(q.shape[0], sc.shape[-1], -1).float()).reshape(q.shape)
+
+
+def best_of(x: torch.Tensor, qw: torch.Tensor | None, candidates: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Per block, the bytes of the candidate whose values have the least error sum (qw * diff) * diff
+    (or diff * diff), summed in order over the 256 values as kernels/cpu_kencode.cpp does; the first
+    on ties, NaN as infinite."""
+    best = best_err = None
+    for values, data in candidates:
+        diff = values - x
+        err = seq_sum(diff * diff if qw is None else qw * diff * diff)
+        err = torch.where(torch.isnan(err), torch.inf, err)
+        if best is None:
+            best, best_err = data, err
+            continue
+        better = err < best_err
+        best = torch.where(better, data, best)
+        best_err = torch.where(better, err, best_err)
+    return best
 
 
 def with_refits(found: list[tuple], refit, rounds: int = 2) -> list[tuple]:
@@ -133,10 +169,10 @@ def affine_fields(x: torch.Tensor, w: torch.Tensor, nmax: int, sub: int, grid: t
                   search_scales: bool, use_mad: bool = False) -> tuple:
     """Sub-block scales and mins by make_qkx_quants, then their ints against fp16 d and dmin."""
     xs, ws = sub_blocks(x, sub), sub_blocks(w, sub)
-    scale, the_min = make_qkx_quants(xs, ws, nmax, *grid, use_mad=use_mad)
+    scale, the_min = make_qkx(xs, ws, nmax, *grid, use_mad=use_mad, v3=search_scales)
     scale, the_min = scale.view(x.shape[0], -1), the_min.view(x.shape[0], -1)
     if search_scales:
-        sw = ws.sum(-1).view(x.shape[0], -1)
+        sw = seq_sum(ws).view(x.shape[0], -1)
         (sc, d), (m, dmin) = scales_by_search(scale, sw, levels), scales_by_search(the_min, sw, levels)
     else:
         (sc, d), (m, dmin) = scales_by_max(scale, levels), scales_by_max(the_min, levels)
@@ -147,8 +183,7 @@ def q45_k_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref_grid: 
     """quantize_row_q4_K/q5_K: ref (weights sub-block rms + |x|, scales by max), impl (weights
     super-block sigma + |x|, or the imatrix's; scales by search), and their refits."""
     found = [affine_fields(x, sub_block_rms(x, 32) + x.abs(), nmax, 32, ref_grid, 63, False)]
-    sigma2 = 2 * (x * x).mean(-1, keepdim=True)
-    found.append(affine_fields(x, sigma2.sqrt() + x.abs(), nmax, 32, IMPL_GRID, 63, True))
+    found.append(affine_fields(x, sqrtf(block_sigma2(x, 2.0)) + x.abs(), nmax, 32, IMPL_GRID, 63, True))
     if qw is not None:
         found.append(affine_fields(x, imatrix_weights(x, qw, 2.0), nmax, 32, IMPL_GRID, 63, True))
     found.append(affine_fields(x, error_weights(x, qw), nmax, 32, IMPL_GRID, 63, True))
@@ -169,24 +204,35 @@ def k_low_nibbles(q: torch.Tensor) -> torch.Tensor:
     return pack_nibbles(chunks[:, :, 0], chunks[:, :, 1]).reshape(-1, 128)
 
 
-def encode_q4_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+def q4_k_candidates(x: torch.Tensor, qw: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(decoded values, bytes) of each candidate, in the order best_of breaks ties by."""
     out = []
     for d, sc, dmin, m in q45_k_fields(x, qw, 15, (-1.0, 0.1, 20)):
         q = requantize_affine(x, d, sc, dmin, m, 15)
-        out.append(cat_bytes(fp16_bytes(d), fp16_bytes(dmin), pack_k_scales(sc, m), k_low_nibbles(q)))
+        out.append((affine_values(q, d, sc, dmin, m),
+                    cat_bytes(fp16_bytes(d), fp16_bytes(dmin), pack_k_scales(sc, m), k_low_nibbles(q))))
     return out
 
 
-def encode_q5_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+def q5_k_candidates(x: torch.Tensor, qw: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     out = []
     for d, sc, dmin, m in q45_k_fields(x, qw, 31, (-0.5, 0.1, 15)):
         q = requantize_affine(x, d, sc, dmin, m, 31)
-        out.append(cat_bytes(fp16_bytes(d), fp16_bytes(dmin), pack_k_scales(sc, m), high_bit_bytes(q, 4),
-                             k_low_nibbles(q)))
+        out.append((affine_values(q, d, sc, dmin, m),
+                    cat_bytes(fp16_bytes(d), fp16_bytes(dmin), pack_k_scales(sc, m), high_bit_bytes(q, 4),
+                              k_low_nibbles(q))))
     return out
 
 
-def encode_q2_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+def encode_q4_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    return [best_of(x, qw, q4_k_candidates(x, qw))]
+
+
+def encode_q5_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    return [best_of(x, qw, q5_k_candidates(x, qw))]
+
+
+def q2_k_candidates(x: torch.Tensor, qw: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """quantize_row_q2_K: ref (weights |x|, absolute error, 4-bit scales by max), impl (imatrix weights,
     all-ones imatrix without one; scales by search), and their refits."""
     found = [
@@ -197,8 +243,13 @@ def encode_q2_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
     out = []
     for d, sc, dmin, m in with_refits(found, lambda *f: refit_affine(x, error_weights(x, qw), 3, *f)):
         q = requantize_affine(x, d, sc, dmin, m, 3)
-        out.append(cat_bytes(pack_nibbles(sc, m), two_bit_bytes(q), fp16_bytes(d), fp16_bytes(dmin)))
+        out.append((affine_values(q, d, sc, dmin, m),
+                    cat_bytes(pack_nibbles(sc, m), two_bit_bytes(q), fp16_bytes(d), fp16_bytes(dmin))))
     return out
+
+
+def encode_q2_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    return [best_of(x, qw, q2_k_candidates(x, qw))]
 
 
 # ---- Q3_K, Q6_K: x ~ (d * sc) * q, candidates as (d, sc)
@@ -211,7 +262,7 @@ def pack_q3_scales(s: torch.Tensor) -> torch.Tensor:
     return cat_bytes(pack_nibbles(u[:, :8], u[:, 8:]), high)
 
 
-def encode_q3_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+def q3_k_candidates(x: torch.Tensor, qw: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """quantize_row_q3_K: ref (make_q3_quants, scales by max), impl (make_qx_quants weighted x^2 or by
     the imatrix, scales by the same weighted search), and their refits."""
     xs = sub_blocks(x, 16)
@@ -220,17 +271,22 @@ def encode_q3_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
     found = [(d, sc)]
     ws = sub_blocks(x * x if qw is None else imatrix_weights(x, qw, 2.0), 16)
     _, scale = make_qx_quants(xs, ws, 4)
-    sc, d = make_qx_quants(scale.view(-1, 16), ws.sum(-1).view(-1, 16), 32)
+    sc, d = make_qx_quants(scale.view(-1, 16), seq_sum(ws).view(-1, 16), 32)
     found.append((fp16_round(d), sc.int()))
     ws = sub_blocks(error_weights(x, qw), 16)
     _, scale = make_qx_quants(xs, ws, 4)
-    sc, d = make_qx_quants(scale.view(-1, 16), ws.sum(-1).view(-1, 16), 32)
+    sc, d = make_qx_quants(scale.view(-1, 16), seq_sum(ws).view(-1, 16), 32)
     found.append((fp16_round(d), sc.int()))
     out = []
     for d, sc in with_refits(found, lambda *f: refit_symmetric(x, error_weights(x, qw), 4, *f)):
-        q = requantize_symmetric(x, d, sc, 4) + 4
-        out.append(cat_bytes(high_bit_bytes(q, 2), two_bit_bytes(q), pack_q3_scales(sc), fp16_bytes(d)))
+        q = requantize_symmetric(x, d, sc, 4)
+        out.append((symmetric_values(q, d, sc),
+                    cat_bytes(high_bit_bytes(q + 4, 2), two_bit_bytes(q + 4), pack_q3_scales(sc), fp16_bytes(d))))
     return out
+
+
+def encode_q3_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    return [best_of(x, qw, q3_k_candidates(x, qw))]
 
 
 def pack_q6_quants(q: torch.Tensor) -> torch.Tensor:
@@ -242,7 +298,7 @@ def pack_q6_quants(q: torch.Tensor) -> torch.Tensor:
     return cat_bytes(ql.reshape(-1, 128), qh.reshape(-1, 64))
 
 
-def encode_q6_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+def q6_k_candidates(x: torch.Tensor, qw: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """quantize_row_q6_K: make_qx_quants weighted x^2 (ref) and by the error's weights (1, or the
     imatrix as impl), int8 scales by max, and their refits."""
     xs = sub_blocks(x, 16)
@@ -253,6 +309,11 @@ def encode_q6_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
         found.append((d, sc))
     out = []
     for d, sc in with_refits(found, lambda *f: refit_symmetric(x, error_weights(x, qw), 32, *f)):
-        q = requantize_symmetric(x, d, sc, 32) + 32
-        out.append(cat_bytes(pack_q6_quants(q), sc.to(torch.int8).view(torch.uint8), fp16_bytes(d)))
+        q = requantize_symmetric(x, d, sc, 32)
+        out.append((symmetric_values(q, d, sc),
+                    cat_bytes(pack_q6_quants(q + 32), sc.to(torch.int8).view(torch.uint8), fp16_bytes(d))))
     return out
+
+
+def encode_q6_k(x: torch.Tensor, qw: torch.Tensor | None) -> list[torch.Tensor]:
+    return [best_of(x, qw, q6_k_candidates(x, qw))]
