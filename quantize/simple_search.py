@@ -13,31 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-GROUP_MAX_EPS = 1e-15
+from .ksearch import GROUP_MAX_EPS, f32, rdiv, seq_sum, sqrtf  # noqa: F401  (C-order arithmetic, shared)
+
 QX_STEPS = (0, -9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9)  # make_qx_quants' order
-
-
-def f32(v) -> float:
-    return float(np.float32(v))
-
-
-def seq_sum(t: torch.Tensor) -> torch.Tensor:
-    """(B, n) -> (B, 1): t[:, 0] + t[:, 1] + ... in that order, from 0 (a C loop's float sum)."""
-    cols = t.t().contiguous()
-    acc = torch.zeros_like(cols[0])
-    for c in cols:
-        acc = acc + c
-    return acc.unsqueeze(-1)
-
-
-def rdiv(c: float, t: torch.Tensor) -> torch.Tensor:
-    """c / t correctly rounded, as C's float division (torch's scalar / tensor multiplies by 1 / t)."""
-    return torch.full_like(t, c) / t
-
-
-def sqrtf(t: torch.Tensor) -> torch.Tensor:
-    """C's sqrtf: the float64 root rounded to float32 is the correctly rounded float32 root."""
-    return torch.sqrt(t.double()).float()
 
 
 def row_weights(x: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
