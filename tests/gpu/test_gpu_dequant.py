@@ -8,8 +8,6 @@ import gguf
 import pytest
 import torch
 
-from localllm.kernels import linear, triton_dequant
-from localllm.kernels.qweight import QWeight
 from localllm.quantize import dequantize_torch, quantize_tensor
 
 pytestmark = pytest.mark.cuda
@@ -19,6 +17,10 @@ Q = gguf.GGMLQuantizationType
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_block_major_decoder_equals_reference(qtype, dtype):
+    # imported here, not at collection: a CPU run's Triton tests need triton imported under its interpreter
+    from localllm.kernels import linear, triton_dequant
+    from localllm.kernels.qweight import QWeight
+
     w = torch.randn(200, 768 if qtype in (Q.Q8_0, Q.Q4_0, Q.MXFP4, Q.IQ4_NL) else 1024, generator=torch.Generator().manual_seed(1))
     raw = torch.from_numpy(quantize_tensor(w, qtype))
     ref = dequantize_torch(raw, qtype).cuda()
