@@ -57,11 +57,11 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
-    if ext is not None and qtype in SIMPLE_CPP and w.device.type == "cpu":
-        imp = torch.empty(0) if importance is None else importance
+    if ext is not None and qtype in SIMPLE_CPP:  # on the CPU, wherever w is (the same bytes)
+        imp = torch.empty(0) if importance is None else importance.cpu()
         if imp.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
             imp = imp.repeat_interleave(rows // imp.shape[0], dim=0)
-        return ext.encode_simple(w.contiguous(), int(qtype), imp.contiguous(), torch.get_num_threads()).numpy()
+        return ext.encode_simple(w.cpu().contiguous(), int(qtype), imp.contiguous(), torch.get_num_threads()).numpy()
     step = max(1, CHUNK_VALUES // cols)
     if ext is not None and qtype in CPP_K_TYPES:  # on the CPU, wherever w is
         qw = torch.empty(0) if importance is None else importance.cpu()

@@ -139,12 +139,19 @@ async def answer(http: HttpRequest, served: Served, gen: Generation, ids: list[i
                                  headers={"Cache-Control": "no-cache"})
     try:
         text, entries = [], []
+        loop = asyncio.get_running_loop()
+        checked = loop.time()
         while reply.finish is None and reply.error is None:
             try:
                 ev = await asyncio.wait_for(events.get(), served.limits.idle_wait_seconds)
             except asyncio.TimeoutError:
+                ev = None
+            # a client gone while tokens keep coming is noticed too, not only in a pause between them
+            if ev is None or loop.time() - checked >= served.limits.idle_wait_seconds:
+                checked = loop.time()
                 if await http.is_disconnected():
                     return Response(status_code=499)  # nobody reads it; the finally frees the slot
+            if ev is None:
                 continue
             piece, new = reply.take(ev)
             text.append(piece)
