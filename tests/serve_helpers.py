@@ -48,7 +48,12 @@ def reference(lm, ids: list[int], max_tokens: int, capacity: int, sampling: Samp
 
 @torch.inference_mode()
 def reference_logprobs(lm, ids: list[int], out: list[int]) -> torch.Tensor:
-    """log-softmax of the model's logits at each generated position (teacher-forced) -> (len(out), V)."""
-    cache = lm.runtime.new_cache(len(ids) + len(out))
-    logits = lm.runtime.forward(torch.tensor([ids + out]), cache, 0)[0, len(ids) - 1: len(ids) + len(out) - 1]
-    return logits.float().log_softmax(-1)
+    """log-softmax of the model's logits at each generated position (teacher-forced) -> (len(out), V), as
+    generation computes them: the prompt's prefill, then one decode step per id (a T-row forward sums in
+    another order: up to a few 1e-3 apart in log-probability on the CPU path)."""
+    rt = lm.runtime
+    cache = rt.new_cache(len(ids) + len(out))
+    rows = [rt.prefill(cache, [ids])[0].float().clone()]
+    for t in out[:-1]:
+        rows.append(rt.decode(cache, torch.tensor([t]))[0].float().clone())
+    return torch.stack(rows).log_softmax(-1)

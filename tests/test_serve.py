@@ -165,11 +165,14 @@ def test_logprobs_are_the_models(lm, server, client, model_id):
     content = r.choices[0].logprobs.content
     assert len(content) == len(out)
     for i, (entry, tid) in enumerate(zip(content, out)):
+        # the server may prefill only the part after a cached prefix (another sum order than one prefill):
+        # within twice the CPU path's documented logit error, 2.6e-4 of the logit range (docs/PERFORMANCE.md)
+        tol = 2 * 2.6e-4 * float(ref[i].max() - ref[i].min())
         assert entry.bytes == list(lm.tokenizer.token_bytes(tid))
-        assert abs(entry.logprob - float(ref[i, tid])) < 2e-3
+        assert abs(entry.logprob - float(ref[i, tid])) < tol
         top = ref[i].topk(3)
         assert [list(lm.tokenizer.token_bytes(t)) for t in top.indices.tolist()] == [e.bytes for e in entry.top_logprobs]
-        assert torch.allclose(torch.tensor([e.logprob for e in entry.top_logprobs]), top.values, atol=2e-3)
+        assert torch.allclose(torch.tensor([e.logprob for e in entry.top_logprobs]), top.values, atol=tol)
     c = client.completions.create(model=model_id, prompt="Hello", max_tokens=4, temperature=0, logprobs=2)
     lp = c.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
