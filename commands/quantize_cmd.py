@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+import warnings
 import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +40,7 @@ import torch
 
 from localllm.kernels.cpu import load_extension
 from localllm.quantize import dequantize, quantize_tensor
-from localllm.quantize.blocks import CPP_K_TYPES
+from localllm.quantize.blocks import CPP_K_TYPES, SIMPLE_CPP
 from localllm.quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
@@ -73,6 +74,8 @@ K = gguf.Keys.General
 NOT_COPIED = {gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUNT,
               gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT}
 
+CPP_TYPES = CPP_K_TYPES | SIMPLE_CPP  # the types whose C++ encoders take a stored F16 tensor as it is
+
 TORCH_TYPES = {torch.float32: Q.F32, torch.float16: Q.F16, torch.bfloat16: Q.BF16}
 
 
@@ -82,6 +85,9 @@ class SourceTensor:
     read: Callable[[], torch.Tensor]  # all values, float32, numpy-order shape
     read_rows: Callable[[torch.Tensor], torch.Tensor]  # some rows (of the (-1, cols) view), float32
     raw: Callable[[], np.ndarray] | None  # the stored GGUF bytes (GGUF input), copied when the type is kept
+    # F16 / F32 values as the GGUF file stores them, numpy-order shape (a read-only view of its mapping):
+    # what the C++ encoders take without a float32 copy (quantize.blocks.encode_cpp); None: use read()
+    stored: Callable[[], torch.Tensor] | None = None
 
 
 @dataclass
@@ -407,7 +413,8 @@ def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, de
         if row.target == row.source and t.raw is not None:
             return t.raw()
         importance = imatrix.get(row.name) if imatrix else None
-        return encode(row, t.read(), device, importance, ext)
+        native = ext is not None and t.stored is not None and row.target in CPP_TYPES
+        return encode(row, t.stored() if native else t.read(), device, importance, ext)
 
     remove_stale_partials(out, DEFAULT_FILES.stale_partial_seconds)  # left by killed runs
     try:
@@ -483,7 +490,13 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
     def raw() -> np.ndarray:
         return np.ascontiguousarray(t.data).view(np.uint8)
 
-    return SourceTensor(TensorInfo(t.name, shape, qtype), read, read_rows, raw)
+    def stored() -> torch.Tensor:
+        with warnings.catch_warnings():  # torch warns that the mapping is read-only: the encoders only read it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(t.data).reshape(shape)
+
+    return SourceTensor(TensorInfo(t.name, shape, qtype), read, read_rows, raw,
+                        stored if qtype in (Q.F16, Q.F32) else None)
 
 
 def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED,

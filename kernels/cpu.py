@@ -50,7 +50,7 @@ Q = gguf.GGMLQuantizationType
 SOURCES = ("cpu_quant.cpp", "cpu_tiles.cpp", "cpu_decode.cpp", "cpu_moe.cpp", "cpu_bind.cpp")
 HEADERS = ("cpu_quant.h", "cpu_simd.h", "cpu_tiles.h", "cpu_decode.h", "cpu_vmath.h", "cpu_moe.h")
 SOURCES += ("cpu_encode.cpp",)  # Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 encoders (quantize/blocks.py's C++ path)
-HEADERS += ("cpu_encode.h",)
+HEADERS += ("cpu_encode.h", "cpu_values.h")
 SOURCES += ("cpu_kencode.cpp",)  # K-quant encoders (quantize/blocks.py's C++ path)
 HEADERS += ("cpu_kencode.h", "cpu_kencode_avx.h")
 # Types the C++ products read in place (plus F32/F16/BF16 matrices, multiplied in fp32): Format.cpu.

@@ -59,6 +59,13 @@ at::Tensor repack(const at::Tensor& raw, int64_t qtype, int64_t K, int64_t threa
 
 const float* ptr_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
+// The encoders' x: a contiguous (rows, cols) fp32 or fp16 CPU tensor (read in place).
+void check_encoder_input(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf),
+              "encoder input: a contiguous 2-D fp32 or fp16 CPU tensor");
+}
+
 // Holds the tensors (so the pointers stay valid) and the model's layout; see cpu.py CpuDecoder.
 struct Decoder {
   std::vector<at::Tensor> keep;
@@ -219,21 +226,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("qmatmul", &qmatmul);
   mod.def("dequantize", &dequantize);
   mod.def("repack", &repack);
-  // x (rows, cols) fp32 -> (rows, cols / 32 * block bytes) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 blocks; imp: empty,
-  // (cols,) or (rows, cols) imatrix.
+  // x (rows, cols) fp32 or fp16 -> (rows, cols / 32 * block bytes) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 blocks; imp:
+  // empty, (cols,) or (rows, cols) imatrix. ValueError where x holds a NaN or Inf.
   mod.def("encode_simple", [](const at::Tensor& x, int64_t qtype, const at::Tensor& imp, int64_t threads) {
+    check_encoder_input(x);
     at::Tensor out = at::empty({x.size(0), x.size(1) / 32 * lq::simple_block_bytes(static_cast<int>(qtype))}, at::kByte);
-    lq::encode_simple(static_cast<int>(qtype), x.data_ptr<float>(), x.size(0), x.size(1), ptr_or_null(imp),
-                      imp.dim() == 2 ? imp.size(1) : 0, out.data_ptr<uint8_t>(), static_cast<int>(threads));
+    if (!lq::encode_simple(static_cast<int>(qtype), x.data_ptr(), x.scalar_type() == at::kHalf, x.size(0), x.size(1),
+                           ptr_or_null(imp), imp.dim() == 2 ? imp.size(1) : 0, out.data_ptr<uint8_t>(),
+                           static_cast<int>(threads)))
+      throw pybind11::value_error("non-finite values");
     return out;
   });
-  // x (rows, cols) fp32 -> (rows, cols / 256 * block bytes) K-quant blocks; qw: empty, (cols,) or (rows, cols).
+  // x (rows, cols) fp32 or fp16 -> (rows, cols / 256 * block bytes) K-quant blocks; qw: empty, (cols,) or
+  // (rows, cols). ValueError where x holds a NaN or Inf.
   mod.def("kquant_encode", [](const at::Tensor& x, int64_t qtype, int64_t nbytes, const at::Tensor& qw,
                               int64_t threads) {
+    check_encoder_input(x);
     at::Tensor out = at::empty({x.size(0), x.size(1) / 256 * nbytes}, at::kByte);
     const int64_t stride = qw.dim() == 2 ? qw.size(1) : 0;
-    lq::kquant_encode(static_cast<int>(qtype), x.data_ptr<float>(), x.size(0), x.size(1), ptr_or_null(qw), stride,
-                      out.data_ptr<uint8_t>(), static_cast<int>(threads));
+    if (!lq::kquant_encode(static_cast<int>(qtype), x.data_ptr(), x.scalar_type() == at::kHalf, x.size(0), x.size(1),
+                           ptr_or_null(qw), stride, out.data_ptr<uint8_t>(), static_cast<int>(threads)))
+      throw pybind11::value_error("non-finite values");
     return out;
   });
   pybind11::class_<Decoder>(mod, "Decoder")

@@ -7,12 +7,14 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "cpu_encode.h"
+#include "cpu_values.h"
 
 #include <immintrin.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace lq {
 namespace {
@@ -318,30 +320,40 @@ int simple_block_bytes(int qtype) {
   }
 }
 
-void encode_simple(int qtype, const float* x, int64_t rows, int64_t cols, const float* imp, int64_t imp_stride,
-                   uint8_t* out, int threads) {
+bool encode_simple(int qtype, const void* x, bool half, int64_t rows, int64_t cols, const float* imp,
+                   int64_t imp_stride, uint8_t* out, int threads) {
   const int64_t nb = cols / QK, bytes = simple_block_bytes(qtype);
-  if (!bytes) return;
-#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
-  for (int64_t r = 0; r < rows; r++) {
-    const float* xr = x + r * cols;
-    if (!imp) {
-      for (int64_t b = 0; b < nb; b++) encode_block(qtype, xr + b * QK, out + (r * nb + b) * bytes);
-      continue;
-    }
-    // quantize_row_*_impl: sigma2 = sum of x^2 over the row (in order) / cols; w = qw * sqrtf(sigma2 + x^2)
-    const float* qwr = imp + r * imp_stride;
-    float sum_x2 = 0.0f;
-    for (int64_t j = 0; j < cols; j++) sum_x2 += xr[j] * xr[j];
-    const float sigma2 = sum_x2 / static_cast<float>(cols);
-    float w[QK];
-    for (int64_t b = 0; b < nb; b++) {
-      const float* xb = xr + b * QK;
-      const float* qw = qwr + b * QK;
-      for (int i = 0; i < QK; i++) w[i] = qw[i] * std::sqrt(sigma2 + xb[i] * xb[i]);
-      encode_block_weighted(qtype, xb, w, qw, out + (r * nb + b) * bytes);
+  if (!bytes) return true;
+  bool finite = true;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> buf(half ? cols : 0);  // a row of fp16 input, widened
+#pragma omp for schedule(dynamic, 16) reduction(&& : finite)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* xr = load_finite(x, half, r * cols, cols, buf.data());
+      if (!xr) {  // the caller refuses the tensor: the row is left unwritten
+        finite = false;
+        continue;
+      }
+      if (!imp) {
+        for (int64_t b = 0; b < nb; b++) encode_block(qtype, xr + b * QK, out + (r * nb + b) * bytes);
+        continue;
+      }
+      // quantize_row_*_impl: sigma2 = sum of x^2 over the row (in order) / cols; w = qw * sqrtf(sigma2 + x^2)
+      const float* qwr = imp + r * imp_stride;
+      float sum_x2 = 0.0f;
+      for (int64_t j = 0; j < cols; j++) sum_x2 += xr[j] * xr[j];
+      const float sigma2 = sum_x2 / static_cast<float>(cols);
+      float w[QK];
+      for (int64_t b = 0; b < nb; b++) {
+        const float* xb = xr + b * QK;
+        const float* qw = qwr + b * QK;
+        for (int i = 0; i < QK; i++) w[i] = qw[i] * std::sqrt(sigma2 + xb[i] * xb[i]);
+        encode_block_weighted(qtype, xb, w, qw, out + (r * nb + b) * bytes);
+      }
     }
   }
+  return finite;
 }
 
 }  // namespace lq

@@ -10,11 +10,12 @@ namespace lq {
 // Bytes of one 32-value block of qtype, or 0 where encode_simple does not take the type.
 int simple_block_bytes(int qtype);
 
-// x (rows, cols) fp32, cols % 32 == 0, all finite -> out (rows, cols / 32 * simple_block_bytes) in the
-// GGUF layout (quantize/formats/legacy_types.py); rows spread over `threads` threads. imp: the imatrix
-// (row r's at imp + r * imp_stride: stride 0 for one (cols,) vector), or null for the reference rule:
-// with it, each block is the better of the reference rule and quantize/simple.py's weighted search.
-void encode_simple(int qtype, const float* x, int64_t rows, int64_t cols, const float* imp, int64_t imp_stride,
-                   uint8_t* out, int threads);
+// x (rows, cols) fp32, or IEEE fp16 where `half` (widened exactly), cols % 32 == 0 -> out (rows,
+// cols / 32 * simple_block_bytes) in the GGUF layout (quantize/formats/legacy_types.py); rows spread over
+// `threads` threads. imp: the imatrix (row r's at imp + r * imp_stride: stride 0 for one (cols,) vector),
+// or null for the reference rule: with it, each block is the better of the reference rule and
+// quantize/simple.py's weighted search. Returns false where x holds a NaN or Inf (its rows not written).
+bool encode_simple(int qtype, const void* x, bool half, int64_t rows, int64_t cols, const float* imp,
+                   int64_t imp_stride, uint8_t* out, int threads);
 
 }  // namespace lq

@@ -5,6 +5,7 @@
 
 #include "cpu_kencode.h"
 #include "cpu_kencode_avx.h"
+#include "cpu_values.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -523,19 +524,24 @@ int block_bytes(int qtype) {
 
 bool kquant_encodes(int qtype) { return block_bytes(qtype) != 0; }
 
-void kquant_encode(int qtype, const float* x, int64_t rows, int64_t cols, const float* qw, int64_t qw_stride,
-                   uint8_t* out, int threads) {
+bool kquant_encode(int qtype, const void* x, bool half, int64_t rows, int64_t cols, const float* qw,
+                   int64_t qw_stride, uint8_t* out, int threads) {
   const int nbytes = block_bytes(qtype);
-  if (!nbytes || cols % QK) return;  // not a K type: the caller checks kquant_encodes (quantize/blocks.py)
+  if (!nbytes || cols % QK) return true;  // not a K type: the caller checks kquant_encodes (quantize/blocks.py)
   const int64_t per_row = cols / QK, blocks = rows * per_row;
+  bool finite = true;
 #pragma omp parallel num_threads(threads)
   {
-    float ones[QK];
+    float ones[QK], buf[QK];
     for (int e = 0; e < QK; ++e) ones[e] = 1.f;
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, 16) reduction(&& : finite)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t r = b / per_row, k = b % per_row;
-      const float* xb = x + r * cols + k * QK;
+      const float* xb = load_finite(x, half, r * cols + k * QK, QK, buf);
+      if (!xb) {  // the caller refuses the tensor: the block is left unwritten
+        finite = false;
+        continue;
+      }
       const float* wb = qw ? qw + r * qw_stride + k * QK : nullptr;
       uint8_t* ob = out + b * nbytes;
       switch (qtype) {
@@ -547,6 +553,7 @@ void kquant_encode(int qtype, const float* x, int64_t rows, int64_t cols, const 
       }
     }
   }
+  return finite;
 }
 
 }  // namespace lq

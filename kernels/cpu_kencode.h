@@ -11,10 +11,11 @@ namespace lq {
 // Whether kquant_encode takes ggml type `qtype`.
 bool kquant_encodes(int qtype);
 
-// x (rows, cols) fp32, cols % 256 == 0 -> out (rows, cols / 256 * block bytes) GGUF blocks.
-// qw: nullptr (no importance), or the importance of each value's column with row stride qw_stride
-// (0: one row of cols for all rows).
-void kquant_encode(int qtype, const float* x, int64_t rows, int64_t cols, const float* qw, int64_t qw_stride,
-                   uint8_t* out, int threads);
+// x (rows, cols) fp32, or IEEE fp16 where `half` (widened exactly), cols % 256 == 0 -> out (rows,
+// cols / 256 * block bytes) GGUF blocks. qw: nullptr (no importance), or the importance of each value's
+// column with row stride qw_stride (0: one row of cols for all rows). Returns false where x holds a NaN
+// or Inf (its blocks not written).
+bool kquant_encode(int qtype, const void* x, bool half, int64_t rows, int64_t cols, const float* qw,
+                   int64_t qw_stride, uint8_t* out, int threads);
 
 }  // namespace lq

@@ -49,6 +49,8 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     rows, cols = w.shape
     if cols % block:
         raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, got {cols}")
+    if ext is not None and (qtype in SIMPLE_CPP or qtype in CPP_K_TYPES):  # on the CPU, wherever w is
+        return encode_cpp(w, qtype, importance, ext)
     w = w.detach().float()
     if fmt.dense:
         return fmt.encode(w).cpu().numpy()
@@ -57,21 +59,32 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
         raise ValueError(f"cannot quantize non-finite values to {qtype.name}")
     if importance is not None:
         importance = check_importance(importance.detach().float().to(w.device), rows, cols)
-    if ext is not None and qtype in SIMPLE_CPP:  # on the CPU, wherever w is (the same bytes)
-        imp = torch.empty(0) if importance is None else importance.cpu()
-        if imp.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
-            imp = imp.repeat_interleave(rows // imp.shape[0], dim=0)
-        return ext.encode_simple(w.cpu().contiguous(), int(qtype), imp.contiguous(), torch.get_num_threads()).numpy()
     step = max(1, CHUNK_VALUES // cols)
-    if ext is not None and qtype in CPP_K_TYPES:  # on the CPU, wherever w is
-        qw = torch.empty(0) if importance is None else importance.cpu()
-        if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
-            qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
-        return ext.kquant_encode(w.cpu().contiguous(), int(qtype), nbytes, qw.contiguous(),
-                                 torch.get_num_threads()).numpy()
     parts = [encode_rows(w[r:r + step], qtype, chunk_importance(importance, rows, r, min(r + step, rows)))
              for r in range(0, rows, step)]
     return torch.cat(parts).reshape(rows, cols // block * nbytes).cpu().numpy()
+
+
+def encode_cpp(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None, ext) -> np.ndarray:
+    """quantize_tensor through the C++ encoders (kernels/cpu_encode.cpp, cpu_kencode.cpp: the same bytes).
+    An fp16 w (a GGUF file's F16 tensor) is read as it is: the encoders widen each row to fp32 (exact)
+    and check it finite on the way, one pass over the values instead of a float32 copy and two scans."""
+    rows, cols = w.shape
+    x = w.detach().cpu()
+    x = (x if x.dtype in (torch.float32, torch.float16) else x.float()).contiguous()
+    qw = torch.empty(0)
+    if importance is not None:
+        qw = check_importance(importance.detach().float().cpu(), rows, cols)
+        if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
+            qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
+        qw = qw.contiguous()
+    threads = torch.get_num_threads()
+    try:
+        if qtype in SIMPLE_CPP:
+            return ext.encode_simple(x, int(qtype), qw, threads).numpy()
+        return ext.kquant_encode(x, int(qtype), format_of(qtype).nbytes, qw, threads).numpy()
+    except ValueError:  # the encoders found a NaN or Inf
+        raise ValueError(f"cannot quantize non-finite values to {qtype.name}") from None
 
 
 def check_importance(importance: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

@@ -115,3 +115,20 @@ def test_cpp_weighted_encoder_equals_torch(ext, qtype):
     decode = lambda b: torch.from_numpy(gguf.quants.dequantize(b, qtype)).reshape(x.shape)
     err = lambda b: torch.nan_to_num((qw * (decode(b) - x) ** 2).reshape(-1, 32).sum(-1), nan=float("inf"))
     assert (err(got) <= err(plain) * (1 + 1e-5) + 1e-30).all()  # (an fp16 scale overflowing: inf <= inf)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_fp16_input_and_non_finite_values(ext, qtype):
+    """An fp16 tensor (a GGUF file's F16 weights, read in place by `localllm quantize`) gives the bytes of
+    its exact fp32 widening, also with an imatrix; a NaN or Inf anywhere, fp16 or fp32, is refused."""
+    g = torch.Generator().manual_seed(3)
+    h = (torch.randn(4, 256, generator=g) * torch.logspace(-2, 1, 4).unsqueeze(1)).half()
+    imp = torch.rand(256, generator=g) + 0.1
+    for importance in (None, imp):
+        want = quantize_tensor(h.float(), qtype, importance)  # the torch encoders: the oracle's bytes
+        np.testing.assert_array_equal(quantize_tensor(h, qtype, importance, ext=ext), want)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for x in (h.clone(), h.float()):
+            x[2, 200] = bad
+            with pytest.raises(ValueError, match=f"non-finite values to {qtype.name}"):
+                quantize_tensor(x, qtype, ext=ext)
