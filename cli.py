@@ -390,7 +390,6 @@ def quantize(
     from localllm.quantize.plan import plan_table, total_bpw, total_bytes
     from localllm.commands.inputs import quantize_type
     from localllm.commands.quantize_cmd import parse_size, phase_line, quantize_model
-    from localllm.commands.reports import plan_record
 
     out, type_name = quantize_type(out, type_arg, type_name, dry_run)
     if type_name is None and target_bpw is None and target_size is None:
@@ -405,6 +404,8 @@ def quantize(
     )
     size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
     if json_out:
+        from localllm.commands.reports import plan_record
+
         print(json.dumps(plan_record(result.preset.name, result.plan, result.errors)))
         return
     if dry_run:

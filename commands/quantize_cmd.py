@@ -53,8 +53,7 @@ from localllm.config import Fields, ModelConfig, read_json
 from localllm.config_phi3 import hf_rope_tensors
 from localllm.device import encoder_device
 from localllm.errors import LocalLLMError
-from localllm.gguf_file import open_gguf
-from localllm.hf_to_gguf import converter_rope_freqs, gguf_arch, hf_metadata, permute_qk
+from localllm.gguf_file import GGUFFile, open_gguf
 from localllm.registry import resolve_model
 from localllm.settings import DEFAULT_CPU, DEFAULT_FILES
 from localllm.progress import stage_progress
@@ -466,7 +465,7 @@ def read_gguf_source(path: Path, tokenizer_from: str | Path | None = None) -> So
     model = ModelShape(f.metadata["general.architecture"], cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_experts)
     tensors = [_gguf_tensor(t) for t in f.tensors.values()]
     alignment = int(f.metadata.get(K.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT))
-    return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path), alignment, cfg)
+    return Source(path, [path], model.arch, model, tensors, lambda: read_gguf_metadata(path, f=f), alignment, cfg)
 
 
 def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
@@ -500,11 +499,12 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
 
 
 def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED,
-                       ) -> dict[str, MetaValue]:
+                       f: GGUFFile | None = None) -> dict[str, MetaValue]:
     """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes. From
     open_gguf's values and types (its metadata cache: no second parse of a large vocabulary); a cache
-    entry without the types falls back to gguf's reader."""
-    f = open_gguf(path)
+    entry without the types falls back to gguf's reader. f: the file as open_gguf opened it (not opened
+    and checked again)."""
+    f = open_gguf(path) if f is None else f
     if f.value_types is not None:
         return {key: typed_value(key, value, *f.value_types[key]) for key, value in f.metadata.items() if keep(key)}
     reader = gguf.GGUFReader(path, "r")
@@ -553,6 +553,9 @@ HF_SOURCE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "mix
 
 def read_hf_source(folder: Path, tokenizer_from: str | Path | None) -> Source:
     from safetensors import safe_open
+
+    # the converter's code (and the tokenizer libraries it loads) only for a folder: not on a GGUF's path
+    from localllm.hf_to_gguf import converter_rope_freqs, gguf_arch, hf_metadata
 
     cfg, _ = check_hf_folder(folder)  # config.json and every tensor header, as the loader checks them
     if cfg.arch == "gemma4":
@@ -615,6 +618,8 @@ SAFETENSORS_DTYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16}
 
 def _hf_tensor(path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str, arch: str, cfg) -> SourceTensor:
     from safetensors import safe_open
+
+    from localllm.hf_to_gguf import permute_qk
 
     if dtype not in SAFETENSORS_DTYPES:
         raise LocalLLMError(f"tensor {key!r} in {path.name} has dtype {dtype} (expected F32, F16 or BF16)")

@@ -472,3 +472,36 @@ def test_cli_help():
     assert r.returncode == 0
     for option in ("--type", "--tensor-type", "--dry-run", "--device", "--tokenizer-from"):
         assert option in r.stdout
+
+
+def test_writer_packs_arrays_as_gguf_writer(tmp_path):
+    """quantize.writer's array packing (one step per array) writes gguf.GGUFWriter's own bytes: strings
+    (str and bytes, multi-byte UTF-8, empty), every numeric item type, bools and scalars; then the file
+    reads back through gguf's reader."""
+    from localllm.quantize.writer import MetaValue, _Writer
+
+    V = gguf.GGUFValueType
+    meta = {
+        "t.tokens": MetaValue(["a", "", "é漢🙂", b"\xff raw"], V.ARRAY, V.STRING),
+        "t.scores": MetaValue([0.5, -1e30, 3.0], V.ARRAY, V.FLOAT32),
+        "t.types": MetaValue([1, 6, -3], V.ARRAY, V.INT32),
+        "t.u8": MetaValue([0, 255], V.ARRAY, V.UINT8),
+        "t.u64": MetaValue([2**63], V.ARRAY, V.UINT64),
+        "t.f64": MetaValue([0.1], V.ARRAY, V.FLOAT64),
+        "t.flags": MetaValue([True, False], V.ARRAY, V.BOOL),
+        "t.name": MetaValue(b"x", V.STRING),
+        "t.n": MetaValue(7, V.UINT32),
+    }
+    for key, v in meta.items():
+        ours, theirs = _Writer(None, "llama"), gguf.GGUFWriter(None, "llama")
+        assert ours._pack_val(v.value, v.type, True, v.sub_type) == theirs._pack_val(v.value, v.type, True, v.sub_type), key
+    out = tmp_path / "m.gguf"
+    w = _Writer(out, "llama")
+    for key, v in meta.items():
+        w.add_key_value(key, v.value, v.type, v.sub_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    field = gguf.GGUFReader(out).fields["t.tokens"]
+    assert [bytes(field.parts[i]) for i in field.data] == ["a".encode(), b"", "é漢🙂".encode(), b"\xff raw"]
