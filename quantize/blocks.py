@@ -33,6 +33,12 @@ SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
 
+# The C++ encoders run a tensor on all torch threads from this much work on (values; a K-quant value
+# counts 4: its search costs ~4x a 32-value type's rule), on one thread below it: a Q8_0 matrix of 1M
+# values is ~6 ms of work, less than what a parallel region costs on a busy machine (a worker waiting for
+# a time slice; measured on the 2-core CI machine under load: docs/PERFORMANCE.md, quantize start-up).
+PARALLEL_MIN_WORK = 1 << 22
+
 
 def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None) -> np.ndarray:
     """w (rows, cols) float -> uint8 (rows, bytes per row), the standard ggml block layout of qtype.
@@ -78,7 +84,8 @@ def encode_cpp(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None, ext) 
         if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
             qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
         qw = qw.contiguous()
-    threads = torch.get_num_threads()
+    work = x.numel() * (4 if qtype in CPP_K_TYPES else 1)
+    threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
     try:
         if qtype in SIMPLE_CPP:
             return ext.encode_simple(x, int(qtype), qw, threads).numpy()
