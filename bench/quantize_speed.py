@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,20 +37,28 @@ sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode
 """
 
 
+def child_cpu() -> float:
+    """User + system CPU seconds of the waited-for child processes so far: a run's delta is its CPU time,
+    steadier than wall time on a shared machine (where a single-threaded start-up gets a smaller share)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def ours(base: Path, out: Path, device: str, *args: str) -> tuple[float, str]:
-    """(wall seconds, the phase line) of `localllm quantize BASE OUT ARGS`."""
+    """(wall seconds, the phase line and CPU seconds) of `localllm quantize BASE OUT ARGS`."""
     cmd = [sys.executable, str(ROOT / "cli.py"), "quantize", str(base), str(out), "--device", device, *args]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), child_cpu()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     phases = re.search(r"time: (.*)", done.stderr)
-    return seconds, phases.group(1) if phases else "?"
+    return seconds, f"{phases.group(1) if phases else '?'}; CPU {child_cpu() - cpu:.1f} s"
 
 
-def theirs(base: Path, out: Path, ftype: str) -> float:
-    start = time.perf_counter()
+def theirs(base: Path, out: Path, ftype: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of llama_model_quantize's process."""
+    start, cpu = time.perf_counter(), child_cpu()
     run_llamacpp(QUANTIZE, str(base), str(out), ftype)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, child_cpu() - cpu
 
 
 def main() -> None:
@@ -78,9 +87,10 @@ def main() -> None:
         ratios = []
         for r in range(args.rounds):
             a, phases = ours(base, work / f"ours-{ftype}.gguf", args.device, "--type", ftype)
-            b = theirs(base, work / f"llamacpp-{ftype}.gguf", ftype)
+            b, b_cpu = theirs(base, work / f"llamacpp-{ftype}.gguf", ftype)
             ratios.append(a / b)
-            print(f"{ftype} round {r}: ours {a:.1f} s ({phases}), llama.cpp {b:.1f} s, ratio {a / b:.2f}", flush=True)
+            print(f"{ftype} round {r}: ours {a:.1f} s ({phases}), llama.cpp {b:.1f} s (CPU {b_cpu:.1f} s), "
+                  f"ratio {a / b:.2f}", flush=True)
         print(f"{ftype}: median ratio ours / llama.cpp {statistics.median(ratios):.2f} over {args.rounds} rounds")
 
 
