@@ -40,7 +40,7 @@ import torch
 
 from localllm.kernels.cpu import load_extension
 from localllm.quantize import dequantize, quantize_tensor
-from localllm.quantize.blocks import CPP_K_TYPES, SIMPLE_CPP
+from localllm.quantize.blocks import CPP_K_TYPES, SIMPLE_CPP, write_threads
 from localllm.quantize.plan import (
     Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
 )
@@ -448,7 +448,8 @@ def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor 
     w = w.reshape(-1, row.shape[-1])
     try:
         on_cpu = ext is not None and row.target in CPP_K_TYPES
-        return quantize_tensor(w if on_cpu else w.to(device), row.target, importance, ext=ext)
+        return quantize_tensor(w if on_cpu else w.to(device), row.target, importance, ext=ext,
+                               threads=write_threads(w.numel(), row.target))
     except ValueError as e:  # non-finite values, a bad imatrix length
         raise LocalLLMError(f"cannot quantize tensor {row.name!r} to {row.target.name}: {e}") from None
 

@@ -33,20 +33,29 @@ SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
 
-# The C++ encoders run a tensor on all torch threads from this much work on (values; a K-quant value
-# counts 4: its search costs ~4x a 32-value type's rule), on one thread below it: a Q8_0 matrix of 1M
-# values is ~6 ms of work, less than what a parallel region costs on a busy machine (a worker waiting for
-# a time slice; measured on the 2-core CI machine under load: docs/PERFORMANCE.md, quantize start-up).
+# `quantize` writes a tensor with the C++ encoders on all torch threads from this much work on (values;
+# a K-quant value counts 4: its search costs ~4x a 32-value type's rule), on one thread below it: a Q8_0
+# matrix of 1M values is ~6 ms of work, less than what a parallel region costs on a busy machine (a
+# worker waiting for a time slice; measured on the 2-core CI machine: docs/PERFORMANCE.md, h23-qstart).
+# (--target-*'s sampled rows keep all threads: quantize_tensor's default.)
 PARALLEL_MIN_WORK = 1 << 22
 
 
-def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None) -> np.ndarray:
+def write_threads(values: int, qtype: Q) -> int:
+    """The C++ encoders' threads for a whole tensor of `values` values written to qtype (PARALLEL_MIN_WORK)."""
+    work = values * (4 if qtype in CPP_K_TYPES else 1)
+    return torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+
+
+def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None,
+                    threads: int | None = None) -> np.ndarray:
     """w (rows, cols) float -> uint8 (rows, bytes per row), the standard ggml block layout of qtype.
 
     importance: (cols,) imatrix-style mean of x^2 per input column, or None; or (G, cols), one per
     group of rows / G consecutive rows: the per-expert imatrix of an expert stack (E, F, cols) quantized
     as its E * F rows, each expert's rows with its own statistics (llama.cpp's llama-quant.cpp passes
     each 3-D slice i its imatrix + i * cols). G = rows gives each row its own.
+    threads: the C++ encoders' (ext's) threads; None: torch's thread count.
     """
     fmt = format_of(qtype)
     if w.dim() != 2:
@@ -56,7 +65,7 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     if cols % block:
         raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, got {cols}")
     if ext is not None and (qtype in SIMPLE_CPP or qtype in CPP_K_TYPES):  # on the CPU, wherever w is
-        return encode_cpp(w, qtype, importance, ext)
+        return encode_cpp(w, qtype, importance, ext, threads)
     w = w.detach().float()
     if fmt.dense:
         return fmt.encode(w).cpu().numpy()
@@ -71,7 +80,7 @@ def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None =
     return torch.cat(parts).reshape(rows, cols // block * nbytes).cpu().numpy()
 
 
-def encode_cpp(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None, ext) -> np.ndarray:
+def encode_cpp(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None, ext, threads: int | None) -> np.ndarray:
     """quantize_tensor through the C++ encoders (kernels/cpu_encode.cpp, cpu_kencode.cpp: the same bytes).
     An fp16 w (a GGUF file's F16 tensor) is read as it is: the encoders widen each row to fp32 (exact)
     and check it finite on the way, one pass over the values instead of a float32 copy and two scans."""
@@ -84,8 +93,7 @@ def encode_cpp(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None, ext) 
         if qw.dim() == 2:  # (G, cols): each group's row for each of its rows / G rows
             qw = qw.repeat_interleave(rows // qw.shape[0], dim=0)
         qw = qw.contiguous()
-    work = x.numel() * (4 if qtype in CPP_K_TYPES else 1)
-    threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+    threads = torch.get_num_threads() if threads is None else threads
     try:
         if qtype in SIMPLE_CPP:
             return ext.encode_simple(x, int(qtype), qw, threads).numpy()
