@@ -8,7 +8,9 @@ predicted loss that fit the size budget:
    importance-weighted rounding.
 2. Fisher: for small weight errors dW, KL(p || p_dW) ~ 1/2 dW^T F dW with F the Fisher information of
    the output distribution; we keep its diagonal, estimated as E[(d log p(y) / dW)^2] with y sampled
-   from the model itself, over the calibration chunks (one backward pass per chunk for all tensors).
+   from the model itself, over the calibration chunks (one backward pass per chunk for all tensors),
+   kept only on the rows that step 3 samples (localllm/fisher.py: each gradient squared into them as
+   backward produces it, then dropped; an 8B model's whole fp32 diagonal would be 32 GB).
 3. candidates: every type whose block fits the row length, round-tripped (with the imatrix) on a
    sample of rows; L(t, q) = 1/2 sum F_ij dW_ij^2 over the sampled rows, scaled to all rows.
 A mixture of experts' stack (E, F, C) (GGUF blk.N.ffn_*_exps.weight, module blk.N.moe.*) is one tensor
@@ -29,7 +31,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import gguf
 import torch
 
-from localllm.kernels.cpu import encoders_for
+from localllm.kernels.cpu import load_extension
 from localllm.quantize.allocate import Option, allocate
 from localllm.quantize.formats import BLOCK_SIZES
 from localllm.quantize.plan import TensorInfo, sample_rows
@@ -86,7 +88,7 @@ def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, t
 
     w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None, or
     (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert). ext: the
-    C++ encoders for w's device (kernels/cpu.py encoders_for), or None."""
+    C++ encoders (kernels/cpu.py load_extension: on the CPU, wherever w is), or None."""
     rows = sample_rows(w.shape[0], SAMPLE_ROWS).to(w.device)
     return row_losses(w[rows], f[rows], group_importance(imp, rows, w.shape[0]), types, w.shape[0], ext)
 
@@ -195,7 +197,10 @@ def plan_mixed(
         imat = stats(chunks).means()
         seconds["fisher+imatrix"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    ext = encoders_for(next(iter(params.values())).device, DEFAULT_CPU.cache_dir)
+    # the C++ encoders on the CPU whatever the model's device (the same bytes, tests/test_cpu_encode.py):
+    # on a GPU the torch encoders' C-order searches dispatch 20k-135k kernels per 64-row round trip
+    # (counted on the CPU), minutes over an 8B model's 226 x 10 candidates; C++: a few seconds
+    ext = load_extension(DEFAULT_CPU.cache_dir)
     options = []
     for i, (t, (n_rows, rows, parts)) in enumerate(zip(todo, sampled)):
         cols = t.shape[-1]  # an expert stack (E, F, C) as its E * F rows
