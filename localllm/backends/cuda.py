@@ -27,9 +27,11 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
+from ..slots import Slots, check_rows
 from .cuda_graph import GraphDecoder
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
+from . import cuda_slots
 
 
 # ---- load: q|k|v and gate/up as one product each
@@ -245,6 +247,13 @@ class CudaRuntime(Runtime):
             if start + t <= cache.capacity:
                 self.decoder(cache, t).step(torch.zeros(t, dtype=torch.long, device=self.device))
                 cache.length = start
+
+    def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """One replayed graph over the step's slots, each at its own position (backends/cuda_slots.py:
+        a graph per bucket of slot counts); the logits are the bucket's buffer, overwritten by its
+        next step."""
+        check_rows(slots, which, tokens)
+        return cuda_slots.decode_slots(self.model, slots, which, tokens)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
