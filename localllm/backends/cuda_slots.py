@@ -54,6 +54,11 @@ class SlotDecoder(GraphDecoder):
         # positions (row 0) and slot indices (row 1) of the rows, int32: the graph's inputs with token
         self.meta = torch.zeros(2, rows, dtype=torch.int32, device=cache.k.device)
         self.pos, self.slot = self.meta[0], self.meta[1]
+        # their host copy: pinned on CUDA, so its upload queues behind the previous replay without a
+        # host sync; `uploaded` marks when the last upload has read it (then it may be rewritten)
+        cuda = cache.k.device.type == "cuda"
+        self.staged = torch.zeros(2, rows, dtype=torch.int32, pin_memory=cuda)
+        self.uploaded = torch.cuda.Event() if cuda else None
         self.pool = pool
         self.captures = 0  # graphs captured (one per decoder: tests check it)
 
@@ -72,11 +77,16 @@ class SlotDecoder(GraphDecoder):
         self.captures += 1
 
     @torch.inference_mode()
-    def run(self, tokens: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-        """tokens (rows,) long, meta (2, rows) int32 (positions; slots) -> logits (rows, V) fp32, the
+    def run(self, tokens: torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:
+        """tokens (rows,) long on the device, each row's position and slot -> logits (rows, V) fp32, the
         decoder's buffer (overwritten by its next step)."""
+        if self.uploaded is not None:
+            self.uploaded.synchronize()  # the previous step's upload has read the staged rows
+        self.staged.copy_(torch.tensor([positions, slots], dtype=torch.int32))
+        self.meta.copy_(self.staged, non_blocking=True)
+        if self.uploaded is not None:
+            self.uploaded.record()
         self.token.copy_(tokens)
-        self.meta.copy_(meta)
         if not self.use_graph:
             return self._step()
         if self.graph is None:
@@ -129,8 +139,7 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
     if pad:
         ids = torch.cat([ids, ids[:1].expand(pad)])
     pos = [slots.lengths[s] for s in which]
-    meta = torch.tensor([pos + pos[:1] * pad, list(which) + list(which[:1]) * pad], dtype=torch.int32)
-    logits = dec.run(ids, meta)[:n]
+    logits = dec.run(ids, pos + pos[:1] * pad, list(which) + list(which[:1]) * pad)[:n]
     for s in which:
         slots.lengths[s] += 1
     return logits
