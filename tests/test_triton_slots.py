@@ -29,6 +29,8 @@ from localllm.backends import cuda_slots  # noqa: E402
 from localllm.backends.cuda_graph import GraphDecoder  # noqa: E402
 from localllm.cache import KVCache, make_cache  # noqa: E402
 from localllm.kernels import triton_epilogue  # noqa: E402
+from localllm.kernels.linear import dequantize_qweight  # noqa: E402
+from localllm.kernels.triton_epilogue import from_fixed  # noqa: E402
 from localllm.kernels.qweight import QWeight  # noqa: E402
 from localllm.kernels.triton_q8 import gemv_q8, quantize_act  # noqa: E402
 from localllm.load import build_model  # noqa: E402
@@ -112,3 +114,12 @@ def test_products_of_many_rows_take_groups_of_eight_with_each_row_alone_bits():
     many = gemv_q8(quantize_act(x), w, act_dtype=torch.float32)
     for m in range(16):
         assert torch.equal(gemv_q8(quantize_act(x[m:m + 1]), w, act_dtype=torch.float32)[0], many[m]), m
+    assert rel(many, x @ dequantize_qweight(w).T) < 2e-2  # (int8 x: quantize_act's rounding)
+    # the decode step's form: split K into an int64 fixed-point accumulator (tile-major row groups)
+    acc = torch.zeros(16, 40, dtype=torch.int64)
+    gemv_q8(quantize_act(x), w, residual=acc, inplace=True, split=2, act_dtype=torch.float32)
+    for m in range(16):
+        one = torch.zeros(1, 40, dtype=torch.int64)
+        gemv_q8(quantize_act(x[m:m + 1]), w, residual=one, inplace=True, split=2, act_dtype=torch.float32)
+        assert torch.equal(one[0], acc[m]), m
+    assert rel(from_fixed(acc), many) < 1e-5
