@@ -73,7 +73,7 @@ def test_slot_rows_equal_each_slot_alone(cfg, wtype, monkeypatch):
         rows = cuda_slots.decode_slots(fast, slots, which, tokens, use_graph=False).clone()
         assert rows.shape == (3, cfg.vocab_size) and rows.dtype == torch.float32
         assert [slots.lengths[s] for s in range(4)] == [4, 6, 2, 5]
-        assert set(slots.tables[("cuda", False)][0]) == {4}  # the bucket of 3 rows
+        assert set(slots.tables[("cuda", False)]) == {4}  # the bucket of 3 rows
         # only (slot, position) rows written: slot 1 untouched, the others' earlier rows kept
         k, k0 = slots.cache.k, before.cache.k
         assert torch.equal(k[:, 1], k0[:, 1])

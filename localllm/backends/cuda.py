@@ -9,6 +9,9 @@
   and run their chosen experts on the device inside it (backends/cuda_moe.py), and so do their
   prompts (CUDA_OPS.moe: backends/cuda_moe_prefill.py's grouped products, no host sync: PrefillGraph
   captures them too).
+- Continuous batching (decode_slots: many slots of one cache, each at its own position):
+  backends/cuda_slots.py, GraphDecoder's kernels over the step's slots, a graph per bucket of slot
+  counts (1, 2, 4, .., 64), each row the bits of that slot decoded alone.
 Each op computes what model.py's reference op computes, within rounding (tests/gpu).
 """
 

@@ -19,8 +19,8 @@ larger buckets in groups of 8), with their K split chosen from the weight's shap
 weights take the tensor-core kernel up to triton_gemv.DENSE_ROWS (16) rows and another kernel past
 that, so a model with dense products runs a step of more slots as several passes of at most 16.
 
-The graphs of one Slots share one memory pool (they are never replayed at once; a step's logits are
-read before the next step) and live in slots.tables (dropped with the Slots).
+The decoders (and their graphs) live in slots.tables, dropped with the Slots. Each graph keeps its
+own memory pool (intermediates only: the state between steps is the decoder's buffers).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class SlotDecoder(GraphDecoder):
     """GraphDecoder over `rows` rows, each one token of any slot of `cache` (the slots' (L, n, Hkv, S, D)
     cache) at its own position."""
 
-    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True, pool=None):
+    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True):
         super().__init__(model, cache, use_graph=use_graph, rows=rows)
         # positions (row 0) and slot indices (row 1) of the rows, int32: the graph's inputs with token
         self.meta = torch.zeros(2, rows, dtype=torch.int32, device=cache.k.device)
@@ -59,7 +59,6 @@ class SlotDecoder(GraphDecoder):
         cuda = cache.k.device.type == "cuda"
         self.staged = torch.zeros(2, rows, dtype=torch.int32, pin_memory=cuda)
         self.uploaded = torch.cuda.Event() if cuda else None
-        self.pool = pool
         self.captures = 0  # graphs captured (one per decoder: tests check it)
 
     def _capture(self) -> None:
@@ -71,7 +70,7 @@ class SlotDecoder(GraphDecoder):
         torch.cuda.current_stream().wait_stream(stream)
         self.meta.copy_(meta)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool):
+        with torch.cuda.graph(self.graph):
             self.logits = self._step()
         self.meta.copy_(meta)
         self.captures += 1
@@ -107,13 +106,9 @@ def most_rows(model: Transformer) -> int | None:
     return DENSE_ROWS if any(isinstance(w, torch.Tensor) for w in ws) else None
 
 
-def decoders(model: Transformer, slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
-    """The slots' decoders by bucket (kept in slots.tables, with their graphs' shared pool)."""
-    key = ("cuda", use_graph)
-    if key not in slots.tables:
-        pool = torch.cuda.graph_pool_handle() if use_graph else None
-        slots.tables[key] = ({}, pool)
-    return slots.tables[key]
+def decoders(slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
+    """The slots' decoders by bucket (kept in slots.tables)."""
+    return slots.tables.setdefault(("cuda", use_graph), {})
 
 
 @torch.inference_mode()
@@ -129,11 +124,11 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
     n = len(which)
     if n == 0:
         return torch.empty(0, model.cfg.vocab_size, dtype=torch.float32, device=model.token_embd.weight.device)
-    found, pool = decoders(model, slots, use_graph)
+    found = decoders(slots, use_graph)
     rows = bucket(n)
     dec = found.get(rows)
     if dec is None:
-        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph, pool)
+        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph)
     pad = rows - n  # padding rows repeat row 0
     ids = tokens.view(-1).to(device=dec.token.device, dtype=torch.long)
     if pad:

@@ -57,7 +57,7 @@ def test_slot_steps_equal_each_slot_alone_and_capture_once(runtime, B):
         assert logits.shape == (B, CFG.vocab_size)
         for row, (s, q) in enumerate(zip(which, pos)):
             batched[s, q] = logits[row].cpu().clone()
-    found, _ = slots.tables[("cuda", True)]
+    found = slots.tables[("cuda", True)]
     assert set(found) == {bucket(B)} and found[bucket(B)].captures == 1  # replayed, not recaptured
 
     alone = copy_slots(start)
@@ -66,7 +66,7 @@ def test_slot_steps_equal_each_slot_alone_and_capture_once(runtime, B):
             q = alone.lengths[s]
             got = rt.decode_slots(alone, [s], torch.tensor([seqs[s][q]], device=rt.device))[0].cpu()
             assert torch.equal(got, batched[s, q]), f"slot {s} position {q}: rows interfere"
-    assert alone.tables[("cuda", True)][0][1].captures == 1
+    assert alone.tables[("cuda", True)][1].captures == 1
     for s in which:  # and the cache rows written are the same
         assert torch.equal(alone.cache.k[:, s], slots.cache.k[:, s]) and torch.equal(alone.cache.v[:, s],
                                                                                     slots.cache.v[:, s])
@@ -98,5 +98,5 @@ def test_buckets_share_one_slots_cache(runtime):
         for row, (s, q) in enumerate(zip(which, pos)):
             one = rt.decode_slots(alone, [s], torch.tensor([seqs[s][q]], device=rt.device))[0]
             assert torch.equal(one, logits[row]), (which, s)
-    found, _ = slots.tables[("cuda", True)]
+    found = slots.tables[("cuda", True)]
     assert {b: d.captures for b, d in found.items()} == {4: 1, 1: 1, 16: 1}
