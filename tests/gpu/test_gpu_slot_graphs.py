@@ -7,6 +7,8 @@ fp32 forward: tests/gpu/test_gpu_slots.py, which runs this same path.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -15,6 +17,20 @@ from localllm.config import ModelConfig
 CFG = ModelConfig(arch="llama", n_layers=3, dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=32,
                   vocab_size=512, context_length=256, norm_eps=1e-6, rope_theta=10000.0)
 N_SLOTS, CAP, STEPS = 16, 48, 3
+# (config, weight type): the Llama layer in three weight kinds (integer-dot Q8_0; Q4_K_M's Q4_K / Q6_K
+# mix, its attn_v a separate product; dense bf16: triton_dense's tiles), and the families' kernels that
+# read positions: Qwen3's q/k norms (norm_rope_store), Gemma 2's rope_store_family, windows and
+# soft-caps, a mixture of experts (cuda_moe.py's per-row expert products).
+MODELS = {
+    "llama-Q8_0": (CFG, "Q8_0"),
+    "llama-Q4_K_M": (CFG, "Q4_K_M"),
+    "llama-bf16": (CFG, "bf16"),
+    "qwen3-Q8_0": (replace(CFG, arch="qwen3", qk_norm=True), "Q8_0"),
+    "gemma2-Q8_0": (replace(CFG, arch="gemma2", embed_scale=16.0, activation="gelu_tanh", post_norms=True,
+                            attn_scale=32**-0.5, attn_softcap=4.0, final_softcap=3.0, sliding_window=6,
+                            sliding_layers=(True, False, True)), "Q8_0"),
+    "mixtral-Q8_0": (replace(CFG, n_experts=8, n_experts_used=2, expert_ffn_dim=256), "Q8_0"),
+}
 
 
 def copy_slots(slots):
@@ -24,14 +40,15 @@ def copy_slots(slots):
     return Slots(KVCache(slots.cache.k.clone(), slots.cache.v.clone(), 0), list(slots.lengths))
 
 
-@pytest.fixture(scope="module", params=["Q8_0", "Q4_K_M", "bf16"])
+@pytest.fixture(scope="module", params=list(MODELS))
 def runtime(request):
     from localllm.backends.cuda import CudaRuntime
     from localllm.load import build_model
     from localllm.synthetic import synthetic_state
 
-    state, _ = synthetic_state(CFG, request.param, "cpu", seed=3)
-    rt = build_model(CFG, dict(state), "cuda", torch.bfloat16)
+    cfg, wtype = MODELS[request.param]
+    state, _ = synthetic_state(cfg, wtype, "cpu", seed=3)
+    rt = build_model(cfg, dict(state), "cuda", torch.bfloat16)
     assert isinstance(rt, CudaRuntime)
     return rt
 
@@ -42,7 +59,7 @@ def test_slot_steps_equal_each_slot_alone_and_capture_once(runtime, B):
 
     rt = runtime
     g = torch.Generator().manual_seed(B)
-    seqs = [torch.randint(0, CFG.vocab_size, (CAP,), generator=g).tolist() for _ in range(N_SLOTS)]
+    seqs = [torch.randint(0, rt.cfg.vocab_size, (CAP,), generator=g).tolist() for _ in range(N_SLOTS)]
     prompts = [1 + (7 * s) % 17 for s in range(N_SLOTS)]  # every slot at another position
     slots = rt.new_slots(N_SLOTS, CAP)
     for s, p in enumerate(prompts):
@@ -54,7 +71,7 @@ def test_slot_steps_equal_each_slot_alone_and_capture_once(runtime, B):
         pos = [slots.lengths[s] for s in which]
         tokens = torch.tensor([seqs[s][q] for s, q in zip(which, pos)], device=rt.device)
         logits = rt.decode_slots(slots, which, tokens)
-        assert logits.shape == (B, CFG.vocab_size)
+        assert logits.shape == (B, rt.cfg.vocab_size)
         for row, (s, q) in enumerate(zip(which, pos)):
             batched[s, q] = logits[row].cpu().clone()
     found = slots.tables[("cuda", True)]
@@ -87,7 +104,7 @@ def test_buckets_share_one_slots_cache(runtime):
     bucket reads what the last one wrote (its logits equal the slot decoded alone)."""
     rt = runtime
     g = torch.Generator().manual_seed(11)
-    seqs = [torch.randint(0, CFG.vocab_size, (CAP,), generator=g).tolist() for _ in range(N_SLOTS)]
+    seqs = [torch.randint(0, rt.cfg.vocab_size, (CAP,), generator=g).tolist() for _ in range(N_SLOTS)]
     slots = rt.new_slots(N_SLOTS, CAP)
     for s in range(N_SLOTS):
         rt.prefill_slot(slots, s, seqs[s][:2 + s], 0)
