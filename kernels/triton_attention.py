@@ -94,11 +94,11 @@ def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_
     (D), running max m, sum of p l)."""
     pdl_start(PDL)
     r = tl.program_id(2)
-    b, p = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
+    b, pos = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
     kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride + b * seq_stride
     h = r * tl.num_programs(0) + tl.program_id(0)
     c = tl.program_id(1)
-    n = tl.minimum(p + 1, (c + 1) * CHUNK)
+    n = tl.minimum(pos + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + h * D + d).to(tl.float32) * scale
     m_i = tl.max(tl.full((BLOCK_S,), float("-inf"), tl.float32), 0)
