@@ -123,3 +123,32 @@ def test_products_of_many_rows_take_groups_of_eight_with_each_row_alone_bits():
         gemv_q8(quantize_act(x[m:m + 1]), w, residual=one, inplace=True, split=2, act_dtype=torch.float32)
         assert torch.equal(one[0], acc[m]), m
     assert rel(from_fixed(acc), many) < 1e-5
+
+
+@pytest.mark.parametrize("gqa", [True, False])
+def test_attention_and_rope_rows_read_their_own_slot_and_position(gqa):
+    """decode_attention / rope_store with slots: row r is slot slots[r] at pos[r], the bits of a batch-1
+    call on that slot's cache at that position (both attention kernels: GQA tiles, one program a head)."""
+    from localllm.kernels.triton_attention import decode_attention, rope_store
+
+    g = torch.Generator().manual_seed(3)
+    H, HKV, D, S = 4, 2, 16, 80  # 80 rows: two chunks
+    kc, vc = torch.randn(3, HKV, S, D, generator=g), torch.randn(3, HKV, S, D, generator=g)
+    slots, pos = [2, 0, 1], [70, 1, 33]
+    q = torch.randn(3 * H, D, generator=g)
+    index, at = torch.tensor(slots, dtype=torch.int32), torch.tensor(pos, dtype=torch.int32)
+    rows = decode_attention(q, kc, vc, at, HKV, gqa=gqa, slots=index)
+    for r, (s, p) in enumerate(zip(slots, pos)):
+        one = decode_attention(q[r * H:(r + 1) * H], kc[s], vc[s], torch.tensor([p], dtype=torch.int32), HKV, gqa=gqa)
+        assert torch.equal(one[0], rows[r]), r
+    if not gqa:
+        return
+    qkv = torch.randn(3, (H + 2 * HKV) * D, generator=g)
+    k2, v2 = kc.clone(), vc.clone()
+    freq = torch.rand(D // 2, generator=torch.Generator().manual_seed(3))
+    k3, v3 = kc.clone(), vc.clone()
+    qr = rope_store(qkv, k2, v2, at, freq, H, HKV, D, slots=index)
+    for r, (s, p) in enumerate(zip(slots, pos)):
+        one = rope_store(qkv[r:r + 1], k3[s], v3[s], torch.tensor([p], dtype=torch.int32), freq, H, HKV, D)
+        assert torch.equal(one, qr[r * H:(r + 1) * H]), r
+    assert torch.equal(k2, k3) and torch.equal(v2, v3)  # each row's k, v at (slot, position), nothing else
