@@ -116,7 +116,9 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
                  use_graph: bool = True) -> torch.Tensor:
     """slots.decode_slots' step (checked by the caller) -> logits (N, V) fp32 (a view of the bucket's
     buffer, overwritten by the next step of that bucket); lengths advanced."""
-    most = slots.tables.setdefault("cuda most rows", most_rows(model))
+    if "cuda most rows" not in slots.tables:
+        slots.tables["cuda most rows"] = most_rows(model)
+    most = slots.tables["cuda most rows"]
     if most is not None and len(which) > most:  # passes of at most `most` rows, each its own copy
         ids = tokens.view(-1)
         return torch.cat([decode_slots(model, slots, which[i:i + most], ids[i:i + most], use_graph).clone()
