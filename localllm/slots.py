@@ -17,15 +17,9 @@ mixture of experts groups rows by expert, so its invariance also needs row-indep
 CPU's C++ products are; torch's GEMM on the expert groups is not). The CPU backend runs the step in one
 C++ call (backends/cpu.py CpuRuntime.decode_slots: each row the bits of its one-token step alone).
 
-CUDA: this portable step runs on CUDA tensors (every op here is a device op), eagerly. What the graph
-decoder (backends/cuda_graph.py GraphDecoder) would need to run it as one replayed graph: its kernels
-already compute each row as a one-token step does (int64 fixed-point sums: batch-invariant), but read
-one position for all rows (`self.pos`, (1,)): a (n,) position tensor read per row by rope_store /
-norm_rope_store / rope_store_family (the cache write) and decode_attention (each row's last key, window);
-rows = all n slots every step (a graph per slot count, no recapture as slots join and leave), rows of
-slots not in the step computed but not written (a per-row flag, or a scratch row past every length);
-logits gathered for `which` after the replay. prefill_slot on CUDA runs eagerly (a slot view is a new
-cache to PrefillGraph each call).
+CUDA: backends/cuda_slots.py runs the step as one replayed graph per bucket of slot counts (the graph
+decoder's kernels reading each row's position and slot from device tensors; padding rows repeat row
+0); prefill_slot on CUDA runs eagerly (a slot view is a new cache to PrefillGraph each call).
 """
 
 from __future__ import annotations
