@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "cpu_quant.h"
 #include "cpu_simd.h"
@@ -25,6 +26,12 @@ inline const uint8_t* iq4_group_codes(const uint8_t* row, int64_t g) {
   return row + 136 * (g / 8) + 8 + 16 * (g % 8);
 }
 
+// v[i] |= the 5th bits of vector i (bit 4 of each byte), from the group's plane.
+template <class V, int... i>
+inline void or_plane(typename V::I v[8], typename V::I plane, std::integer_sequence<int, i...>) {
+  ((v[i] = V::bor(v[i], V::template plane_bit<i>(plane))), ...);
+}
+
 // The 8 quant vectors of a tile-group (vector i: rows 0..7 x values 4i..4i+3, unsigned); with Z,
 // of the tile-groups at a and b side by side.
 template <class V, TileKind k>
@@ -39,8 +46,8 @@ inline void unpack(const uint8_t* a, const uint8_t* b, typename V::I v[8]) {
       v[i] = V::band(q, low);
       v[i + 4] = V::band(V::shr4(q), low);
     }
-    if constexpr (BITS == 5) {
-      for (int i = 0; i < 8; i++) v[i] = V::bor(v[i], V::fifth_bits(a + 128 + 4 * i, b + 128 + 4 * i));
+    if constexpr (BITS == 5) {  // one load of the 5th-bit plane, a shift and mask a vector
+      or_plane<V>(v, V::load(a + 128, b + 128), std::make_integer_sequence<int, 8>{});
     }
     if constexpr (k.lut) {
       for (int i = 0; i < 8; i++) v[i] = V::lookup16(k.table == 1 ? IQ4_U : MXFP4_U, v[i]);
@@ -111,11 +118,11 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
     } else {
       for (int p = 0; p < 4; p++)
         for (int b = 0; b < 32; b++) dst[32 * p + b] = (vec[p][b] & 0xF) | ((vec[p + 4][b] & 0xF) << 4);
-      if constexpr (k.bits == 5) {
-        for (int i = 0; i < 8; i++) {
-          uint32_t word = 0;
-          for (int b = 0; b < 32; b++) word |= static_cast<uint32_t>((vec[i][b] >> 4) & 1) << b;
-          std::memcpy(dst + 128 + 4 * i, &word, 4);
+      if constexpr (k.bits == 5) {  // the 5th-bit plane: bit i of byte b = bit 4 of vector i's byte b
+        for (int b = 0; b < 32; b++) {
+          uint8_t plane = 0;
+          for (int i = 0; i < 8; i++) plane |= static_cast<uint8_t>(((vec[i][b] >> 4) & 1) << i);
+          dst[128 + b] = plane;
         }
       }
     }
