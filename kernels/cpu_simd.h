@@ -25,6 +25,9 @@ struct Y {
   static I widen_lo(I a) { return _mm256_unpacklo_epi8(a, zero()); }
   static I widen_hi(I a) { return _mm256_unpackhi_epi8(a, zero()); }
   static I madd(I acc, I a, I b) { return madd16(acc, a, b); }
+  static I maddubs(I u8, I s8) { return _mm256_maddubs_epi16(u8, s8); }  // int16 pair sums (bytes_dot: no overflow)
+  static I pairs16(I a, int m) { return _mm256_madd_epi16(a, _mm256_set1_epi16(static_cast<int16_t>(m))); }
+  static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
   // 5th-bit plane (cpu_tiles.h): bit i of each byte moved to bit 4, the rest cleared (shifts of 16-bit
   // lanes stay within each byte for bits 4 - i >= 0 and 4 + i - 4 <= 7)
   template <int i>
