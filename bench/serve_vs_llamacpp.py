@@ -4,10 +4,11 @@ bench/serve_load.py (N concurrent streaming clients), the two servers interleave
     # CPU, the default model (llama-server built from the llama-cpp-python sdist's llama.cpp):
     python bench/serve_vs_llamacpp.py --model FILE.gguf --build-src DIR/llama.cpp --build-dir DIR/build \\
         --parallel 16 --ctx 512 --clients 1,4,16 --rounds 3
-    # H100, a synthetic 8B Q4_K_M file both load:
-    python bench/serve_vs_llamacpp.py --synthetic llama-3.1-8b --type Q4_K_M --vocab .out/ggml-vocab-llama-bpe.gguf \\
-        --workdir .out/gguf --build-src .out/llama.cpp --build-dir .out/server-build --cuda \\
-        --parallel 64 --ctx 512 --clients 1,4,16,64 --device cuda
+    # H100, a synthetic 8B Q4_K_M file both load (llama.cpp's source as the tarball .out/llama_src.tgz;
+    # first the build and the file, each call within the device's 10 minutes, then the measurement):
+    python bench/serve_vs_llamacpp.py --synthetic llama-3.1-8b --type Q4_K_M --vocab tests/data/vocab/ggml-vocab-llama-bpe.gguf \\
+        --workdir .out/gguf --build-src .out/llama_src.tgz --build-dir .out/server-build --cuda --device cuda --build-only
+    python bench/serve_vs_llamacpp.py (the same) --parallel 64 --ctx 512 --clients 1,4,16,64 --rounds 2
 
 llama-server runs with -np N and a context of N x --ctx (its slots split -c), continuous batching (its
 default), every layer on the GPU with --cuda (-ngl 99); localllm serve with --parallel N --ctx C. Both
@@ -92,7 +93,7 @@ def build_llama_server(src: Path, build: Path, cuda: bool, jobs: int) -> Path:
         for name, text in UI_STUB.items():
             (ui / name).write_text(text)
     flags = ["-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF",
-             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DCMAKE_BUILD_TYPE=Release",
+             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DCMAKE_BUILD_TYPE=Release",
              *(CUDA_FLAGS if cuda else CPU_FLAGS), *(["-G", "Ninja"] if shutil.which("ninja") else [])]
     t0 = time.perf_counter()
     for cmd in (["cmake", "-S", str(src), "-B", str(build), *flags],
@@ -189,6 +190,7 @@ def main() -> None:
                     "tarball holding llama.cpp/ (unpacked beside --build-dir)")
     ap.add_argument("--build-dir", type=Path, default=Path(".out/server-build"))
     ap.add_argument("--cuda", action="store_true", help="build and run llama-server on CUDA (-ngl 99)")
+    ap.add_argument("--build-only", action="store_true", help="build llama-server (and write the synthetic file), then stop")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="auto", help="localllm serve's --device")
     ap.add_argument("-t", "--threads", type=int, help="CPU threads of both servers")
@@ -209,6 +211,9 @@ def main() -> None:
     if exe is None:
         raise SystemExit("give --llama-server BINARY or --build-src DIR")
     model = args.model or synthetic_file(args.synthetic, args.type, args.vocab, args.workdir, args.device)
+    if args.build_only:
+        log(f"ready: {exe} and {model}")
+        return
     results = {"localllm": [], "llama-server": []}
     for _ in range(args.rounds):
         for which in results:
