@@ -291,8 +291,11 @@ class Engine:
         for r in runs:
             self.held[r.slot].append(r.next_id)
         greedy = logits.argmax(-1)
-        picked = [greedy[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
-        ids = torch.stack(picked).tolist()  # the one host sync of the step
+        if all(r.greedy for r in runs):  # the common case: no per-row tensors to stack
+            ids = greedy.tolist()  # the one host sync of the step
+        else:
+            picked = [greedy[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
+            ids = torch.stack(picked).tolist()  # the one host sync of the step
         for i, r in enumerate(runs):
             self._take(r, ids[i], logits[i])
 
