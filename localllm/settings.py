@@ -101,7 +101,7 @@ class ServeSettings:
     parallel: int = 4  # sequences decoded together (slots), each with its own --ctx rows of KV cache
     max_queue: int = 64  # requests waiting for a slot; one more is refused with 503 + Retry-After
     # prompt ids prefilled per engine step (the waiting prompts admitted together in one prefill_slots
-    # pass, then one decode step of the running streams); a longer prompt is admitted alone
+    # pass, then one decode step of the running streams); a longer prompt is prefilled in parts
     prefill_tokens: int = 2048
     # a prompt sharing this many more ids with another admitted in the same pass than its slot holds
     # waits for a second pass that copies that prefix's rows (about what one more pass costs, in ids)
