@@ -2,6 +2,8 @@
 continuous batching (issue 22). The scheduler prefills a request into a free slot, then runs one
 decode_slots step over every active slot; a slot's rows [0, length) can serve a later request with the
 same prefix (prefill_slot's start), and rolling back is setting its length lower (as KVCache.length).
+prefill_slots prefills several slots' prompts in one forward (the engine's admissions: each weight read
+once for all of them), each prompt as prefill_slot would alone.
 
 These are the portable implementations (Runtime's methods call them; backends override them for speed,
 computing the same: backends/cpu.py). Shapes: n slots, S capacity, N rows of a step, V vocabulary.
