@@ -106,6 +106,14 @@ class Runtime:
         slots.lengths[slot] = start + len(ids)
         return logits.float()
 
+    def prefill_slots(self, slots: Slots, which: list[int], prompts: list[list[int]],
+                      starts: list[int]) -> torch.Tensor:
+        """prefill_slot for several slots in one forward: prompts[i] at positions [starts[i], starts[i] +
+        len) of slot which[i] (distinct, any order; ragged lengths) -> logits (N, V) fp32 of each
+        prompt's last id, each as prefill_slot alone computes it (up to the products' rounding for
+        another row count: slots.prefill_slots); lengths[s] = start + len."""
+        return slot_steps.prefill_slots(self.model, slots, which, prompts, starts)
+
     def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """tokens (N,) long, one per slot of `which` (distinct, any order), each at its slot's position
         lengths[s] -> logits (N, V) fp32, each row the same bits whatever the other rows; then
