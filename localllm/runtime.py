@@ -32,6 +32,9 @@ class Runtime:
     # With "blocks": F32/F16/BF16 linear weights and embeddings (GGUF files' and safetensors folders') kept
     # as rows of their stored type too (BlockQWeight), for products that read them as they are (the CPU's).
     dense_blocks: bool = False
+    # Prompts cost in proportion to their ids even when several share a pass (compute-bound products):
+    # `serve` then prefills fewer ids per engine step (settings.ServeSettings.prefill_tokens_compute_bound).
+    prompts_compute_bound: bool = False
 
     def __init__(self, model: Transformer):
         self.model = model
