@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from localllm.errors import LocalLLMError
+from localllm.errors import LocalLLMError, out_of_memory
 from localllm.signals import Terminated, sigterm_interrupts
 from localllm.settings import DEFAULT_FILES
 from localllm.settings import DEFAULT_DRAFT as D
@@ -76,7 +76,7 @@ app = typer.Typer(
 
 
 def user_errors(fn):
-    """Turn LocalLLMError (and Ctrl-C, SIGTERM) into one line on stderr and a non-zero exit: never a traceback."""
+    """Turn LocalLLMError, running out of memory (and Ctrl-C, SIGTERM) into one line on stderr and a non-zero exit: never a traceback."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
@@ -89,6 +89,12 @@ def user_errors(fn):
         except (KeyboardInterrupt, Terminated) as e:
             err.print("interrupted")
             raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            message = out_of_memory(e)  # partial output files are already gone (the writers' own cleanup)
+            if message is None:
+                raise
+            print_error(message)
+            raise typer.Exit(1) from None
 
     return wrapper
 

@@ -3,6 +3,7 @@
     python bench/quantize_speed.py [--type Q4_K_M Q8_0] [--rounds 3] [--work DIR] [--device cpu]
     python bench/quantize_speed.py --target-bpw 4.5     # ours only: llama.cpp has no such mode
     python bench/quantize_speed.py --base synth-8b-f16.gguf --target-bpw 4.5 --device cuda --rounds 1
+    python bench/quantize_speed.py --synthetic llama-3.1-8b --target-bpw 4.5 --device cuda --rounds 1
 
 Input: an F16 GGUF of the default model (`localllm quantize smollm2-135m base-f16.gguf --type F16`,
 the Q4_1 file's values decoded), the fair input for both tools (llama.cpp would need --allow-requantize
@@ -61,6 +62,25 @@ def theirs(base: Path, out: Path, ftype: str) -> tuple[float, float]:
     return time.perf_counter() - start, child_cpu() - cpu
 
 
+def synthetic_base(preset: str, work: Path, device: str) -> Path:
+    """WORK/PRESET-F16.gguf: the preset's shape with random weights (localllm.synthetic, as `localllm bench
+    --synthetic` makes them) and the llama-bpe test vocabulary's tokenizer keys (its token count)."""
+    from dataclasses import replace
+    from localllm.commands.quantize_cmd import read_gguf_metadata
+    from localllm.registry import shape_preset
+    from localllm.synthetic import write_synthetic_gguf
+    path = work / f"{preset}-F16.gguf"
+    if path.exists():
+        return path
+    vocab = ROOT / "tests" / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf"
+    tok = read_gguf_metadata(vocab, keep=lambda key: key.startswith("tokenizer."))
+    cfg = replace(shape_preset(preset), vocab_size=len(tok["tokenizer.ggml.tokens"].value))
+    start = time.perf_counter()
+    write_synthetic_gguf(cfg, "F16", path, tok, device)
+    print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - start:.0f} s", flush=True)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--type", nargs="+", default=["Q4_K_M", "Q8_0"])
@@ -69,10 +89,15 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/localllm-quantize-speed")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--base", default=None, help="input GGUF (default: WORK/base-f16.gguf, made from smollm2-135m)")
+    ap.add_argument("--synthetic", default=None, metavar="PRESET",
+                    help="input: an F16 GGUF of this models.toml shape with random weights (WORK/PRESET-F16.gguf), "
+                         "the llama-bpe test vocabulary's tokenizer")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     base = Path(args.base) if args.base else work / "base-f16.gguf"
+    if args.synthetic:
+        base = synthetic_base(args.synthetic, work, args.device)
     if not base.exists():
         subprocess.run([sys.executable, str(ROOT / "cli.py"), "quantize", "smollm2-135m", str(base), "--type", "F16",
                         "--allow-requantize"],  # the default file is Q8_0

@@ -3,12 +3,18 @@ batching step), against llama.cpp's batched decode (one llama_decode over B sequ
 as llama-server runs its slots) on the same GGUF file and thread count.
 
     python bench/serve_batch.py [MODEL] [-b 1 4 16] [-t THREADS] [-p 64] [-n 32] [-r 3] [--cpu-time] [--no-llamacpp]
+    python bench/serve_batch.py --device cuda --synthetic llama-3.1-8b --type Q4_K_M -b 1 4 16 64
 
 Each side: B slots each prefilled with its own P-token prompt, then N steps in which every slot feeds
 its previous argmax; the figure is B * N / the steps' wall time (generated tokens per second, all
 streams together). Rounds alternate localllm and llama.cpp (llama-cpp-python, bench/llamacpp_env.py);
 the median over rounds of each side and of the per-round ratio is printed. --cpu-time (with -t 1) times
 both processes' CPU seconds instead of wall time: on a machine other jobs share, the work done.
+--device cuda: CudaRuntime.decode_slots (backends/cuda_slots.py: a graph per bucket of slot counts;
+each B's graph is captured by untimed steps first); llama.cpp's side here is its CPU build, so it is
+left out, and each B's figure is also given as a multiple of B = 1's (issue 22: 64 streams >= 10x one).
+--synthetic PRESET --type T: random weights of a models.toml shape preset (localllm/synthetic.py, as
+`localllm bench --synthetic` builds them) instead of a file (no llama.cpp side either).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from pathlib import Path
 import torch
 
 from llamacpp_env import run_llamacpp
+from localllm.device import pick_dtype
 from localllm.load import load_model
-from localllm.registry import resolve_model
+from localllm.registry import resolve_model, shape_preset
+from localllm.synthetic import synthetic_model
 
 # Runs inside the llama.cpp venv: argv = path, threads, prompt length, steps, batch sizes (JSON), 1 to
 # time CPU seconds (else wall time).
@@ -81,17 +89,22 @@ print(json.dumps(out))
 
 
 @torch.inference_mode()
-def localllm_speed(rt, B: int, p: int, n: int, clock=time.perf_counter) -> float:
-    slots = rt.new_slots(B, p + n + 8)
+def localllm_speed(rt, B: int, p: int, n: int, clock=time.perf_counter, warm: int = 0) -> float:
+    """warm: untimed steps first (CUDA: the bucket's graph capture)."""
+    slots = rt.new_slots(B, p + n + warm + 8)
     g = torch.Generator().manual_seed(0)
     last = []
     for s in range(B):
         prompt = torch.randint(100, rt.cfg.vocab_size - 100, (p,), generator=g).tolist()
         last.append(int(rt.prefill_slot(slots, s, prompt, 0).argmax()))
-    which, tokens = list(range(B)), torch.tensor(last)
+    which, tokens = list(range(B)), torch.tensor(last, device=rt.device)
+    for _ in range(warm):
+        tokens = rt.decode_slots(slots, which, tokens).argmax(-1)
+    rt.sync()
     t0 = clock()
     for _ in range(n):
         tokens = rt.decode_slots(slots, which, tokens).argmax(-1)
+    rt.sync()
     return B * n / (clock() - t0)
 
 
@@ -105,27 +118,42 @@ def main() -> None:
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("--cpu-time", action="store_true", help="time CPU seconds, not wall time (with -t 1)")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--synthetic", metavar="PRESET", help="random weights of a models.toml shape preset")
+    ap.add_argument("--type", default="Q4_K_M", help="weight type of --synthetic (as `localllm bench --type`)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
-    path = Path(resolve_model(args.model))
-    rt = load_model(str(path), "cpu").runtime
-    localllm_speed(rt, 2, 8, 2)  # warm-up (rope tables, first-touch of the kernels)
+    if args.synthetic:
+        rt, _ = synthetic_model(shape_preset(args.synthetic), args.type, args.device, pick_dtype(args.device))
+        name = f"{args.synthetic} {args.type} (synthetic)"
+    else:
+        path = Path(resolve_model(args.model))
+        rt, name = load_model(str(path), args.device).runtime, path.name
+    if args.synthetic or args.device != "cpu":
+        args.no_llamacpp = True  # no file, or llama.cpp's CPU build against a GPU
+    warm = 2 if args.device != "cpu" else 0
+    localllm_speed(rt, 2, 8, 2)  # warm-up (rope tables, first-touch of the kernels, compiles)
     ours: dict[int, list[float]] = {b: [] for b in args.batches}
     theirs: dict[int, list[float]] = {b: [] for b in args.batches}
     for r in range(args.rounds):
         for b in args.batches:
-            ours[b].append(localllm_speed(rt, b, args.prompt, args.steps, clock))
+            ours[b].append(localllm_speed(rt, b, args.prompt, args.steps, clock, warm))
         if not args.no_llamacpp:
             got = json.loads(run_llamacpp(LLAMA_CODE, str(path), str(args.threads), str(args.prompt),
                                           str(args.steps), json.dumps(args.batches), str(int(args.cpu_time))))
             for b in args.batches:
                 theirs[b].append(got[str(b)])
         print(f"round {r + 1}: " + "  ".join(
-            f"B={b} {ours[b][-1]:.1f}" + (f"/{theirs[b][-1]:.1f}" if theirs[b] else "") for b in args.batches))
-    print(f"{path.name}, {args.threads} threads, prompt {args.prompt}, {args.steps} steps; aggregate tok/s (median)")
+            f"B={b} {ours[b][-1]:.1f}" + (f"/{theirs[b][-1]:.1f}" if theirs[b] else "") for b in args.batches),
+            flush=True)
+    where = f"{args.threads} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"{name}, {where}, prompt {args.prompt}, {args.steps} steps; aggregate tok/s (median)")
+    one = statistics.median(ours[args.batches[0]])
     for b in args.batches:
         line = f"B={b:3d}  localllm {statistics.median(ours[b]):8.1f}"
+        if args.no_llamacpp:
+            line += f"  x{statistics.median(ours[b]) / one:.2f} of B={args.batches[0]}"
         if theirs[b]:
             ratio = statistics.median(o / t for o, t in zip(ours[b], theirs[b]))
             line += f"  llama.cpp {statistics.median(theirs[b]):8.1f}  ratio {ratio:.2f}"

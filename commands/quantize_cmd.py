@@ -441,13 +441,14 @@ def cpu_encoders(device: str):
 
 
 def encode(row: PlanRow, w: torch.Tensor, device: str, importance: torch.Tensor | None, ext=None) -> np.ndarray:
-    # ext: cpu_encoders(device)'s. K-quants take the C++ encoder on the CPU wherever it builds, whatever the
-    # device (the same bytes); the 32-value types only when the device is the CPU.
-    if ext is None and row.target in CPP_K_TYPES:
+    # ext: cpu_encoders(device)'s. The types with a C++ encoder take it on the CPU wherever it builds,
+    # whatever the device (the same bytes): on a GPU the torch encoders' C-order imatrix searches are
+    # thousands of small kernels per chunk of rows (the 32-value types' too: Q4_0 with an imatrix).
+    if ext is None and row.target in CPP_K_TYPES | SIMPLE_CPP:
         ext = load_extension(DEFAULT_CPU.cache_dir)
     w = w.reshape(-1, row.shape[-1])
     try:
-        on_cpu = ext is not None and row.target in CPP_K_TYPES
+        on_cpu = ext is not None and row.target in CPP_K_TYPES | SIMPLE_CPP
         return quantize_tensor(w if on_cpu else w.to(device), row.target, importance, ext=ext,
                                threads=write_threads(w.numel(), row.target))
     except ValueError as e:  # non-finite values, a bad imatrix length

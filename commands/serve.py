@@ -37,5 +37,7 @@ def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
     if notice:
         notify(notice)
-    engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, context_size(lm, ctx), limits.max_queue).start()
+    per_step = limits.prefill_tokens_compute_bound if lm.runtime.prompts_compute_bound else limits.prefill_tokens
+    engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, context_size(lm, ctx), limits.max_queue,
+                    per_step, limits.prefill_share_min).start()
     return Served(engine, lm.tokenizer, template, model_names(spec, lm.path), api_key, limits, defaults)

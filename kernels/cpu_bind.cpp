@@ -28,7 +28,10 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int6
   auto sums = at::empty({T, G, 2}, at::kInt);
   lq::quantize_x(x.data_ptr<float>(), T, K, q.data_ptr<int16_t>(), d.data_ptr<float>(), hs.data_ptr<float>(),
                  sums.data_ptr<int32_t>(), static_cast<int>(threads));
-  lq::QX qx{q.data_ptr<int16_t>(), d.data_ptr<float>(), hs.data_ptr<float>(), sums.data_ptr<int32_t>(), T, K};
+  auto lo = at::empty({T, K}, at::kByte), hi = at::empty({T, K}, at::kChar);
+  lq::split_x(q.data_ptr<int16_t>(), T * K, lo.data_ptr<uint8_t>(), hi.data_ptr<int8_t>());
+  lq::QX qx{q.data_ptr<int16_t>(), d.data_ptr<float>(), hs.data_ptr<float>(), sums.data_ptr<int32_t>(), T, K,
+            lo.data_ptr<uint8_t>(), hi.data_ptr<int8_t>()};
   lq::mat_matmul(mat(w, qtype, N, K, tiled), qx, x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(threads));
   return y;
 }

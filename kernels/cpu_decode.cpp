@@ -24,6 +24,8 @@ struct Scratch {
   std::vector<float> x, xn, tmp, q, k, v, att, gate, up, scores, xd, xhs, ple, ptok, pg;
   std::vector<int16_t> xq;
   std::vector<int32_t> xl;
+  std::vector<uint8_t> xlo;  // xq's bytes (QX lo, hi)
+  std::vector<int8_t> xhi;
 };
 
 Scratch& scratch(const ModelW& m, int64_t S, int64_t B) {
@@ -36,7 +38,7 @@ Scratch& scratch(const ModelW& m, int64_t S, int64_t B) {
   s.q.resize(B * m.H * D), s.k.resize(B * Hkv * D), s.v.resize(B * Hkv * D), s.att.resize(B * m.H * D);
   s.gate.resize(B * F), s.up.resize(B * F), s.scores.resize(B * m.H * S);
   s.ple.resize(B * L * m.P), s.ptok.resize(B * L * m.P), s.pg.resize(B * m.P);
-  s.xq.resize(B * widest), s.xd.resize(B * G), s.xhs.resize(2 * B * G), s.xl.resize(2 * B * G);
+  s.xq.resize(B * widest), s.xlo.resize(B * widest), s.xhi.resize(B * widest), s.xd.resize(B * G), s.xhs.resize(2 * B * G), s.xl.resize(2 * B * G);
   return s;
 }
 
@@ -97,13 +99,15 @@ void products(std::initializer_list<std::pair<const Mat*, float*>> jobs, const Q
 // B rows of K values -> qx (each row rounded on its own: the same groups as one row alone).
 void quantize(const float* x, int64_t B, int64_t K, Scratch& s, QX& qx) {
   quantize_x(x, B, K, s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), 1);
-  qx = QX{s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), B, K};
+  split_x(s.xq.data(), B * K, s.xlo.data(), s.xhi.data());
+  qx = QX{s.xq.data(), s.xd.data(), s.xhs.data(), s.xl.data(), B, K, s.xlo.data(), s.xhi.data()};
 }
 
 // Row b of qx as a one-row QX.
 QX row_of(const QX& qx, int64_t b) {
   const int64_t G = qx.K / 32;
-  return QX{qx.q + b * qx.K, qx.d + b * G, qx.half_sums + 2 * b * G, qx.sums + 2 * b * G, 1, qx.K};
+  return QX{qx.q + b * qx.K, qx.d + b * G, qx.half_sums + 2 * b * G, qx.sums + 2 * b * G, 1, qx.K,
+            qx.lo ? qx.lo + b * qx.K : nullptr, qx.hi ? qx.hi + b * qx.K : nullptr};
 }
 
 void add_bias(float* y, const float* b, int64_t n) {

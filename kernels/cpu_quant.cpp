@@ -59,6 +59,13 @@ void quantize_x(const float* x, int64_t T, int64_t K, int16_t* q, float* d, floa
   }
 }
 
+void split_x(const int16_t* q, int64_t n, uint8_t* lo, int8_t* hi) {
+  for (int64_t i = 0; i < n; i++) {
+    lo[i] = static_cast<uint8_t>(q[i] & 0xFF);
+    hi[i] = static_cast<int8_t>(q[i] >> 8);  // arithmetic: q = 256 hi + lo
+  }
+}
+
 // NT rows of x (from t0) against one weight row of blocks; y[t * ldy] gets each product.
 template <int QT, int NT>
 inline void dot_rows(const uint8_t* row, const QX& x, int64_t t0, float* y, int64_t ldy) {

@@ -309,7 +309,14 @@ struct QX {
   const float* half_sums;
   const int32_t* sums;
   int64_t T, K;
+  // Optional (null: unused): q's low bytes (unsigned) and high bytes (signed), (T, K) each, q = 256 hi + lo,
+  // for the byte products of 5-bit tiles on AVX2 (cpu_tiles.cpp bytes_dot).
+  const uint8_t* lo = nullptr;
+  const int8_t* hi = nullptr;
 };
+
+// n int16 q -> lo = q & 0xFF (unsigned), hi = q >> 8 (signed): QX's lo, hi.
+void split_x(const int16_t* q, int64_t n, uint8_t* lo, int8_t* hi);
 
 // A (N, K) weight: GGUF blocks of `qtype` (row_bytes a row), F32/F16/BF16 rows, or 8-row tiles
 // (cpu_tiles.h) when `tiled`.

@@ -25,8 +25,17 @@ struct Y {
   static I widen_lo(I a) { return _mm256_unpacklo_epi8(a, zero()); }
   static I widen_hi(I a) { return _mm256_unpackhi_epi8(a, zero()); }
   static I madd(I acc, I a, I b) { return madd16(acc, a, b); }
-  // bit j of 32 bits at a -> byte j: 0x10 if set
-  static I fifth_bits(const uint8_t* a, const uint8_t*) { return band(bits_to_bytes(a), set8(0x10)); }
+  static I maddubs(I u8, I s8) { return _mm256_maddubs_epi16(u8, s8); }  // int16 pair sums (bytes_dot: no overflow)
+  static I pairs16(I a, int m) { return _mm256_madd_epi16(a, _mm256_set1_epi16(static_cast<int16_t>(m))); }
+  static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  // 5th-bit plane (cpu_tiles.h): bit i of each byte moved to bit 4, the rest cleared (shifts of 16-bit
+  // lanes stay within each byte for bits 4 - i >= 0 and 4 + i - 4 <= 7)
+  template <int i>
+  static I plane_bit(I plane) {
+    if constexpr (i < 4) plane = _mm256_slli_epi16(plane, 4 - i);
+    if constexpr (i > 4) plane = _mm256_srli_epi16(plane, i - 4);
+    return band(plane, set8(0x10));
+  }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fset(float v) { return _mm256_set1_ps(v); }
   static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
@@ -77,11 +86,11 @@ struct Z {
   static I widen_lo(I a) { return _mm512_unpacklo_epi8(a, zero()); }
   static I widen_hi(I a) { return _mm512_unpackhi_epi8(a, zero()); }
   static I madd(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
-  static I fifth_bits(const uint8_t* a, const uint8_t* b) {
-    uint32_t ma, mb;
-    std::memcpy(&ma, a, 4);
-    std::memcpy(&mb, b, 4);
-    return _mm512_maskz_mov_epi8((static_cast<uint64_t>(mb) << 32) | ma, set8(0x10));
+  template <int i>
+  static I plane_bit(I plane) {
+    if constexpr (i < 4) plane = _mm512_slli_epi16(plane, 4 - i);
+    if constexpr (i > 4) plane = _mm512_srli_epi16(plane, i - 4);
+    return band(plane, set8(0x10));
   }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset(float v) { return _mm512_set1_ps(v); }

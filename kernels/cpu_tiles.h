@@ -6,7 +6,8 @@
 //   quants  vector i (i = 0..7) holds, for rows r = 0..7, the 4 values 4i..4i+3 of row r (32 bytes),
 //           stored as  8 bits: the 8 vectors (256 bytes);
 //                      4 bits: 4 x 32 bytes, byte b of block p = vector p (low nibble), p + 4 (high);
-//                      5 bits: as 4 bits, then 8 x 4 bytes of 5th bits (bit b of word i: byte b of vector i)
+//                      5 bits: as 4 bits, then a 32-byte plane of 5th bits (bit i of byte b: byte b of
+//                              vector i), so each vector's bit is one shift and mask of one load
 //           4 bits through a table (MXFP4): the file's E2M1 codes, looked up as u at unpack
 //   scales  s of rows 0..7 (fp16 where the file stores fp16 scales, else fp32 d * sc; MXFP4: the
 //           file's E8M0 bytes, 8 bytes), twice (values 0..15, 16..31) for formats with 16-value sub-blocks

@@ -29,6 +29,7 @@ import triton.language as tl
 from .triton_base import PDL, pdl_start
 from .triton_epilogue import from_fixed_jit
 from .triton_q8 import act_buffers, store_blocks
+from .triton_rope import row_seq_pos
 
 CHUNK = 64  # cache rows a program takes: the fastest chunk on Hopper in the sweep (docs/PERFORMANCE.md)
 
@@ -58,14 +59,15 @@ def _rotate_store(src, dst, c, s, HALF: tl.constexpr, ROTATE: tl.constexpr, CLEA
 
 @triton.jit
 def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head_stride, seq_stride, T, H, HKV,
-                       D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr):
+                       D: tl.constexpr, CLEAR: tl.constexpr, PDL: tl.constexpr, slot_ptr=None,
+                       ROWS: tl.constexpr = False):
     """Program (j, r), row r = b T + t: sequence b's token t at pos + t (its cache seq_stride elements
-    after sequence 0's): j < H: q head j; j < H + Hkv: k head; else v head (grid: (H + 2 Hkv, B T))."""
+    after sequence 0's): j < H: q head j; j < H + Hkv: k head; else v head (grid: (H + 2 Hkv, B T)).
+    ROWS (T = 1): row r is slot slot[r]'s token at pos[r] (row_seq_pos)."""
     pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
-    b = (r // T).to(tl.int64)
-    pos = tl.load(pos_ptr) + r % T
+    b, pos = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
     k_ptr += b * seq_stride
     v_ptr += b * seq_stride
     qkv_ptr += r * (H + 2 * HKV) * D
@@ -86,16 +88,17 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, head
 @triton.jit
 def _attn_partial_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, head_stride, seq_stride, T, scale, NSPLIT,
                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
-                         PDL: tl.constexpr):
+                         PDL: tl.constexpr, slot_ptr=None, ROWS: tl.constexpr = False):
     """Program (h, c, r): query head h of row r (sequence r // T's token r % T, at pos + r % T) over its
     cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] -> ws[r, h, c] = (unnormalised sum of p v
     (D), running max m, sum of p l)."""
     pdl_start(PDL)
     r = tl.program_id(2)
-    kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
+    b, pos = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
+    kv = (tl.program_id(0) // GROUP).to(tl.int64) * head_stride + b * seq_stride
     h = r * tl.num_programs(0) + tl.program_id(0)
     c = tl.program_id(1)
-    n = tl.minimum(tl.load(pos_ptr) + r % T + 1, (c + 1) * CHUNK)
+    n = tl.minimum(pos + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + h * D + d).to(tl.float32) * scale
     m_i = tl.max(tl.full((BLOCK_S,), float("-inf"), tl.float32), 0)
@@ -207,7 +210,7 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
                              NSPLIT, softcap, window, GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                              BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, IEEE: tl.constexpr, ROPE: tl.constexpr,
                              ONE: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr = False,
-                             WINDOW: tl.constexpr = False):
+                             WINDOW: tl.constexpr = False, slot_ptr=None, ROWS: tl.constexpr = False):
     """Program (kv head j, chunk c, row r): the GROUP query heads of kv head j of row r (as in
     _attn_partial_kernel) over its cache rows [c CHUNK, (c + 1) CHUNK) ∩ [0, pos + r % T] at once -> ws
     rows as _attn_partial_kernel's. Each k, v row is loaded
@@ -226,8 +229,11 @@ def _attn_partial_gqa_kernel(q_ptr, k_ptr, v_ptr, ws_ptr, pos_ptr, inv_freq_ptr,
     j = tl.program_id(0)
     c = tl.program_id(1)
     r = tl.program_id(2)
-    kv = j.to(tl.int64) * head_stride + (r // T).to(tl.int64) * seq_stride
-    pos0 = tl.load(pos_ptr)  # written only by the step's last kernel (a graph replay runs after the last)
+    # pos is written only by the step's last kernel (a graph replay runs after the last); with ROWS
+    # (T = 1) row r is slot slot[r] at pos[r], else sequence r // T at pos + r % T
+    b, pos0 = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
+    pos0 -= r % T
+    kv = j.to(tl.int64) * head_stride + b * seq_stride
     n = tl.minimum(pos0 + r % T + 1, (c + 1) * CHUNK)
     d = tl.arange(0, D)
     g = tl.arange(0, GP)
@@ -330,24 +336,27 @@ def _batched(k_cache: torch.Tensor) -> torch.Tensor:
 
 
 def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, head_dim: int,
-               clear: bool = False) -> torch.Tensor:
+               clear: bool = False, slots: torch.Tensor | None = None) -> torch.Tensor:
     """qkv (B T, (H + 2 Hkv) D) contiguous: B sequences of T tokens at positions pos .. pos + T - 1;
     k_cache, v_cache (B, Hkv, S, D) (or (Hkv, S, D), B = 1) of one layer -> q (B T H, D). clear: zero
-    qkv once read (an accumulator of split-K products)."""
+    qkv once read (an accumulator of split-K products). slots (R,) int32 with pos (R,) int32: row r is
+    one token of cache sequence slots[r] at position pos[r] (decode_slots' rows, any R)."""
     k_cache, v_cache = _batched(k_cache), _batched(v_cache)
     t = qkv.shape[0]
     dtype = torch.float32 if qkv.dtype == torch.int64 else qkv.dtype  # a fixed-point accumulator: fp32 q
     q = torch.empty((t * n_heads, head_dim), dtype=dtype, device=qkv.device)
     grid = (n_heads + 2 * n_kv, t)
     _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(1), k_cache.stride(0),
-                             t // k_cache.shape[0], n_heads, n_kv, D=head_dim, CLEAR=clear, PDL=PDL, num_warps=1,
+                             1 if slots is not None else t // k_cache.shape[0], n_heads, n_kv, D=head_dim,
+                             CLEAR=clear, PDL=PDL, slot_ptr=slots, ROWS=slots is not None, num_warps=1,
                              launch_pdl=PDL)
     return q
 
 
 def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = None, quantize: bool = False,
                      gqa: bool = True, tokens: int = 1, rope: tuple | None = None, scale: float | None = None,
-                     softcap: float | None = None, window: int | None = None, sinks: torch.Tensor | None = None):
+                     softcap: float | None = None, window: int | None = None, sinks: torch.Tensor | None = None,
+                   slots: torch.Tensor | None = None):
     """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
     to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
     dtype; with quantize, also its int8 form (kernels.triton_q8.quantize_act's (q, d, s), for an
@@ -357,9 +366,13 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = No
     accumulator of q|k|v sums (int64 fixed point), rotated and its k, v rows written into the caches
     as rope_store does; it is left zero. Needs the GQA kernel (gqa, D >= 16) and 16 <= chunk <= 64.
     The variants of attention.attend (GQA kernel, without rope): scale (None: 1/sqrt(D)); softcap;
-    window (keys pos - window < j <= pos); sinks (H,) fp32 per-head sink logits."""
+    window (keys pos - window < j <= pos); sinks (H,) fp32 per-head sink logits.
+    slots (R,) int32 with pos (R,) int32 (tokens 1): row r is cache sequence slots[r]'s token at pos[r]
+    (decode_slots' rows: each slot at its own position, any R)."""
     k_cache, v_cache = _batched(k_cache), _batched(v_cache)
-    t = tokens * k_cache.shape[0]  # rows
+    assert slots is None or tokens == 1
+    t = tokens * k_cache.shape[0] if slots is None else slots.shape[0]  # rows
+    rows = {"slot_ptr": slots, "ROWS": slots is not None}
     chunk = chunk or CHUNK
     if rope is not None:
         qkv, inv_freq, d = rope
@@ -380,11 +393,11 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = No
             nsplit, float(softcap or 0.0), int(window or 0), GROUP=group, GP=max(16, triton.next_power_of_2(group)),
             D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None,
             ONE=tokens == 1, PDL=PDL, SOFTCAP=softcap is not None, WINDOW=window is not None, num_warps=4,
-            launch_pdl=PDL)
+            launch_pdl=PDL, **rows)
     else:
         _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, scale, nsplit,
                                           GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,
-                                          num_warps=4, launch_pdl=PDL)
+                                          num_warps=4, launch_pdl=PDL, **rows)
     out = torch.empty((t, h * d), dtype=k_cache.dtype, device=k_cache.device)
     xq = act_buffers(t, h * d, k_cache.device) if quantize else (out, out, out)
     _attn_combine_kernel[(h, t)](ws, out, *xq, rope[0] if rope else out, nsplit, h + 2 * n_kv, D=d,

@@ -157,8 +157,11 @@ class Launch(NamedTuple):
 
 
 def rows_per_program(m: int) -> int:
-    """x rows per program: all of them up to MAX_ROWS (each weight tile read once), else one."""
-    return m if m <= MAX_ROWS else 1
+    """x rows per program: all of them up to MAX_ROWS (each weight tile read once), else the largest
+    divisor of m up to MAX_ROWS (decode_slots' batches of 16..64 rows: groups of 8, each weight tile
+    read m / 8 times, not m). Each row's sum is the same whatever the group (the kernels' per-row
+    accumulators)."""
+    return m if m <= MAX_ROWS else max(r for r in range(1, MAX_ROWS + 1) if m % r == 0)
 
 
 def split_buffers(split: int, m: int, n: int, grid, counters: torch.Tensor | None, out: torch.Tensor):

@@ -31,7 +31,7 @@ import triton.language as tl
 from .triton_base import PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit
 from .triton_q8 import WHOLE_ROW_BLOCKS, act_buffers, store_blocks
-from .triton_rope import rotate_pair
+from .triton_rope import rotate_pair, row_seq_pos
 
 
 @triton.jit
@@ -70,13 +70,12 @@ def _norm_rotate_head(src, dst, pos, inv_freq_ptr, factor, w_ptr, eps, R: tl.con
 @triton.jit
 def _norm_rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, qw_ptr, kw_ptr, eps, factor,
                             head_stride, seq_stride, T, H, HKV, R: tl.constexpr, D: tl.constexpr,
-                            ROTATE: tl.constexpr, PDL: tl.constexpr):
+                            ROTATE: tl.constexpr, PDL: tl.constexpr, slot_ptr=None, ROWS: tl.constexpr = False):
     """Program (j, r): j < H q head j, then the k heads, then the v heads (as triton_rope's kernel)."""
     pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
-    b = (r // T).to(tl.int64)
-    pos = tl.load(pos_ptr) + r % T
+    b, pos = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
     k_ptr += b * seq_stride
     v_ptr += b * seq_stride
     src = qkv_ptr + r.to(tl.int64) * (H + 2 * HKV) * D + j * D
@@ -93,10 +92,12 @@ def _norm_rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr,
 
 def norm_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                     inv_freq: torch.Tensor | None, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-                    n_heads: int, n_kv: int, head_dim: int, rotary: int, factor: float = 1.0) -> torch.Tensor:
+                    n_heads: int, n_kv: int, head_dim: int, rotary: int, factor: float = 1.0,
+                    slots: torch.Tensor | None = None) -> torch.Tensor:
     """qkv (B T, (H + 2 Hkv) D) the int64 fixed-point q|k|v accumulator (left zero), caches (B, Hkv, S, D)
     (or (Hkv, S, D)) of one layer, q_weight / k_weight (D,) attn_q_norm / attn_k_norm's weights (one
-    dtype), inv_freq (R/2,) fp32 of the layer's rope set (None: NoPE), rotary R -> q (B T H, D) fp32."""
+    dtype), inv_freq (R/2,) fp32 of the layer's rope set (None: NoPE), rotary R -> q (B T H, D) fp32.
+    slots: as triton_attention.rope_store's (row r: cache sequence slots[r] at pos[r])."""
     assert qkv.dtype == torch.int64 and qkv.is_contiguous() and q_weight.dtype == k_weight.dtype
     if k_cache.dim() == 3:
         k_cache, v_cache = k_cache.unsqueeze(0), v_cache.unsqueeze(0)
@@ -104,8 +105,9 @@ def norm_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     q = torch.empty((t * n_heads, head_dim), dtype=torch.float32, device=qkv.device)
     _norm_rope_store_kernel[(n_heads + 2 * n_kv, t)](
         qkv, q, k_cache, v_cache, pos, inv_freq if inv_freq is not None else q, q_weight, k_weight, float(eps),
-        float(factor), k_cache.stride(1), k_cache.stride(0), t // k_cache.shape[0], n_heads, n_kv, R=rotary,
-        D=head_dim, ROTATE=inv_freq is not None, PDL=PDL, num_warps=1, launch_pdl=PDL)
+        float(factor), k_cache.stride(1), k_cache.stride(0), 1 if slots is not None else t // k_cache.shape[0],
+        n_heads, n_kv, R=rotary, D=head_dim, ROTATE=inv_freq is not None, PDL=PDL, slot_ptr=slots,
+        ROWS=slots is not None, num_warps=1, launch_pdl=PDL)
     return q
 
 

@@ -412,7 +412,7 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
                     UNIT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GLU: tl.constexpr,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr,
                     ROWS: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, CHAIN: tl.constexpr,
-                    PRELOAD: tl.constexpr, PDL: tl.constexpr):
+                    PRELOAD: tl.constexpr, PDL: tl.constexpr, GROUPS_FIRST: tl.constexpr = False):
     """out[m, n] = sum_k W[n, k] x[m, k] for BN rows n of ROWS (<= triton_epilogue.MAX_ROWS) x rows m
     (grid: (N / BN, M / ROWS, SPLIT)); each iteration takes BK units of K. step: the fields' row
     step (2 for an interleaved view; kept a runtime value so that the per-row scale loads keep the
@@ -425,9 +425,19 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
     CHAIN: products of one x into disjoint outputs, run back to back (Q4_K_M's q, k and v), overlap:
     the first (1) lets the next be scheduled once it has waited for its input; the others (2) start
     at once (their input is complete: the first waited for it) and wait at their end instead, so
-    each still ends after the one before it and the kernel after the chain sees all of them done."""
+    each still ends after the one before it and the kernel after the chain sees all of them done.
+    GROUPS_FIRST: the grid is (M / ROWS, N / BN, SPLIT) instead, so that the programs of one weight
+    tile's x row groups run side by side and all but the first read it from L2 (decode_slots' batches
+    of more than ROWS rows; not with the epilogue's GLU or split_finish, which read program_id(0) as
+    the tile)."""
     tl.static_assert(PRELOAD <= 2, "PRELOAD takes 0, 1 or 2 steps (W, W2 below)")
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    if GROUPS_FIRST:
+        tile = tl.program_id(1)
+        group = tl.program_id(0)
+    else:
+        tile = tl.program_id(0)
+        group = tl.program_id(1)
+    rows = tile * BN + tl.arange(0, BN)
     u_lo = tl.program_id(2) * units_per_split
     u_hi = tl.minimum(u_lo + units_per_split, K // UNIT)
     r3 = (rows * step)[None, :, None]
@@ -446,7 +456,7 @@ def _q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr,
         if CHAIN == 1:
             pdl_trigger(PDL)
     ACT: tl.constexpr = act_ptr.dtype.element_ty
-    m0 = tl.program_id(1) * ROWS
+    m0 = group * ROWS
     a = tl.zeros((BK, BN, 1), tl.float32)
     A = (a, a, a, a, a, a, a, a)
     if PRELOAD >= 1:
@@ -548,13 +558,16 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     # 3.6's coalesce pass failed on and that took minutes to compile
     preload = min(PRELOAD[w.qtype], (units - (L.split - 1) * L.per_split) // bk) if even else PRELOAD[w.qtype]
     preload = preload if L.rows == 1 else 0
-    _q8_gemv_kernel[L.grid](
+    # several x row groups: each tile's groups side by side (L2 reuse of its weights)
+    groups_first = L.rows < m and not glu and (L.split == 1 or out.dtype == torch.int64)
+    grid = (L.grid[1], L.grid[0], L.grid[2]) if groups_first else L.grid
+    _q8_gemv_kernel[grid](
         q.view(torch.int32), d, s, out, bias if bias is not None else out, residual if residual is not None else out,
         L.act_ref, L.ws, L.counters, *ptrs, *strides, step, m, n, k, out.stride(0), L.per_split,
         FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, GLU=glu, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=L.split, ROWS=L.rows,
         ASM=not INTERPRET,
-        EVEN=even, CHAIN=chain, PRELOAD=preload, PDL=PDL,
+        EVEN=even, CHAIN=chain, PRELOAD=preload, PDL=PDL, GROUPS_FIRST=groups_first,
         num_warps=warps, launch_pdl=PDL,
     )
     return out

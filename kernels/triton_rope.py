@@ -57,15 +57,27 @@ def _rotate_head(src, dst, pos, inv_freq_ptr, factor, R: tl.constexpr, D: tl.con
 
 
 @triton.jit
+def row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS: tl.constexpr):
+    """-> (cache sequence (int64), position) of row r: sequence r // T at pos + r % T (one position
+    for all sequences), or with ROWS (decode_slots' rows, T = 1) slot slot[r] at pos[r]."""
+    if ROWS:
+        b = tl.load(slot_ptr + r).to(tl.int64)
+        pos = tl.load(pos_ptr + r)
+    else:
+        b = (r // T).to(tl.int64)
+        pos = tl.load(pos_ptr) + r % T
+    return b, pos
+
+
+@triton.jit
 def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, factor, head_stride, seq_stride, T, H,
                        HKV, R: tl.constexpr, D: tl.constexpr, ROTATE: tl.constexpr, CLEAR: tl.constexpr,
-                       PDL: tl.constexpr):
+                       PDL: tl.constexpr, slot_ptr=None, ROWS: tl.constexpr = False):
     """Program (j, r) as triton_attention._rope_store_kernel's: j < H a q head, then k heads, v heads."""
     pdl_start(PDL)
     j = tl.program_id(0)
     r = tl.program_id(1)
-    b = (r // T).to(tl.int64)
-    pos = tl.load(pos_ptr) + r % T
+    b, pos = row_seq_pos(pos_ptr, slot_ptr, r, T, ROWS)
     k_ptr += b * seq_stride
     v_ptr += b * seq_stride
     src = qkv_ptr + r * (H + 2 * HKV) * D + j * D
@@ -80,10 +92,11 @@ def _rope_store_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, fact
 
 def rope_store_family(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                       inv_freq: torch.Tensor | None, n_heads: int, n_kv: int, head_dim: int, rotary: int,
-                      factor: float = 1.0, clear: bool = False) -> torch.Tensor:
+                      factor: float = 1.0, clear: bool = False, slots: torch.Tensor | None = None) -> torch.Tensor:
     """qkv (B T, (H + 2 Hkv) D) contiguous, caches (B, Hkv, S, D) of one layer -> q (B T H, D) (fp32 for
     an int64 accumulator, else qkv's dtype). inv_freq (R/2,) fp32 of the layer's rope set (None: NoPE);
-    rotary: R. clear: zero qkv once read."""
+    rotary: R. clear: zero qkv once read. slots: as triton_attention.rope_store's (row r: cache
+    sequence slots[r] at pos[r])."""
     if k_cache.dim() == 3:
         k_cache, v_cache = k_cache.unsqueeze(0), v_cache.unsqueeze(0)
     t = qkv.shape[0]
@@ -91,6 +104,7 @@ def rope_store_family(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     q = torch.empty((t * n_heads, head_dim), dtype=dtype, device=qkv.device)
     _rope_store_kernel[(n_heads + 2 * n_kv, t)](
         qkv, q, k_cache, v_cache, pos, inv_freq if inv_freq is not None else q, float(factor), k_cache.stride(1),
-        k_cache.stride(0), t // k_cache.shape[0], n_heads, n_kv, R=rotary, D=head_dim, ROTATE=inv_freq is not None,
-        CLEAR=clear, PDL=PDL, num_warps=1, launch_pdl=PDL)
+        k_cache.stride(0), 1 if slots is not None else t // k_cache.shape[0], n_heads, n_kv, R=rotary, D=head_dim,
+        ROTATE=inv_freq is not None, CLEAR=clear, PDL=PDL, slot_ptr=slots, ROWS=slots is not None, num_warps=1,
+        launch_pdl=PDL)
     return q

@@ -78,3 +78,26 @@ class RowKeys:
             mask = attention_mask(torch.tensor([end - 1], device=q.device), end, self.window)
             out[b:b + 1] = attend(cfg, q[b:b + 1], keys[s:s + 1, :, :end], values[s:s + 1, :, :end], mask, sinks)
         return out
+
+
+class SegmentKeys:
+    """The mask argument of a prefill_slots step (localllm/slots.py): the step's T rows (batch 1) are
+    segments, segment i the prompt of slot slots[i] at positions [starts[i], starts[i] + lengths[i]),
+    causal within its own prompt only, over that slot's keys [0, its end) (within `window` on a sliding
+    layer). Each segment runs `attend` with the keys and mask a prefill of that slot alone would use
+    (Transformer.layer_inputs'), so its rows do not depend on the other segments."""
+
+    def __init__(self, slots: list[int], starts: list[int], lengths: list[int], window: int | None):
+        self.slots, self.starts, self.lengths, self.window = slots, starts, lengths, window
+
+    def attend(self, cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               sinks: torch.Tensor | None) -> torch.Tensor:
+        """q (1, H, T, D); keys, values: the layer's whole cache buffers (n slots, Hkv, S, D) -> (1, H, T, D)."""
+        out, a = torch.empty_like(q), 0
+        for s, start, n in zip(self.slots, self.starts, self.lengths):
+            end = start + n
+            mask = attention_mask(torch.arange(start, end, device=q.device), end, self.window)
+            out[:, :, a:a + n] = attend(cfg, q[:, :, a:a + n], keys[s:s + 1, :, :end], values[s:s + 1, :, :end],
+                                        mask, sinks)
+            a += n
+        return out

@@ -1,13 +1,16 @@
 """Continuous batching: many requests share each decode step of one model (the server's scheduler).
 
-A background thread loops: admit waiting requests into free slots (prefill each, sample its first id),
-then one Runtime.decode_slots over every active slot (each at its own position, its own cache rows),
-sample each row with its request's own Sampler, emit events, and free the slots of finished requests.
+A background thread loops: admit waiting requests into free slots (their prompts prefilled together in
+one Runtime.prefill_slots pass, up to ServeSettings.prefill_tokens ids a step, a longer prompt in parts
+over several steps; sample each first id), then one Runtime.decode_slots over every active slot (each at
+its own position, its own cache rows), sample each row with its request's own Sampler, emit events, and
+free the slots of finished requests. Requests, events, handles: engine_requests.py.
 New requests join between steps; finished ones leave. No HTTP here: localllm/server/ drives it.
 
 Prefix cache: each slot keeps the ids its rows hold after its last request. A new prompt goes to the
 free slot sharing the longest prefix with it and only the rest is prefilled; when a busy slot shares a
-longer prefix (the same system prompt, sent by several clients at once), its rows are copied first.
+longer prefix (the same system prompt, sent by several clients at once), its rows are copied first; a
+prompt sharing a longer prefix with another of the same prefill pass waits for a second pass to copy it.
 
 Determinism: each request samples with its own torch.Generator seeded from its seed, and decode_slots
 is batch-invariant (a row's logits do not depend on the other rows), so a seeded request repeats its
@@ -16,20 +19,19 @@ output whatever else runs beside it.
 
 from __future__ import annotations
 
-import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 
 from .chat import common_prefix
+from .engine_requests import EngineStopped, Event, Handle, QueueFull, Request, Sink, error_message
 from .errors import LocalLLMError
 from .generate import token_budget
 from .nonfinite import check_logits
 from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
-from .settings import DEFAULT_SAMPLING, SamplingSettings
+from .settings import DEFAULT_SERVE
 
 
 def check_fits(prompt_len: int, capacity: int) -> None:
@@ -41,70 +43,6 @@ def check_fits(prompt_len: int, capacity: int) -> None:
                             f" (one more is needed for the reply)")
 
 
-class QueueFull(LocalLLMError):
-    """Every slot is busy and the waiting queue is full (the server answers 503 + Retry-After)."""
-
-
-class EngineStopped(LocalLLMError):
-    """The engine is shutting down and takes no more requests."""
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt: list[int]
-    sampling: SamplingSettings = DEFAULT_SAMPLING
-    max_tokens: int = -1  # -1: until an end-of-turn id or the slot's context is full
-    top_logprobs: int | None = None  # None: no log-probs; k >= 0: the chosen id's and the k most likely
-    ignore_eos: bool = False  # end-of-turn ids do not end it (benchmarks with fixed output lengths)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One generated id (token set), or the end (finish set): "stop" (an end-of-turn id), "length"
-    (max_tokens or the context), "cancelled" (cancel() or shutdown), "error" (message says why)."""
-
-    token: int | None = None
-    logprob: float | None = None  # log-softmax of the model's logits at the chosen id
-    top: tuple[tuple[int, float], ...] = ()  # the top_logprobs most likely (id, log-prob), best first
-    finish: str | None = None
-    message: str = ""
-
-
-Sink = Callable[[Event], None]
-
-
-class Handle:
-    """One submitted request. Iterate it for its events (with the default sink), or pass submit() a sink
-    (the server's: a thread-safe put into its event loop). cancel() frees the slot at the next step."""
-
-    def __init__(self, request: Request, sink: Sink | None = None):
-        self.request = request
-        self._queue: queue.Queue[Event] | None = None if sink is not None else queue.Queue()
-        self._sink = sink if sink is not None else self._queue.put
-        self.cancelled = False
-        self.done = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def emit(self, event: Event) -> None:
-        if self.done:
-            return
-        self.done = event.finish is not None
-        try:
-            self._sink(event)
-        except RuntimeError:  # the consumer's event loop is closed: it is gone, so is its interest
-            self.cancelled = True
-
-    def __iter__(self) -> Iterator[Event]:
-        assert self._queue is not None, "a handle with its own sink is not iterable"
-        while True:
-            ev = self._queue.get()
-            yield ev
-            if ev.finish is not None:
-                return
-
-
 @dataclass
 class _Running:
     handle: Handle
@@ -114,6 +52,7 @@ class _Running:
     budget: int  # ids it may still produce
     history: torch.Tensor  # prompt + generated ids (the repeat penalty's window)
     next_id: int = -1  # the last sampled id, fed to the next decode step
+    filled: int = 0  # prompt ids in the slot's rows; it joins the decode steps once the prompt is whole
 
 
 @dataclass
@@ -121,6 +60,7 @@ class EngineStats:
     steps: int = 0  # decode steps run
     decoded: int = 0  # rows decoded over all steps
     prefilled: int = 0  # prompt ids prefilled
+    prefill_passes: int = 0  # prefill passes run (each one prefill_slot or prefill_slots call)
     reused: int = 0  # prompt ids taken from the prefix cache instead
     cancelled: int = 0  # requests ended by cancel() (their clients left) or by shutdown
 
@@ -132,11 +72,15 @@ class Engine:
     parallel: int
     capacity: int  # KV rows of each slot (the per-sequence context)
     max_queue: int = 64
+    prefill_tokens: int = DEFAULT_SERVE.prefill_tokens  # prompt ids prefilled per step
+    share_min: int = DEFAULT_SERVE.prefill_share_min
     stats: EngineStats = field(default_factory=EngineStats)
 
     def __post_init__(self):
         if self.parallel < 1:
             raise LocalLLMError(f"--parallel must be at least 1, got {self.parallel}")
+        if self.prefill_tokens < 1:
+            raise LocalLLMError(f"prefill_tokens must be at least 1, got {self.prefill_tokens}")
         self.slots = self.runtime.new_slots(self.parallel, self.capacity)
         self.held: list[list[int]] = [[] for _ in range(self.parallel)]  # ids in each slot's rows [0, len)
         self.last_used = [0] * self.parallel  # admission counter of each slot's last request (LRU)
@@ -209,11 +153,8 @@ class Engine:
                 with self._cv:
                     while self._waiting and len(self._running) + len(self._admitting) < self.parallel:
                         self._admitting.append(self._waiting.pop(0))
-                for handle in list(self._admitting):
-                    self._guarded(self._admit, handle)
-                    with self._cv:
-                        if handle in self._admitting:  # refused or failed before it ran
-                            self._admitting.remove(handle)
+                if self._admitting or any(r.filled < len(r.handle.request.prompt) for r in self._running.values()):
+                    self._admit_waiting()
                 self._drop_cancelled()
                 if self._running:
                     self._guarded(self._step, None)
@@ -229,7 +170,7 @@ class Engine:
         try:
             fn(handle) if handle is not None else fn()
         except Exception as e:  # noqa: BLE001 -- one bad request must not take the server down
-            message = str(e) if isinstance(e, LocalLLMError) else f"{type(e).__name__}: {e}"
+            message = error_message(e)
             if handle is not None:
                 slot = next((s for s, r in self._running.items() if r.handle is handle), None)
                 if slot is not None:
@@ -240,49 +181,124 @@ class Engine:
                 for slot in list(self._running):
                     self._finish(slot, Event(finish="error", message=message))
 
-    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
-        """(free slot, ids of the prompt already in its rows): the free slot with the longest common
-        prefix, the least recently used on a tie; rows copied from a busy slot that shares more."""
+    def _pick_slot(self, prompt: list[int]) -> tuple[int, int, int]:
+        """(free slot, ids of the prompt its rows will hold, busy slot to copy them from or -1): the free
+        slot with the longest common prefix, the least recently used on a tie; rows of a busy slot that
+        shares more, copied by _place. Changes nothing."""
         free = [s for s in range(self.parallel) if s not in self._running]
         slot = max(free, key=lambda s: (common_prefix(self.held[s], prompt), -self.last_used[s]))
         have = common_prefix(self.held[slot], prompt)
         busy = [(common_prefix(self.held[s][: self.slots.lengths[s]], prompt), s) for s in self._running]
         best, src = max(busy, default=(0, -1))
         if best > have:
-            slot = min(free, key=lambda s: self.last_used[s])  # keep the other free slots' prefixes
-            self.runtime.copy_prefix(self.slots, src, slot, best)
-            self.held[slot], have = list(prompt[:best]), best
-        return slot, have
+            return min(free, key=lambda s: self.last_used[s]), best, src  # keep the other free slots' prefixes
+        return slot, have, -1
 
-    def _admit(self, handle: Handle) -> None:
+    def _admit_waiting(self) -> None:
+        """Prefill at most prefill_tokens prompt ids this step, several prompts in one prefill_slots pass:
+        first the next part of prompts already partly in their slots, then requests taken from the queue
+        (_admitting); a prompt longer than what is left runs in parts over the next steps (its slot is
+        taken, it joins the decode steps once whole). Requests left over go back to the queue's front. A
+        prompt sharing share_min ids more with one of the pass than it has waits for a second pass, from
+        that one's rows (_pick_slot copies them)."""
+        budget = self.prefill_tokens
+        batch: list[tuple[_Running, int, int]] = []  # (request, first position of this part, its ids)
+        for run in self._running.values():
+            rest = len(run.handle.request.prompt) - run.filled
+            if rest and budget > 0:
+                batch.append((run, run.filled, min(rest, budget)))
+                budget -= batch[-1][2]
+        pending = list(self._admitting)
+        while True:
+            later = []
+            for handle in pending:
+                if handle.cancelled:
+                    with self._cv:
+                        self._admitting.remove(handle)
+                    self.stats.cancelled += 1
+                    handle.emit(Event(finish="cancelled"))
+                    continue
+                prompt = handle.request.prompt
+                if budget <= 0:
+                    later.append(handle)
+                    continue
+                slot, have, src = self._pick_slot(prompt)
+                reuse = min(have, len(prompt) - 1)  # at least one id runs: its logits give the first new id
+                shared = max((common_prefix(prompt, r.handle.request.prompt) for r, _, _ in batch), default=0)
+                if shared - reuse >= self.share_min:
+                    later.append(handle)
+                    continue
+                try:
+                    run = self._place(handle, slot, have, src, reuse)
+                except Exception as e:  # noqa: BLE001 -- that request ends, the others go on
+                    with self._cv:
+                        self._admitting.remove(handle)
+                    handle.emit(Event(finish="error", message=error_message(e)))
+                    continue
+                batch.append((run, reuse, min(len(prompt) - reuse, budget)))
+                budget -= batch[-1][2]
+            if batch:
+                self._prefill(batch)
+            batch, pending = [], later
+            if not pending or budget <= 0:
+                break
+        with self._cv:  # not admitted this step: first in line for the next
+            for handle in pending:
+                self._admitting.remove(handle)
+            self._waiting[:0] = pending
+
+    def _place(self, handle: Handle, slot: int, have: int, src: int, reuse: int) -> _Running:
+        """The request into its slot (the shared prefix's rows copied from slot src first, if any; its
+        first `reuse` prompt ids kept): from admitting to running."""
         req = handle.request
-        if handle.cancelled:
-            self.stats.cancelled += 1
-            handle.emit(Event(finish="cancelled"))
-            return
-        prompt = req.prompt
-        slot, have = self._pick_slot(prompt)
-        reuse = min(have, len(prompt) - 1)  # at least one id runs: its logits give the first new id
+        if src >= 0:
+            self.runtime.copy_prefix(self.slots, src, slot, have)
         self._admitted += 1
         self.last_used[slot] = self._admitted
         self.held[slot] = []  # until the prefill has written the rows
         sampler = Sampler(req.sampling, self.runtime.device)
-        budget, _ = token_budget(req.max_tokens, len(prompt), self.capacity)
+        budget, _ = token_budget(req.max_tokens, len(req.prompt), self.capacity)
         run = _Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
-                       torch.tensor(prompt, dtype=torch.long, device=self.runtime.device))
+                       torch.tensor(req.prompt, dtype=torch.long, device=self.runtime.device), filled=reuse)
+        self.stats.reused += reuse
         with self._cv:  # from admitting to running in one move (submit counts both)
             self._admitting.remove(handle)
             self._running[slot] = run
-        logits = self.runtime.prefill_slot(self.slots, slot, prompt[reuse:], reuse)
-        self.held[slot] = list(prompt)
-        self.stats.prefilled += len(prompt) - reuse
-        self.stats.reused += reuse
+        return run
+
+    def _prefill(self, batch: list[tuple[_Running, int, int]]) -> None:
+        """One pass over the batch's prompt parts, then the first id of each prompt now whole. A failure
+        of the pass ends the batch's requests, one of a request's sampling that request ("error")."""
+        which = [r.slot for r, _, _ in batch]
+        prompts = [r.handle.request.prompt[start:start + n] for r, start, n in batch]
+        starts = [start for _, start, _ in batch]
+        self.stats.prefill_passes += 1
+        try:
+            if len(batch) == 1:  # a backend's own single-prompt path (CUDA's), the same logits
+                logits = self.runtime.prefill_slot(self.slots, which[0], prompts[0], starts[0])[None]
+            else:
+                logits = self.runtime.prefill_slots(self.slots, which, prompts, starts)
+        except Exception as e:  # noqa: BLE001 -- the batch's requests end, the engine goes on
+            for run, _, _ in batch:
+                self._finish(run.slot, Event(finish="error", message=error_message(e)))
+            return
+        for i, (run, start, n) in enumerate(batch):
+            prompt = run.handle.request.prompt
+            run.filled = start + n
+            self.held[run.slot] = list(prompt[:run.filled])
+            self.stats.prefilled += n
+            if run.filled == len(prompt):
+                self._guarded(lambda _h, run=run, row=logits[i]: self._first(run, row), run.handle)
+
+    def _first(self, run: _Running, logits: torch.Tensor) -> None:
         check_logits(self.runtime.model, logits)
-        token = logits.argmax() if run.greedy else sampler(logits, run.history)
+        token = logits.argmax() if run.greedy else run.sampler(logits, run.history)
         self._take(run, int(token), logits)
 
     def _step(self) -> None:
-        runs = list(self._running.values())
+        runs = [r for r in self._running.values() if r.filled == len(r.handle.request.prompt)]
+        if not runs:  # every running prompt is still being prefilled
+            return
         which = [r.slot for r in runs]
         tokens = torch.tensor([r.next_id for r in runs], dtype=torch.long, device=self.runtime.device)
         logits = self.runtime.decode_slots(self.slots, which, tokens)  # (B, V)
@@ -291,8 +307,11 @@ class Engine:
         for r in runs:
             self.held[r.slot].append(r.next_id)
         greedy = logits.argmax(-1)
-        picked = [greedy[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
-        ids = torch.stack(picked).tolist()  # the one host sync of the step
+        if all(r.greedy for r in runs):  # the common case: no per-row tensors to stack
+            ids = greedy.tolist()  # the one host sync of the step
+        else:
+            picked = [greedy[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
+            ids = torch.stack(picked).tolist()  # the one host sync of the step
         for i, r in enumerate(runs):
             self._take(r, ids[i], logits[i])
 

@@ -137,7 +137,9 @@ def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype
         if tuple(state[name].shape) != tuple(ref.shape):
             raise LocalLLMError(f"tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(ref.shape)}")
         keep_fp32 = name in ROPE_BUFFERS
-        state[name] = state[name].to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+        # moved in the file's dtype, then cast on the device: torch casts a host-to-GPU copy on the host
+        # (an F16 file loaded as fp32: twice the bytes over the bus, and a single pass of host conversion)
+        state[name] = state[name].to(device=device).to(torch.float32 if keep_fp32 else dtype)
     model.load_state_dict(state, assign=True, strict=True)
 
 

@@ -8,7 +8,9 @@ predicted loss that fit the size budget:
    importance-weighted rounding.
 2. Fisher: for small weight errors dW, KL(p || p_dW) ~ 1/2 dW^T F dW with F the Fisher information of
    the output distribution; we keep its diagonal, estimated as E[(d log p(y) / dW)^2] with y sampled
-   from the model itself, over the calibration chunks (one backward pass per chunk for all tensors).
+   from the model itself, over the calibration chunks (one backward pass per chunk for all tensors),
+   kept only on the rows that step 3 samples (localllm/fisher.py: each gradient squared into them as
+   backward produces it, then dropped; an 8B model's whole fp32 diagonal would be 32 GB).
 3. candidates: every type whose block fits the row length, round-tripped (with the imatrix) on a
    sample of rows; L(t, q) = 1/2 sum F_ij dW_ij^2 over the sampled rows, scaled to all rows.
 A mixture of experts' stack (E, F, C) (GGUF blk.N.ffn_*_exps.weight, module blk.N.moe.*) is one tensor
@@ -24,20 +26,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import gguf
 import torch
 
-from localllm.kernels.cpu import encoders_for
+from localllm.kernels.cpu import load_extension
 from localllm.quantize.allocate import Option, allocate
 from localllm.quantize.formats import BLOCK_SIZES
 from localllm.quantize.plan import TensorInfo, sample_rows
 from localllm.quantize.presets import LAST_RESORT, allows_quantization
 
-from .cache import KVCache, make_cache
 from .calibrate import recording_imatrix, roundtrip
 from .errors import LocalLLMError
+from .fisher import fisher_diagonal, fisher_rows, layerwise_cache as _layerwise_cache  # noqa: F401 (tests)
 from .fused import fused_parts
 from .load import LoadedModel
 from .settings import DEFAULT_CPU
@@ -86,42 +88,51 @@ def sampled_losses(w: torch.Tensor, f: torch.Tensor, imp: torch.Tensor | None, t
 
     w, f: (out, in) weight and its Fisher diagonal; imp: (in,) imatrix for the rounding, or None, or
     (G, in) for groups of out / G rows (an expert stack's rows, one imatrix row per expert). ext: the
-    C++ encoders for w's device (kernels/cpu.py encoders_for), or None."""
+    C++ encoders (kernels/cpu.py load_extension: on the CPU, wherever w is), or None."""
     rows = sample_rows(w.shape[0], SAMPLE_ROWS).to(w.device)
-    ws, fs = w[rows].float(), f[rows].double()
-    scale = w.shape[0] / ws.shape[0]
-    if imp is not None and imp.dim() == 2 and imp.shape[0] > 1:  # each sampled row its group's
-        imp = imp.to(w.device)[rows // (w.shape[0] // imp.shape[0])]
+    return row_losses(w[rows], f[rows], group_importance(imp, rows, w.shape[0]), types, w.shape[0], ext)
+
+
+def row_losses(ws: torch.Tensor, fs: torch.Tensor, imp: torch.Tensor | None, types: Sequence[Q], n_rows: int,
+               ext=None) -> dict[Q, float]:
+    """sampled_losses of the sampled rows alone: ws, fs (k, in) a tensor's rows sample_rows(n_rows, k)
+    of its weight and Fisher; imp: (in,), or (k, in) each row's own (group_importance), or None."""
+    ws, fs = ws.float(), fs.double()
+    scale = n_rows / ws.shape[0]
     return {q: 0.5 * scale * float((fs * (roundtrip(ws, q, imp, ext) - ws).double().pow(2)).sum()) for q in types}
 
 
-def fisher_diagonal(model, chunks: Sequence[Sequence[int]], progress=lambda done, total: None,
-                    seed: int = 0) -> dict[str, torch.Tensor]:
-    """Module parameter name -> E[(d log p(y) / dW)^2] (same shape as W), y ~ the model's own p.
+def group_importance(imp: torch.Tensor | None, rows: torch.Tensor, n_rows: int) -> torch.Tensor | None:
+    """imp as row_losses takes it for rows `rows` of n_rows: a (G, in) imatrix of G row groups (an expert
+    stack's experts) -> each row's group's (k, in); (in,), (1, in) or None unchanged."""
+    if imp is not None and imp.dim() == 2 and imp.shape[0] > 1:
+        return imp.to(rows.device)[rows // (n_rows // imp.shape[0])]
+    return imp
 
-    Sums over positions within a chunk (the Fisher of the whole chunk's output), averaged over chunks.
-    Matrices and expert stacks (E, F, C): an expert no token reached has a zero gradient, so 0."""
-    params = {n: p for n, p in model.named_parameters() if p.dim() in (2, 3)}
-    fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    gen = torch.Generator(device=next(iter(params.values())).device).manual_seed(seed)
-    device = next(iter(params.values())).device
-    with torch.enable_grad():
-        for n, p in params.items():
-            p.requires_grad_(True)
-        try:
-            for i, ids in enumerate(chunks):
-                tokens = torch.tensor([list(ids)], device=device)
-                cache = _layerwise_cache(model, len(ids))
-                logp = model(tokens, cache, 0)[0].log_softmax(-1)  # (T, V)
-                y = torch.multinomial(logp.detach().exp(), 1, generator=gen)  # (T, 1)
-                grads = torch.autograd.grad(logp.gather(1, y).sum(), list(params.values()))
-                for (n, _), g in zip(params.items(), grads):
-                    fisher[n] += g.float().pow(2) / len(chunks)
-                progress(i + 1, len(chunks))
-        finally:
-            for p in params.values():
-                p.requires_grad_(False)
-    return fisher
+
+def sampled_parts(params: Mapping[str, torch.Tensor], names: Sequence[str], cols: int
+                  ) -> tuple[int, torch.Tensor, list[tuple[str, torch.Tensor]]]:
+    """A file tensor made of the parameters `names` (one, or a fused tensor's parts in row order; each
+    as its (-1, cols) rows) -> (its row count n, its rows sample_rows(n, SAMPLE_ROWS), and per part
+    (name, the part's own indices of the sampled rows that fall in it)): the rows of the concatenation
+    without concatenating."""
+    sizes = [params[n].numel() // cols for n in names]
+    rows = sample_rows(sum(sizes), SAMPLE_ROWS)
+    parts, start = [], 0
+    for n, size in zip(names, sizes):
+        inside = rows[(rows >= start) & (rows < start + size)] - start
+        parts.append((n, inside))
+        start += size
+    return sum(sizes), rows, parts
+
+
+def fisher_wanted(parts: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """(parameter name, row indices) pairs -> name -> the sorted union of its indices: the rows whose
+    Fisher is kept (a parameter may back two file tensors: a tied token_embd / output)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, r in parts:
+        out[name] = torch.cat([out[name], r]).unique() if name in out else r.unique()
+    return out
 
 
 def chosen_and_fixed(tensors: Sequence[TensorInfo], fixed: Mapping[str, Q] | None
@@ -169,30 +180,35 @@ def plan_mixed(
     whose type is already set (--tensor-type overrides): their bytes are taken off the budget."""
     todo, fixed = chosen_and_fixed(tensors, fixed)
     model = lm.model
+    params = dict(model.named_parameters())
+    # each chosen tensor's sampled rows, per module parameter (a fused tensor's parts, in row order)
+    sampled = [sampled_parts(params, [_module_name(params, n) for n in fused_parts(lm.config, t.name)], t.shape[-1])
+               for t in todo]
+    wanted = fisher_wanted(part for _, _, parts in sampled for part in parts)
     seconds, mark = {}, time.perf_counter()
     fisher_progress = lambda done, total: progress("fisher", done, total)  # noqa: E731
     if imatrix is not None:
         imat = dict(imatrix)
-        fisher = fisher_diagonal(model, chunks, fisher_progress)
+        fisher = fisher_rows(model, chunks, wanted, fisher_progress)
         seconds["fisher"] = time.perf_counter() - mark
     else:  # the imatrix recorded in the Fisher passes' forwards: no forward of its own
         with recording_imatrix(model) as stats:
-            fisher = fisher_diagonal(model, chunks, fisher_progress)
+            fisher = fisher_rows(model, chunks, wanted, fisher_progress)
         imat = stats(chunks).means()
         seconds["fisher+imatrix"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    params = dict(model.named_parameters())
-    ext = encoders_for(next(iter(params.values())).device, DEFAULT_CPU.cache_dir)
+    # the C++ encoders on the CPU whatever the model's device (the same bytes, tests/test_cpu_encode.py):
+    # on a GPU the torch encoders' C-order searches dispatch 20k-135k kernels per 64-row round trip
+    # (counted on the CPU), minutes over an 8B model's 226 x 10 candidates; C++: a few seconds
+    ext = load_extension(DEFAULT_CPU.cache_dir)
     options = []
-    for i, t in enumerate(todo):
-        names = [_module_name(params, n) for n in fused_parts(lm.config, t.name)]  # one, or a fused tensor's
+    for i, (t, (n_rows, rows, parts)) in enumerate(zip(todo, sampled)):
         cols = t.shape[-1]  # an expert stack (E, F, C) as its E * F rows
-        w, f = params[names[0]].data.reshape(-1, cols), fisher[names[0]].reshape(-1, cols)
-        if len(names) > 1:
-            w = torch.cat([params[n].data.reshape(-1, cols) for n in names])
-            f = torch.cat([fisher[n].reshape(-1, cols) for n in names])
+        w = torch.cat([params[n].data.reshape(-1, cols)[r.to(params[n].device)] for n, r in parts])
+        f = torch.cat([fisher[n][torch.searchsorted(wanted[n], r).to(fisher[n].device)] for n, r in parts])
         types, rounded = options_of(t), candidates(t.shape[-1])
-        loss = sampled_losses(w, f, imat.get(t.name), rounded, ext) | {q: 0.0 for q in types if q not in rounded}
+        imp = group_importance(imat.get(t.name), rows.to(w.device), n_rows)
+        loss = row_losses(w, f, imp, rounded, n_rows, ext) | {q: 0.0 for q in types if q not in rounded}
         n = math.prod(t.shape)
         options.append([Option(q, padded(type_bytes(n, q), align), loss[q]) for q in types])
         progress("errors", i + 1, len(todo))
@@ -206,15 +222,6 @@ def plan_mixed(
     predicted = sum(options[i][k].loss for i, k in enumerate(picked))
     seconds["search"] = time.perf_counter() - mark
     return MixedPlan([chosen.get(t.name, fixed.get(t.name)) for t in tensors], predicted, imat, len(chunks), seconds)
-
-
-def _layerwise_cache(model, length: int) -> KVCache:
-    """A cache whose layers are separate tensors: autograd then sees each written once (one shared
-    (L, ...) buffer would be modified in place after earlier layers saved views of it)."""
-    c = make_cache(model.cfg, length, dtype=model.token_embd.weight.dtype, device=model.token_embd.weight.device)
-    if isinstance(c.k, list):  # layered already (Gemma 4); its KV-shared layers must keep aliasing their source
-        return c
-    return KVCache([k.clone() for k in c.k], [v.clone() for v in c.v])
 
 
 def _module_name(params: Mapping[str, torch.nn.Parameter], gguf_name: str) -> str:

@@ -32,6 +32,9 @@ class Runtime:
     # With "blocks": F32/F16/BF16 linear weights and embeddings (GGUF files' and safetensors folders') kept
     # as rows of their stored type too (BlockQWeight), for products that read them as they are (the CPU's).
     dense_blocks: bool = False
+    # Prompts cost in proportion to their ids even when several share a pass (compute-bound products):
+    # `serve` then prefills fewer ids per engine step (settings.ServeSettings.prefill_tokens_compute_bound).
+    prompts_compute_bound: bool = False
 
     def __init__(self, model: Transformer):
         self.model = model
@@ -105,6 +108,14 @@ class Runtime:
         logits = self.prefill(slot_steps.slot_view(slots.cache, slot, start), [ids], start)[0]
         slots.lengths[slot] = start + len(ids)
         return logits.float()
+
+    def prefill_slots(self, slots: Slots, which: list[int], prompts: list[list[int]],
+                      starts: list[int]) -> torch.Tensor:
+        """prefill_slot for several slots in one forward: prompts[i] at positions [starts[i], starts[i] +
+        len) of slot which[i] (distinct, any order; ragged lengths) -> logits (N, V) fp32 of each
+        prompt's last id, each as prefill_slot alone computes it (up to the products' rounding for
+        another row count: slots.prefill_slots); lengths[s] = start + len."""
+        return slot_steps.prefill_slots(self.model, slots, which, prompts, starts)
 
     def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """tokens (N,) long, one per slot of `which` (distinct, any order), each at its slot's position

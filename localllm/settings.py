@@ -100,6 +100,16 @@ class ServeSettings:
     port: int = 8080
     parallel: int = 4  # sequences decoded together (slots), each with its own --ctx rows of KV cache
     max_queue: int = 64  # requests waiting for a slot; one more is refused with 503 + Retry-After
+    # prompt ids prefilled per engine step (the waiting prompts admitted together in one prefill_slots
+    # pass, then one decode step of the running streams); a longer prompt is prefilled in parts
+    prefill_tokens: int = 2048
+    # ... where a prompt's cost grows with its ids even in one pass (the CPU backends: Runtime.
+    # prompts_compute_bound): a 16-prompt pass there hands out every first token after ~16 prefills, so
+    # TTFT p50 at 16 clients doubled against one prompt a step (docs/PERFORMANCE.md): about one prompt a pass
+    prefill_tokens_compute_bound: int = 64
+    # a prompt sharing this many more ids with another admitted in the same pass than its slot holds
+    # waits for a second pass that copies that prefix's rows (about what one more pass costs, in ids)
+    prefill_share_min: int = 8
     retry_after_seconds: int = 1
     max_tokens: int = -1  # a request without max_tokens: until an end-of-turn id or its slot's context is full
     max_top_logprobs: int = 20  # OpenAI's limit on top_logprobs (chat); completions' logprobs: at most 5

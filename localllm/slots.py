@@ -2,6 +2,8 @@
 continuous batching (issue 22). The scheduler prefills a request into a free slot, then runs one
 decode_slots step over every active slot; a slot's rows [0, length) can serve a later request with the
 same prefix (prefill_slot's start), and rolling back is setting its length lower (as KVCache.length).
+prefill_slots prefills several slots' prompts in one forward (the engine's admissions: each weight read
+once for all of them), each prompt as prefill_slot would alone.
 
 These are the portable implementations (Runtime's methods call them; backends override them for speed,
 computing the same: backends/cpu.py). Shapes: n slots, S capacity, N rows of a step, V vocabulary.
@@ -17,15 +19,9 @@ mixture of experts groups rows by expert, so its invariance also needs row-indep
 CPU's C++ products are; torch's GEMM on the expert groups is not). The CPU backend runs the step in one
 C++ call (backends/cpu.py CpuRuntime.decode_slots: each row the bits of its one-token step alone).
 
-CUDA: this portable step runs on CUDA tensors (every op here is a device op), eagerly. What the graph
-decoder (backends/cuda_graph.py GraphDecoder) would need to run it as one replayed graph: its kernels
-already compute each row as a one-token step does (int64 fixed-point sums: batch-invariant), but read
-one position for all rows (`self.pos`, (1,)): a (n,) position tensor read per row by rope_store /
-norm_rope_store / rope_store_family (the cache write) and decode_attention (each row's last key, window);
-rows = all n slots every step (a graph per slot count, no recapture as slots join and leave), rows of
-slots not in the step computed but not written (a per-row flag, or a scratch row past every length);
-logits gathered for `which` after the replay. prefill_slot on CUDA runs eagerly (a slot view is a new
-cache to PrefillGraph each call).
+CUDA: backends/cuda_slots.py runs the step as one replayed graph per bucket of slot counts (the graph
+decoder's kernels reading each row's position and slot from device tensors; padding rows repeat row
+0); prefill_slot on CUDA runs eagerly (a slot view is a new cache to PrefillGraph each call).
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import RowKeys
+from .attention import RowKeys, SegmentKeys
 from .cache import KVCache
 from .errors import LocalLLMError
 from .rope import layer_ropes
@@ -84,6 +80,16 @@ def check_prefill(slots: Slots, slot: int, ids: list[int], start: int) -> None:
         raise LocalLLMError(f"prefill of slot {slot} from position {start}: it holds {slots.lengths[slot]}")
     if start + len(ids) > slots.capacity:
         raise LocalLLMError(f"prompt of {start + len(ids)} tokens is longer than the context ({slots.capacity})")
+
+
+def check_prefills(slots: Slots, which: list[int], prompts: list[list[int]], starts: list[int]) -> None:
+    if not len(which) == len(prompts) == len(starts) or not which:
+        raise LocalLLMError(f"prefill_slots takes one prompt and start per slot: {len(which)} slots, "
+                            f"{len(prompts)} prompts, {len(starts)} starts")
+    if len(set(which)) != len(which):
+        raise LocalLLMError(f"prefill_slots takes distinct slots, got {which}")
+    for s, ids, start in zip(which, prompts, starts):
+        check_prefill(slots, s, ids, start)
 
 
 def check_rows(slots: Slots, which: list[int], tokens: torch.Tensor) -> None:
@@ -139,6 +145,28 @@ class RowCache:
         return kc, vc
 
 
+class SegmentCache:
+    """The cache a prefill_slots step hands the layers: row t of the step's k, v (1, Hkv, T, D) goes to
+    slot slot_of[t] at position pos[t] (T,); reads return the layer's whole buffers, which SegmentKeys
+    slices per prompt."""
+
+    def __init__(self, cache: KVCache, slot_of: torch.Tensor, pos: torch.Tensor):
+        self.cache, self.slot_of, self.pos = cache, slot_of, pos
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def rows(self, layer: int, end: int):
+        return self.cache.k[layer], self.cache.v[layer]
+
+    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        kc[self.slot_of, :, self.pos] = k[0].transpose(0, 1).to(kc.dtype)  # (T, Hkv, D) at (slot, :, position)
+        vc[self.slot_of, :, self.pos] = v[0].transpose(0, 1).to(vc.dtype)
+        return kc, vc
+
+
 def slot_ropes(model, slots: Slots) -> list:
     """Per layer (cos, sin) (S, R/2) of its rope set for positions [0, S), or None (a NoPE layer);
     computed once per Slots (a position's row is then the same in every step, whatever the batch)."""
@@ -178,4 +206,39 @@ def decode_slots(model, slots: Slots, which: list[int], tokens: torch.Tensor) ->
     logits = model.head(x)[:N, 0]
     for s in which:
         slots.lengths[s] += 1
+    return logits
+
+
+@torch.inference_mode()
+def prefill_slots(model, slots: Slots, which: list[int], prompts: list[list[int]], starts: list[int]) -> torch.Tensor:
+    """prompts[i] at positions [starts[i], starts[i] + len) of slot which[i] (distinct; rows [0, start)
+    kept) -> logits (N, V) fp32 of each prompt's last id; then lengths[s] = start + len. One forward of
+    batch 1 over the T = sum(len) rows, the prompts concatenated (each product reads its weight once for
+    all of them): per-row rope rows and cache writes (SegmentCache), attention per prompt over its own
+    slot's keys, causal within that prompt only (SegmentKeys). A prompt's rows see the arithmetic of its
+    prefill alone (prefill_slot) except the products' row count: bit-equal where the products are
+    row-independent (the CPU's C++ products), within rounding where they are not (torch's GEMMs)."""
+    check_prefills(slots, which, prompts, starts)
+    cfg, device = model.cfg, model.token_embd.weight.device
+    lengths = [len(p) for p in prompts]
+    tokens = torch.tensor([[t for p in prompts for t in p]], dtype=torch.long, device=device)  # (1, T)
+    slot_of = torch.tensor([s for s, n in zip(which, lengths) for _ in range(n)], dtype=torch.long, device=device)
+    pos = torch.tensor([p for st, n in zip(starts, lengths) for p in range(st, st + n)], dtype=torch.long,
+                       device=device)
+    x = model.embed(tokens)
+    ple = model.per_layer_inputs(tokens, x)
+    cache = SegmentCache(slots.cache, slot_of, pos)
+    full = SegmentKeys(which, starts, lengths, None)
+    window = SegmentKeys(which, starts, lengths, cfg.sliding_window) if cfg.sliding_layers else None
+    rows: dict[int, tuple] = {}  # a rope set's rows (T, R/2), shared by the layers sharing the set
+    for i, (blk, rope) in enumerate(zip(model.blk, slot_ropes(model, slots))):
+        if rope is not None and id(rope) not in rows:
+            rows[id(rope)] = tuple(t[pos] for t in rope)
+        cos, sin = rows[id(rope)] if rope is not None else (None, None)
+        keys = window if window is not None and cfg.sliding(i) else full
+        x = blk(x, i, cache, 0, cos, sin, keys, None if ple is None else ple[:, :, i])
+    last = torch.tensor(lengths, device=device).cumsum(0) - 1
+    logits = model.head(x[:, last])[0].float()
+    for s, st, n in zip(which, starts, lengths):
+        slots.lengths[s] = st + n
     return logits

@@ -8,7 +8,9 @@ import pytest
 
 from localllm.engine import Engine, QueueFull, Request
 from localllm.errors import LocalLLMError
+from localllm.generate import generate
 from localllm.runner import encode_prompt, open_model
+from localllm.sampling import Sampler
 from localllm.settings import SamplingSettings
 from serve_helpers import reference
 
@@ -78,5 +80,37 @@ def test_cancel_frees_the_slot_and_the_queue_is_bounded(lm):
         events = list(eng.submit(Request(prompt, GREEDY, 4, ignore_eos=True)))  # the slot is free again
         assert len(ids_of(events)) == 4 and events[-1].finish == "length"
         assert eng.load() == {"slots_idle": 1, "slots_processing": 0, "queued": 0}
+    finally:
+        eng.join()
+
+
+def test_waiting_prompts_prefilled_together_within_the_cap(lm):
+    """Requests queued before the engine starts are admitted at once: one prefill_slots pass (within
+    prefill_tokens), or prompts in parts over several steps under a cap shorter than them; a prompt
+    sharing a prefix with another of the pass waits for a second pass that copies its rows. Every stream
+    equals generate() alone (without end-of-turn ids, as ignore_eos)."""
+    prompts = [encode_prompt(lm, f"Fact number {i} about the sea:") for i in (3, 14, 15, 92)]
+    want = [list(generate(lm.runtime, lm.runtime.new_cache(CTX), p, Sampler(GREEDY), 6, frozenset())) for p in prompts]
+    assert min(len(w) for w in want) == 6 and len({tuple(w) for w in want}) > 2  # a mix-up would show
+    longest = max(len(p) for p in prompts)
+    for cap, passes in ((4 * longest, 1), (5, None)):  # 5: every prompt prefilled in parts, several a pass
+        eng = Engine(lm.runtime, lm.tokenizer.stop_ids, 4, CTX, 4, prefill_tokens=cap)
+        handles = [eng.submit(Request(p, GREEDY, 6, ignore_eos=True)) for p in prompts]
+        eng.start()
+        try:
+            assert [ids_of(h) for h in handles] == want
+            # (one pass a step, each of at most cap ids; later ones copy "Fact number"'s rows)
+            assert eng.stats.prefill_passes == (passes or -(-eng.stats.prefilled // cap))
+            assert eng.stats.prefilled + eng.stats.reused == sum(len(p) for p in prompts)
+        finally:
+            eng.join()
+    system = encode_prompt(lm, "You are a helpful assistant who knows the sea well. Question:")
+    shared = [system + encode_prompt(lm, f" what are {w}?")[1:] for w in ("tides", "whales")]
+    eng = Engine(lm.runtime, lm.tokenizer.stop_ids, 4, CTX, 4, share_min=8)
+    handles = [eng.submit(Request(p, GREEDY, 6, ignore_eos=True)) for p in shared]
+    eng.start()
+    try:
+        assert [ids_of(h) for h in handles] == [reference(lm, p, 6, CTX) for p in shared]
+        assert eng.stats.prefill_passes == 2 and eng.stats.reused >= len(system) - 1
     finally:
         eng.join()

@@ -63,3 +63,20 @@ def test_bodies_that_are_not_an_object(raw):
     with pytest.raises(ApiError) as e:
         parse_json(raw)
     assert e.value.status == 400
+
+
+@pytest.mark.parametrize("chat_reply", [False, True])
+def test_text_chunks_are_the_whole_objects_encoded(chat_reply):
+    """Reply.text_sse (the streams' per-token fast path) against the reference: the chunk object built and
+    encoded whole (sse(chunk(...))), byte for byte, text_offset bookkeeping included."""
+    from types import SimpleNamespace
+
+    from localllm.server.replies import Reply, sse
+
+    tok = SimpleNamespace(_strip_leading_space=False)
+    fast, ref = (Reply(tok, 'm "x"', chat_reply, (), None, 3) for _ in range(2))
+    fast.id, fast.created = ref.id, ref.created
+    for text in ["hi", ' a "quoted" \\ back\nslash\t', "é中文🙂", "\x00\u2028", "</script>"]:
+        assert fast.text_sse(text) == sse(ref.chunk(text, []))
+        assert fast.offset == ref.offset
+    assert fast.chunk(None if chat_reply else "", [], finish="stop") == ref.chunk(None if chat_reply else "", [], finish="stop")

@@ -213,6 +213,7 @@ def build_decoder(model: Transformer) -> CpuDecoder | None:
 class CpuRuntime(Runtime):
     blocks_dtype = torch.float32  # the C++ kernels compute in fp32: norms, biases and the KV cache too
     dense_blocks = True  # F32/F16/BF16 weights multiplied as stored (cpu_quant.cpp dense_rows_of)
+    prompts_compute_bound = True
 
     def __init__(self, model: Transformer):
         super().__init__(model)
@@ -260,4 +261,5 @@ class CpuEagerRuntime(Runtime):
 
     blocks_dtype = torch.float32
     dense_blocks = True
+    prompts_compute_bound = True
     block_weight = staticmethod(CpuRuntime.block_weight)

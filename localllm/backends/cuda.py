@@ -9,6 +9,9 @@
   and run their chosen experts on the device inside it (backends/cuda_moe.py), and so do their
   prompts (CUDA_OPS.moe: backends/cuda_moe_prefill.py's grouped products, no host sync: PrefillGraph
   captures them too).
+- Continuous batching (decode_slots: many slots of one cache, each at its own position):
+  backends/cuda_slots.py, GraphDecoder's kernels over the step's slots, a graph per bucket of slot
+  counts (1, 2, 4, .., 64), each row the bits of that slot decoded alone.
 Each op computes what model.py's reference op computes, within rounding (tests/gpu).
 """
 
@@ -27,9 +30,11 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
+from ..slots import Slots, check_rows
 from .cuda_graph import GraphDecoder
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
+from . import cuda_slots
 
 
 # ---- load: q|k|v and gate/up as one product each
@@ -245,6 +250,13 @@ class CudaRuntime(Runtime):
             if start + t <= cache.capacity:
                 self.decoder(cache, t).step(torch.zeros(t, dtype=torch.long, device=self.device))
                 cache.length = start
+
+    def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """One replayed graph over the step's slots, each at its own position (backends/cuda_slots.py:
+        a graph per bucket of slot counts); the logits are the bucket's buffer, overwritten by its
+        next step."""
+        check_rows(slots, which, tokens)
+        return cuda_slots.decode_slots(self.model, slots, which, tokens)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)

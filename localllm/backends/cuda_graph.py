@@ -86,10 +86,11 @@ class GraphDecoder:
     decoding's ids."""
 
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1,
-                 greedy: bool = False):
+                 greedy: bool = False, rows: int | None = None):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
-        self.rows = rows = cache.k.shape[1] * tokens  # sequences x tokens each
+        # sequences x tokens each (rows given: cuda_slots.SlotDecoder's rows, any slots of the cache)
+        self.rows = rows = rows or cache.k.shape[1] * tokens
         # greedy: the step ends with each row's argmax written into its own input ids (step_greedy)
         assert not greedy or tokens == 1, "greedy ids are the next step's input: one token a step"
         self.greedy = greedy
@@ -104,6 +105,9 @@ class GraphDecoder:
         self.act = model.token_embd.weight.dtype
         self.token = torch.zeros(rows, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
+        # None: row r is sequence r // tokens at pos + r % tokens; else (SlotDecoder) (rows,) int32 with pos
+        # (rows,): row r is the cache sequence slot[r] at pos[r] (the kernels' slots argument)
+        self.slot: torch.Tensor | None = None
         # int64 fixed-point accumulators (triton_epilogue.FIXED_ONE) that split products add into by
         # integer atomics (the same sum in any order): the residual stream, and the q|k|v and gate/up
         # sums, each of these zeroed by the kernel that reads it (rope_store; glu_rows or quantize_act's
@@ -160,7 +164,7 @@ class GraphDecoder:
         if cfg.qk_norm:  # q/k norms, rope, the cache writes and clearing qkv: one kernel
             q = norm_rope_store(qkv, kc, vc, self.pos, L.inv_freq, a.attn_q_norm.weight, a.attn_k_norm.weight,
                                 cfg.norm_eps, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rotary_dims(cfg),
-                                cfg.rope_attn_factor)
+                                cfg.rope_attn_factor, slots=self.slot)
         if self.family:
             return self._family_attention(x, q, kc, vc, L)
         rope = None
@@ -168,8 +172,9 @@ class GraphDecoder:
             # the attention rotates q, k and stores k, v itself (and clears the accumulator)
             rope = (qkv, self.inv_freq, cfg.head_dim)
         elif q is None:
-            q = rope_store(qkv, kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, clear=True)
-        kw = {"tokens": self.tokens, "rope": rope}
+            q = rope_store(qkv, kc, vc, self.pos, self.inv_freq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, clear=True,
+                           slots=self.slot)
+        kw = {"tokens": self.tokens, "rope": rope, "slots": self.slot}
         d32 = cfg.head_dim // 32
         if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
             # the output projection's int8 input comes from the attention's combine kernel
@@ -185,8 +190,9 @@ class GraphDecoder:
         cfg, a = self.cfg, L.attn
         if q is None:
             q = rope_store_family(self.qkv_acc, kc, vc, self.pos, L.inv_freq, cfg.n_heads, cfg.n_kv_heads,
-                                  cfg.head_dim, rotary_dims(cfg), cfg.rope_attn_factor, clear=True)
-        kw = dict(tokens=self.tokens, scale=cfg.attn_scale, softcap=cfg.attn_softcap, window=L.window, sinks=L.sinks)
+                                  cfg.head_dim, rotary_dims(cfg), cfg.rope_attn_factor, clear=True, slots=self.slot)
+        kw = dict(tokens=self.tokens, scale=cfg.attn_scale, softcap=cfg.attn_softcap, window=L.window, sinks=L.sinks,
+                  slots=self.slot)
         d32 = cfg.head_dim // 32
         bias = a.attn_output.bias
         if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
@@ -26,7 +25,7 @@ from ..errors import LocalLLMError
 from ..settings import DEFAULT_SAMPLING, DEFAULT_SERVE, SamplingSettings, ServeSettings
 from ..tokenizer import Tokenizer
 from .protocol import ApiError, Generation, parse_chat, parse_completion, parse_json
-from .replies import Reply
+from .replies import Reply, sse
 
 
 @dataclass
@@ -163,10 +162,6 @@ async def answer(http: HttpRequest, served: Served, gen: Generation, ids: list[i
     return JSONResponse(reply.whole("".join(text), entries))
 
 
-def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
 async def stream(reply: Reply, handle, events: asyncio.Queue, include_usage: bool):
     """SSE chunks until the finish chunk, then usage (if asked) and [DONE]. Closing the generator (the
     client left: starlette cancels it) cancels the request."""
@@ -175,8 +170,10 @@ async def stream(reply: Reply, handle, events: asyncio.Queue, include_usage: boo
             yield sse(reply.chunk("", [], role=True))
         while reply.finish is None and reply.error is None:
             text, entries = reply.take(await events.get())
-            if text or entries:
+            if entries:
                 yield sse(reply.chunk(text, entries))
+            elif text:
+                yield reply.text_sse(text)
         if reply.error is not None:
             yield sse(ApiError(500, reply.error, kind="server_error").body())
         else:

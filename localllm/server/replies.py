@@ -7,8 +7,10 @@ top_logprobs as {text: logprob}, text_offset).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from json.encoder import encode_basestring  # a str as a JSON string literal, ensure_ascii=False (C)
 
 from ..engine import Event
 from ..stop_text import StopText
@@ -29,6 +31,7 @@ class Reply:
         self.finish: str | None = None  # "stop" | "length" once ended
         self.error: str | None = None  # set when the engine ended it with an error or at shutdown
         self.offset = 0  # characters of text so far (completions' text_offset)
+        self._text_sse: tuple[str, str] | None = None  # text_sse's event around the text (made once)
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -104,6 +107,22 @@ class Reply:
         choice |= {"logprobs": self.logprob_object(entries, start) if entries else None, "finish_reason": finish}
         return self._head("chat.completion.chunk" if self.chat else "text_completion") | {"choices": [choice]}
 
+    def text_sse(self, text: str) -> str:
+        """sse(self.chunk(text, [])) byte for byte, for the chunks of a stream that carry only text (one
+        per token): the event's JSON around the text is rendered once per reply, then each chunk
+        encodes only its text, instead of building and encoding the whole object per token."""
+        if self._text_sse is None:
+            offset, mark = self.offset, "\x00"  # mark: a text no chunk carries (rendered as \u0000)
+            head, _, tail = sse(self.chunk(mark, [])).partition(encode_basestring(mark))
+            self.offset, self._text_sse = offset, (head, tail)
+        self.offset += len(text)
+        return self._text_sse[0] + encode_basestring(text) + self._text_sse[1]
+
     def usage_chunk(self) -> dict:
         return self._head("chat.completion.chunk" if self.chat else "text_completion") | {
             "choices": [], "usage": self.usage()}
+
+
+def sse(obj) -> str:
+    """One server-sent event holding obj as JSON."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

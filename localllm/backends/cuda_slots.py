@@ -1,0 +1,142 @@
+"""decode_slots on CUDA (issue 22's continuous batching): one replayed graph a step over the rows of
+B slots of one slot cache, each at its own position.
+
+A step of N slots runs the decoder of bucket B = bucket(N) (1, 2, 4, .., 64, then multiples of 64):
+GraphDecoder's kernels (backends/cuda_graph.py) over B rows, where row r is slot slot[r]'s token at
+pos[r] (positions and slot indices are device tensors the graph reads: the kernels' `slots` argument,
+kernels/triton_rope.row_seq_pos), so one graph captured per bucket replays for any slots and
+positions. Row r's rope angles are pos[r]'s, its k, v go to cache row (slot[r], pos[r]) and it
+attends to that slot's rows [0, pos[r]].
+
+Padding: rows N..B-1 repeat row 0 (its token, slot and position). They compute row 0's bits and write
+row 0's cache rows with the same bytes (every kernel computes each row alone: the products' per-row
+sums, the int64 fixed-point accumulators), so no kernel needs a mask and no other slot is touched.
+
+Batch invariance: a row's logits are the same bits whatever B and the other rows are: the attention
+and rope kernels work per row; the integer-dot and float-decoding products compute each row's sum the
+same whatever rows share a program (triton_epilogue.rows_per_program: up to 8 rows share a weight tile,
+larger buckets in groups of 8), with their K split chosen from the weight's shape only. Dense (bf16)
+weights take the tensor-core kernel up to triton_gemv.DENSE_ROWS (16) rows and another kernel past
+that, so a model with dense products runs a step of more slots as several passes of at most 16.
+
+The decoders (and their graphs) live in slots.tables, dropped with the Slots. Each graph keeps its
+own memory pool (intermediates only: the state between steps is the decoder's buffers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localllm.kernels.triton_gemv import DENSE_ROWS
+
+from ..model import Transformer
+from ..slots import Slots
+from .cuda_graph import GraphDecoder
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket(n: int) -> int:
+    """The rows of the graph that runs a step of n slots: the smallest bucket >= n, past the last a
+    multiple of it."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    return -(-n // BUCKETS[-1]) * BUCKETS[-1]
+
+
+class SlotDecoder(GraphDecoder):
+    """GraphDecoder over `rows` rows, each one token of any slot of `cache` (the slots' (L, n, Hkv, S, D)
+    cache) at its own position."""
+
+    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True):
+        super().__init__(model, cache, use_graph=use_graph, rows=rows)
+        # positions (row 0) and slot indices (row 1) of the rows, int32: the graph's inputs with token
+        self.meta = torch.zeros(2, rows, dtype=torch.int32, device=cache.k.device)
+        self.pos, self.slot = self.meta[0], self.meta[1]
+        # their host copy: pinned on CUDA, so its upload queues behind the previous replay without a
+        # host sync; `uploaded` marks when the last upload has read it (then it may be rewritten)
+        cuda = cache.k.device.type == "cuda"
+        self.staged = torch.zeros(2, rows, dtype=torch.int32, pin_memory=cuda)
+        self.uploaded = torch.cuda.Event() if cuda else None
+        self.captures = 0  # graphs captured (one per decoder: tests check it)
+
+    def _capture(self) -> None:
+        meta = self.meta.clone()  # the warm-up step advances pos; it writes this step's cache rows,
+        stream = torch.cuda.Stream()  # which the replay writes again with the same bytes
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.meta.copy_(meta)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._step()
+        self.meta.copy_(meta)
+        self.captures += 1
+
+    @torch.inference_mode()
+    def run(self, tokens: torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:
+        """tokens (rows,) long on the device, each row's position and slot -> logits (rows, V) fp32, the
+        decoder's buffer (overwritten by its next step)."""
+        if self.uploaded is not None:
+            self.uploaded.synchronize()  # the previous step's upload has read the staged rows
+        self.staged.copy_(torch.tensor([positions, slots], dtype=torch.int32))
+        self.meta.copy_(self.staged, non_blocking=True)
+        if self.uploaded is not None:
+            self.uploaded.record()
+        self.token.copy_(tokens)
+        if not self.use_graph:
+            return self._step()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.logits
+
+
+def most_rows(model: Transformer) -> int | None:
+    """The most rows one pass takes: DENSE_ROWS where a product's weight is dense (its batch-invariant
+    kernel's limit), else no limit."""
+    names = ("attn_q", "attn_k", "attn_v", "attn_output")
+    ws = [model.output_weight()]
+    for blk in model.blk:
+        ws += [getattr(blk.attn, n).w for n in names]
+        if blk.moe is None:
+            ws += [blk.ffn_gate.w, blk.ffn_up.w, blk.ffn_down.w]
+    return DENSE_ROWS if any(isinstance(w, torch.Tensor) for w in ws) else None
+
+
+def decoders(slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
+    """The slots' decoders by bucket (kept in slots.tables)."""
+    return slots.tables.setdefault(("cuda", use_graph), {})
+
+
+@torch.inference_mode()
+def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: torch.Tensor,
+                 use_graph: bool = True) -> torch.Tensor:
+    """slots.decode_slots' step (checked by the caller) -> logits (N, V) fp32 (a view of the bucket's
+    buffer, overwritten by the next step of that bucket); lengths advanced."""
+    if "cuda most rows" not in slots.tables:
+        slots.tables["cuda most rows"] = most_rows(model)
+    most = slots.tables["cuda most rows"]
+    if most is not None and len(which) > most:  # passes of at most `most` rows, each its own copy
+        ids = tokens.view(-1)
+        return torch.cat([decode_slots(model, slots, which[i:i + most], ids[i:i + most], use_graph).clone()
+                          for i in range(0, len(which), most)])
+    n = len(which)
+    if n == 0:
+        return torch.empty(0, model.cfg.vocab_size, dtype=torch.float32, device=model.token_embd.weight.device)
+    found = decoders(slots, use_graph)
+    rows = bucket(n)
+    dec = found.get(rows)
+    if dec is None:
+        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph)
+    pad = rows - n  # padding rows repeat row 0
+    ids = tokens.view(-1).to(device=dec.token.device, dtype=torch.long)
+    if pad:
+        ids = torch.cat([ids, ids[:1].expand(pad)])
+    pos = [slots.lengths[s] for s in which]
+    logits = dec.run(ids, pos + pos[:1] * pad, list(which) + list(which[:1]) * pad)[:n]
+    for s in which:
+        slots.lengths[s] += 1
+    return logits

@@ -1,0 +1,109 @@
+"""--target-bpw's calibration on CUDA (issue 20: an 8B model on one H100): the Fisher rows on the GPU
+are the whole diagonal's rows there too, the Fisher passes' peak memory
+is the model plus about one gradient (not a second and third copy of every weight, as when the whole
+fp32 Fisher and every gradient were held at once), and a real CUDA out-of-memory in the CLI is one line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import tiny_models as tm
+
+CHUNKS = [list(range(3, 131)), list(range(500, 628))]  # 2 chunks of 128 tokens (calibration: 4 of 256)
+
+
+def sampled(lm):
+    """plan_mixed's rows: every 2-D / 3-D parameter's sample_rows(rows, SAMPLE_ROWS)."""
+    from localllm.mixed import SAMPLE_ROWS
+    from localllm.quantize.plan import sample_rows
+
+    return {n: sample_rows(p.numel() // p.shape[-1], SAMPLE_ROWS) for n, p in lm.model.named_parameters()
+            if p.dim() in (2, 3)}
+
+
+def whole_fisher(model, chunks, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The whole diagonal as plan_mixed computed it before (tests/test_fisher_rows.py's oracle), with
+    the labels drawn by a generator on the model's device, as fisher_rows draws them."""
+    from localllm.fisher import layerwise_cache
+
+    device = model.token_embd.weight.device
+    params = {n: p for n, p in model.named_parameters() if p.dim() in (2, 3)}
+    fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.enable_grad():
+        for p in params.values():
+            p.requires_grad_(True)
+        try:
+            for ids in chunks:
+                logp = model(torch.tensor([ids], device=device), layerwise_cache(model, len(ids)), 0)[0].log_softmax(-1)
+                y = torch.multinomial(logp.detach().exp(), 1, generator=gen)
+                grads = torch.autograd.grad(logp.gather(1, y).sum(), list(params.values()))
+                for n, g in zip(params, grads):
+                    fisher[n] += g.float().pow(2) / len(chunks)
+        finally:
+            for p in params.values():
+                p.requires_grad_(False)
+    return fisher
+
+
+def test_cuda_fisher_rows_equal_whole_fisher_rows(tmp_path):
+    """On CUDA too, the kept rows are the whole diagonal's (to the rounding of CUDA's atomic sums)."""
+    from localllm.fisher import fisher_rows
+    from localllm.load import load_model
+
+    chunks = [list(range(3, 19)), list(range(100, 116))]  # within the tiny vocabularies
+    for case, spec in (("llama", tm.CASES["llama"]), ("phi3", tm.PHI_CASES["phi3"]), ("mixtral", tm.MOE_CASES["mixtral"])):
+        lm = load_model(str(tm.write_gguf(spec, tmp_path / f"{case}.gguf")), "cuda", torch.float32, keep_quantized=False)
+        rows = sampled(lm)
+        got, want = fisher_rows(lm.model, chunks, rows), whole_fisher(lm.model, chunks)
+        for n, r in rows.items():
+            w = want[n].reshape(-1, want[n].shape[-1])[r.cuda()]
+            assert got[n].device.type == "cuda" and w.sum() > 0, (case, n)
+            torch.testing.assert_close(got[n], w, rtol=1e-5, atol=1e-7 * w.max().item(), msg=f"{case} {n}")
+
+
+def test_cuda_fisher_peak_memory(synthetic_files):
+    """A 2-layer model of llama-3.1-8b's widths (32000-token vocabulary), fp32 on the GPU: the Fisher
+    passes add at most the largest matrix twice plus the activations of a 128-token chunk, far below
+    the model's own bytes (the old whole-Fisher passes added about twice the model)."""
+    from localllm.fisher import fisher_rows
+    from localllm.load import load_model
+
+    lm = load_model(str(synthetic_files.gguf("llama-3.1-8b", "F16", layers=2)), "cuda", torch.float32,
+                    keep_quantized=False)
+    params = [p for p in lm.model.parameters()]
+    model_bytes = sum(p.numel() * p.element_size() for p in params)
+    largest = max(p.numel() * p.element_size() for p in params)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fisher = fisher_rows(lm.model, CHUNKS, sampled(lm))
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    print(f"model {model_bytes / 2**30:.2f} GiB, largest matrix {largest / 2**30:.2f} GiB, "
+          f"Fisher passes' extra peak {extra / 2**30:.2f} GiB")
+    assert extra < 2 * largest + 2**30, extra
+    assert extra < 0.5 * model_bytes, extra
+    assert all(f.shape[0] <= 64 and f.sum() > 0 for f in fisher.values())
+
+
+def test_cuda_out_of_memory_is_one_line(tmp_path, monkeypatch):
+    """A real CUDA allocation failure (1 PiB) in the planning passes: one `error:` line, exit 1."""
+    from typer.testing import CliRunner
+
+    from localllm import mixed
+    from localllm.cli import app
+
+    def too_big(*args, **kwargs):
+        return torch.empty(2**50, dtype=torch.uint8, device="cuda")
+
+    monkeypatch.setattr(mixed, "fisher_rows", too_big)
+    src = tm.write_gguf(tm.CASES["llama"], tmp_path / "llama.gguf")
+    out = tmp_path / "out.gguf"
+    result = CliRunner().invoke(app, ["quantize", str(src), str(out), "--target-bpw", "6", "--device", "cuda"])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: out of GPU memory on cuda allocating "), lines[0]
+    assert "try --device cpu" in lines[0] and "Traceback" not in result.stderr
+    assert not out.exists()
