@@ -34,7 +34,7 @@ SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
 CHUNK_VALUES = 1 << 22
 
 # `quantize` writes a tensor with the C++ encoders on all torch threads from this much work on (values;
-# a K-quant value counts 4: its search costs ~4x a 32-value type's rule), on one thread below it: a Q8_0
+# a K-quant value counts 8: its search costs ~4-8x a 32-value type's rule), on one thread below it: a Q8_0
 # matrix of 1M values is ~6 ms of work, less than what a parallel region costs on a busy machine (a
 # worker waiting for a time slice; measured on the 2-core CI machine: docs/PERFORMANCE.md, h23-qstart).
 # (--target-*'s sampled rows keep all threads: quantize_tensor's default.)
@@ -43,7 +43,7 @@ PARALLEL_MIN_WORK = 1 << 22
 
 def write_threads(values: int, qtype: Q) -> int:
     """The C++ encoders' threads for a whole tensor of `values` values written to qtype (PARALLEL_MIN_WORK)."""
-    work = values * (4 if qtype in CPP_K_TYPES else 1)
+    work = values * (8 if qtype in CPP_K_TYPES else 1)
     return torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
 
 
