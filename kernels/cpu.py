@@ -15,8 +15,10 @@ with the quantized weights, fp32 scales (cpu_quant.cpp, cpu_tiles.cpp); for a pr
 tile-group serves 4 rows of x. llama.cpp rounds x to int8, which is about 1.5x faster for long
 prompts but moves greedy output off the fp32 reference where the top two logits are close; int16
 keeps it (error: docs/PERFORMANCE.md) and costs nothing in decode, which is bound by reading the
-weights. Untiled weights (Q2_K, Q3_K, dense) of long prompts: decoded to fp32 (bit-identical to
-dequantize_torch) one matrix at a time for torch's fp32 GEMM (an F32 weight's rows as they are).
+weights. Untiled quantized weights (Q2_K, Q3_K) of long prompts: decoded to fp32 (bit-identical to
+dequantize_torch) one matrix at a time for torch's fp32 GEMM. Dense rows of long prompts: a blocked
+fp32 GEMM that decodes 16 rows x 256 values at a time into L1 (cpu_gemm.cpp; faster than torch's GEMM
+on a decoded copy, and no (N, K) fp32 copy).
 Dense F32/F16/BF16 rows of short inputs: fp32 FMA products, several weight rows and inputs a pass
 (decode: one row at a time, the weights read as one prefetched stream). Packed weights live in 2 MiB
 pages where Linux gives them (kernels/cpu_memory.py).
@@ -53,6 +55,8 @@ SOURCES += ("cpu_encode.cpp",)  # Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 encoders (qua
 HEADERS += ("cpu_encode.h", "cpu_values.h")
 SOURCES += ("cpu_kencode.cpp",)  # K-quant encoders (quantize/blocks.py's C++ path)
 HEADERS += ("cpu_kencode.h", "cpu_kencode_avx.h")
+SOURCES += ("cpu_gemm.cpp",)  # dense rows' prompt products (qlinear past QMATVEC_MAX_ROWS)
+HEADERS += ("cpu_gemm.h",)
 # Types the C++ products read in place (plus F32/F16/BF16 matrices, multiplied in fp32): Format.cpu.
 CPU_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and not f.dense)
 DENSE_TYPES = frozenset(t for t, f in FORMATS.items() if f.cpu and f.dense)
@@ -225,6 +229,9 @@ def qlinear(x: torch.Tensor, w: BlockQWeight, b: torch.Tensor | None = None) -> 
     x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
     if w.tiled or x2.shape[0] <= QMATVEC_MAX_ROWS:
         y = ext.qmatmul(x2, *args(w), torch.get_num_threads())
+        y = y if b is None else y + b
+    elif w.qtype in DENSE_TYPES:  # the rows decoded a panel at a time inside the GEMM (cpu_gemm.cpp)
+        y = ext.dense_gemm(x2, w.data, int(w.qtype), *w.shape, torch.get_num_threads())
         y = y if b is None else y + b
     else:
         y = F.linear(x2, fp32_rows(w), b)

@@ -6,6 +6,7 @@
 
 #include "cpu_decode.h"
 #include "cpu_encode.h"
+#include "cpu_gemm.h"
 #include "cpu_kencode.h"
 #include "cpu_quant.h"
 #include "cpu_tiles.h"
@@ -33,6 +34,16 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int6
   lq::QX qx{q.data_ptr<int16_t>(), d.data_ptr<float>(), hs.data_ptr<float>(), sums.data_ptr<int32_t>(), T, K,
             lo.data_ptr<uint8_t>(), hi.data_ptr<int8_t>()};
   lq::mat_matmul(mat(w, qtype, N, K, tiled), qx, x.data_ptr<float>(), y.data_ptr<float>(), static_cast<int>(threads));
+  return y;
+}
+
+// x (T, K) fp32 @ w.T -> (T, N) fp32 for dense rows (F32 / F16 / BF16; cpu_gemm.h): prompts.
+at::Tensor dense_gemm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t N, int64_t K,
+                      int64_t threads) {
+  const int64_t T = x.size(0);
+  at::Tensor y = at::empty({T, N}, x.options());
+  lq::dense_gemm(static_cast<int>(qtype), w.data_ptr<uint8_t>(), N, K, x.data_ptr<float>(), T, y.data_ptr<float>(),
+                 static_cast<int>(threads));
   return y;
 }
 
@@ -227,6 +238,7 @@ struct Decoder {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("qmatmul", &qmatmul);
+  mod.def("dense_gemm", &dense_gemm);
   mod.def("dequantize", &dequantize);
   mod.def("repack", &repack);
   // x (rows, cols) fp32 or fp16 -> (rows, cols / 32 * block bytes) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 blocks; imp:
