@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import tiny_models as tm
+from localllm.runtime import Runtime
 
 CHUNKS = [list(range(3, 131)), list(range(500, 628))]  # 2 chunks of 128 tokens (calibration: 4 of 256)
 
@@ -54,7 +55,8 @@ def test_cuda_fisher_rows_equal_whole_fisher_rows(tmp_path):
 
     chunks = [list(range(3, 19)), list(range(100, 116))]  # within the tiny vocabularies
     for case, spec in (("llama", tm.CASES["llama"]), ("phi3", tm.PHI_CASES["phi3"]), ("mixtral", tm.MOE_CASES["mixtral"])):
-        lm = load_model(str(tm.write_gguf(spec, tmp_path / f"{case}.gguf")), "cuda", torch.float32, keep_quantized=False)
+        lm = load_model(str(tm.write_gguf(spec, tmp_path / f"{case}.gguf")), "cuda", torch.float32, keep_quantized=False,
+                        backend=Runtime)  # as quantize_cmd.mixed_plan loads it: each Linear's own weight
         rows = sampled(lm)
         got, want = fisher_rows(lm.model, chunks, rows), whole_fisher(lm.model, chunks)
         for n, r in rows.items():
@@ -71,7 +73,7 @@ def test_cuda_fisher_peak_memory(synthetic_files):
     from localllm.load import load_model
 
     lm = load_model(str(synthetic_files.gguf("llama-3.1-8b", "F16", layers=2)), "cuda", torch.float32,
-                    keep_quantized=False)
+                    keep_quantized=False, backend=Runtime)
     params = [p for p in lm.model.parameters()]
     model_bytes = sum(p.numel() * p.element_size() for p in params)
     largest = max(p.numel() * p.element_size() for p in params)
@@ -85,7 +87,8 @@ def test_cuda_fisher_peak_memory(synthetic_files):
           f"Fisher passes' extra peak {extra / 2**30:.2f} GiB")
     assert extra < 2 * largest + 2**30, extra
     assert extra < 0.5 * model_bytes, extra
-    assert all(f.shape[0] <= 64 and f.sum() > 0 for f in fisher.values())
+    # token_embd's sampled rows are ids the chunks may not hold (their gradient is 0): every other matrix
+    assert all(f.shape[0] <= 64 and (f.sum() > 0 or n.startswith("token_embd")) for n, f in fisher.items())
 
 
 def test_cuda_out_of_memory_is_one_line(tmp_path, monkeypatch):
