@@ -30,13 +30,14 @@ def whole_fisher(model, chunks, seed: int = 0) -> dict[str, torch.Tensor]:
     gradient from one torch.autograd.grad call, squared whole, averaged over chunks."""
     params = {n: p for n, p in model.named_parameters() if p.dim() in (2, 3)}
     fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    gen = torch.Generator().manual_seed(seed)
+    device = next(iter(params.values())).device  # labels drawn on the model's device, as fisher_rows draws them
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.enable_grad():
         for p in params.values():
             p.requires_grad_(True)
         try:
             for ids in chunks:
-                logp = model(torch.tensor([ids]), layerwise_cache(model, len(ids)), 0)[0].log_softmax(-1)
+                logp = model(torch.tensor([ids], device=device), layerwise_cache(model, len(ids)), 0)[0].log_softmax(-1)
                 y = torch.multinomial(logp.detach().exp(), 1, generator=gen)
                 grads = torch.autograd.grad(logp.gather(1, y).sum(), list(params.values()))
                 for n, g in zip(params, grads):

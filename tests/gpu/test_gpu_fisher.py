@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import tiny_models as tm
+from test_fisher_rows import whole_fisher  # the oracle: the whole diagonal as plan_mixed computed it before
 from localllm.runtime import Runtime
 
 CHUNKS = [list(range(3, 131)), list(range(500, 628))]  # 2 chunks of 128 tokens (calibration: 4 of 256)
@@ -21,31 +22,6 @@ def sampled(lm):
 
     return {n: sample_rows(p.numel() // p.shape[-1], SAMPLE_ROWS) for n, p in lm.model.named_parameters()
             if p.dim() in (2, 3)}
-
-
-def whole_fisher(model, chunks, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The whole diagonal as plan_mixed computed it before (tests/test_fisher_rows.py's oracle), with
-    the labels drawn by a generator on the model's device, as fisher_rows draws them."""
-    from localllm.fisher import layerwise_cache
-
-    device = model.token_embd.weight.device
-    params = {n: p for n, p in model.named_parameters() if p.dim() in (2, 3)}
-    fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.enable_grad():
-        for p in params.values():
-            p.requires_grad_(True)
-        try:
-            for ids in chunks:
-                logp = model(torch.tensor([ids], device=device), layerwise_cache(model, len(ids)), 0)[0].log_softmax(-1)
-                y = torch.multinomial(logp.detach().exp(), 1, generator=gen)
-                grads = torch.autograd.grad(logp.gather(1, y).sum(), list(params.values()))
-                for n, g in zip(params, grads):
-                    fisher[n] += g.float().pow(2) / len(chunks)
-        finally:
-            for p in params.values():
-                p.requires_grad_(False)
-    return fisher
 
 
 def test_cuda_fisher_rows_equal_whole_fisher_rows(tmp_path):
