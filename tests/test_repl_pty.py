@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -58,8 +59,12 @@ def scripted_run(default_path, tmp_path_factory):
 def chat(default_path, tmp_path):
     # TERM=dumb: no colours and no bracketed-paste sequences between the text we match
     env = dict(os.environ, TERM="dumb", NO_COLOR="1")
+    # SIGINT at its default in the child, as in a user's terminal: a runner started in the background
+    # (`cmd &` in a non-interactive shell, as CI harnesses do) ignores SIGINT, children inherit SIG_IGN,
+    # and Python then never installs its KeyboardInterrupt handler (the Ctrl-C below would be lost)
     child = pexpect.spawn(localllm_command(), ["chat", "--temp", "0", "-n", "1500"], env=env, cwd=str(tmp_path),
-                          encoding="utf-8", timeout=REPLY_TIMEOUT, dimensions=(50, 200))
+                          encoding="utf-8", timeout=REPLY_TIMEOUT, dimensions=(50, 200),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     child.logfile_read = log = open(tmp_path / "session.log", "w", encoding="utf-8")  # shown on failure
     try:
         yield child
