@@ -5,33 +5,18 @@ pass wrote are checked by one decode_slots step after it, against the same oracl
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from localllm.config import ModelConfig
+from .test_gpu_slots import CONFIGS, models  # the same shapes and weights as the decode_slots test
 
-BASE = ModelConfig(arch="llama", n_layers=3, dim=128, ffn_dim=256, n_heads=4, n_kv_heads=2, head_dim=32,
-                   vocab_size=256, context_length=256, norm_eps=1e-6, rope_theta=10000.0)
-CONFIGS = {
-    "llama": BASE,
-    "gemma2": replace(BASE, arch="gemma2", embed_scale=8.0, activation="gelu_tanh", post_norms=True,
-                      attn_scale=32**-0.5, attn_softcap=4.0, final_softcap=3.0, sliding_window=4,
-                      sliding_layers=(True, False, True)),
-}
 TOL = 5e-2  # largest logit error / largest logit (bf16 activations against the fp32 reference)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_prefill_slots_on_cuda(name):
-    from localllm.load import build_model
-    from localllm.synthetic import synthetic_state
-
     cfg = CONFIGS[name]
-    state, _ = synthetic_state(cfg, "Q8_0", "cpu", seed=3)
-    gpu = build_model(cfg, dict(state), "cuda", torch.bfloat16)
-    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False)
+    gpu, ref = models(name)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, cfg.vocab_size, (14,), generator=g).tolist() for _ in range(4)]
     slots = gpu.new_slots(4, 24)

@@ -24,6 +24,17 @@ PROMPTS = [5, 9, 1, 3]
 SCHEDULE = [[0, 1, 2, 3], [2, 0], [3], [1, 3, 0], [0, 1, 2, 3], [2], [3, 2, 1, 0], [0, 2], [1]]
 
 
+def models(name: str):
+    """(the bf16 CUDA model, the CPU fp32 oracle) of CONFIGS[name] with the same Q8_0 weights."""
+    from localllm.load import build_model
+    from localllm.synthetic import synthetic_state
+
+    cfg = CONFIGS[name]
+    state, _ = synthetic_state(cfg, "Q8_0", "cpu", seed=3)
+    gpu = build_model(cfg, dict(state), "cuda", torch.bfloat16)
+    return gpu, build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False)
+
+
 def run(rt, seqs, schedule) -> dict:
     slots = rt.new_slots(len(PROMPTS), 24)
     out = {}
@@ -40,13 +51,8 @@ def run(rt, seqs, schedule) -> dict:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_slots_on_cuda(name):
-    from localllm.load import build_model
-    from localllm.synthetic import synthetic_state
-
     cfg = CONFIGS[name]
-    state, _ = synthetic_state(cfg, "Q8_0", "cpu", seed=3)
-    gpu = build_model(cfg, dict(state), "cuda", torch.bfloat16)
-    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False)
+    gpu, ref = models(name)
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, cfg.vocab_size, (20,), generator=g).tolist() for _ in PROMPTS]
     batched = run(gpu, seqs, SCHEDULE)
