@@ -1,0 +1,141 @@
+"""Tensor parallelism in the CUDA decode step (issue 23): the collectives GraphDecoder captures.
+
+A rank's o and down products (their input columns are its part: localllm/parallel.py's layout) add
+their partial sums into `red`, an int64 fixed-point accumulator like the residual stream x
+(kernels/triton_epilogue.FIXED_ONE); the Reducer sums `red` over the ranks and adds it to x (the
+residual add), clearing `red` for the next product. The embedding lookup writes this rank's vocabulary
+rows into `red` (other ids: zeros) and the reduce SETS x to the sum. Integer sums are exact: every rank
+holds the same x bits, every run, whatever the collective's algorithm (no NCCL_ALGO / NCCL_PROTO to pin).
+The head's logits (rows, V/N) fp32 per rank are joined by an all-gather into (rows, V) in rank order.
+
+Two reducers, one picked at load for the process group (make_reducer), the same on every rank:
+  NcclReducer  torch.distributed.all_reduce of red (NCCL, int64 sum), then kernels/triton_tp.add_fixed.
+  P2PReducer   red in torch symmetric memory (peer-visible, no multicast: TORCH_SYMM_MEM_DISABLE_MULTICAST
+               stays set); kernels/triton_tp.reduce_p2p reads every rank's part and adds them in one kernel
+               (two flag barriers, no NCCL launch): for the decode step's small messages (a 8B step has 64
+               all-reduces of 4096 values a row), where NCCL's latency is most of the cost.
+Both are captured inside the decode graphs: every rank captures and replays the same sequence.
+P2PReducer's set-up checks itself against NCCL on known values; any failure on any rank -> NCCL.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localllm.kernels.triton_tp import PAD_SLOTS, add_fixed, reduce_p2p
+
+from ..parallel import TensorParallel
+
+REDUCERS = ("auto", "nccl", "p2p")  # make_reducer's choices ("auto": p2p where it sets up and checks out)
+
+
+class NcclReducer:
+    name = "nccl"
+
+    def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
+        self.tp = tp
+        self.red = torch.zeros(rows, cols, dtype=torch.int64, device=device)
+
+    def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
+        """x (+)= the ranks' red summed; red cleared -> x."""
+        torch.distributed.all_reduce(self.red, group=self.tp.group)
+        return add_fixed(x, self.red, assign)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """t summed over the ranks in place (int64 accumulators beside red: Gemma's h_acc)."""
+        torch.distributed.all_reduce(t, group=self.tp.group)
+        return t
+
+    def check(self) -> None:
+        """Raise if a collective failed (NCCL reports its own errors)."""
+
+
+class P2PReducer(NcclReducer):
+    name = "p2p"
+
+    def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
+        import torch.distributed._symmetric_memory as symm
+
+        self.tp = tp
+        group = tp.group or torch.distributed.group.WORLD
+        name = group.group_name
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(name)
+        buf = symm.empty(rows * cols, dtype=torch.int64, device=device)
+        self.handle = symm.rendezvous(buf, name)
+        if self.handle.world_size != tp.world or self.handle.rank != tp.rank:
+            raise RuntimeError("symmetric memory's ranks are not the process group's")
+        if getattr(self.handle, "signal_pad_size", PAD_SLOTS * tp.world * 4) < PAD_SLOTS * tp.world * 4:
+            raise RuntimeError("signal pad too small")
+        buf.zero_()
+        self.red = buf.view(rows, cols)
+        self.bufs = self.handle.buffer_ptrs_dev
+        self.pads = self.handle.signal_pad_ptrs_dev
+        if not isinstance(self.bufs, torch.Tensor):  # an address (int) of the (world,) pointer array
+            self.bufs = _addresses(self.handle.buffer_ptrs, device)
+            self.pads = _addresses(self.handle.signal_pad_ptrs, device)
+        # the signal pads start zeroed by torch (its own barriers leave them so)
+        self.err = torch.zeros(1, dtype=torch.int32, device=device)
+        self.handle.barrier()  # every rank's buffer is zero before any reads it
+
+    def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
+        return reduce_p2p(x, self.bufs, self.pads, self.err, self.tp.rank, self.tp.world, assign)
+
+    def check(self) -> None:
+        if self.err.item():
+            raise RuntimeError("the one-shot all-reduce timed out waiting for a peer")
+
+
+def _addresses(ptrs, device) -> torch.Tensor:
+    return torch.tensor(list(ptrs), dtype=torch.int64, device=device)
+
+
+def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
+    """reduce on known values (rank-dependent, large and negative, every value of red) equals their
+    exact sum, twice (the flags reset), and leaves red zero."""
+    rows, cols = red.red.shape
+    dev = red.red.device
+    base = torch.arange(rows * cols, device=dev, dtype=torch.int64).view(rows, cols)
+    parts = [(base * (1 << 33) - (r + 1) * (1 << 50)) * (1 if r % 2 else -1) for r in range(tp.world)]
+    want = sum(parts) + 7
+    for _ in range(2):
+        red.red.copy_(parts[tp.rank])
+        x = torch.full((rows, cols), 7, dtype=torch.int64, device=dev)
+        red.reduce(x)
+        torch.cuda.synchronize(dev)
+        red.check()
+        if not torch.equal(x, want) or red.red.any():
+            return False
+    return True
+
+
+def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "auto") -> NcclReducer:
+    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'auto' and 'p2p' set up
+    the one-shot kernel and check it (self_test) on every rank; unless every rank succeeds, NCCL
+    ('p2p' then raises). Collective: every rank calls it with the same arguments."""
+    if kind not in REDUCERS:
+        raise ValueError(f"all-reduce {kind!r}: one of {', '.join(REDUCERS)}")
+    nccl = NcclReducer(tp, rows, cols, device)
+    if kind == "nccl":
+        return nccl
+    fast, ok = None, True
+    try:
+        fast = P2PReducer(tp, rows, cols, device)
+        ok = self_test(fast, tp)
+    except Exception:  # no peer access, no symmetric memory in this torch, ...: NCCL serves
+        ok = False
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=tp.group)
+    if flag.item() == 1:
+        return fast
+    if kind == "p2p":
+        raise RuntimeError("the one-shot all-reduce (symmetric memory) did not set up on every rank")
+    return nccl
+
+
+def gather_logits(tp: TensorParallel, local: torch.Tensor, out: torch.Tensor, vocab: int) -> torch.Tensor:
+    """local (rows, Vl) fp32, this rank's vocabulary rows [rank Vl, (rank + 1) Vl) -> out (rows, vocab), the
+    ranks' parts in rank order (a padded last part trimmed). out: (world, rows, Vl) fp32 scratch."""
+    torch.distributed.all_gather_into_tensor(out, local.contiguous(), group=tp.group)
+    rows = local.shape[0]
+    return out.permute(1, 0, 2).reshape(rows, -1)[:, :vocab]
