@@ -58,18 +58,23 @@ def _signal(pads_ptr, rank, world, slot, spins, err_ptr):
     mine = tl.load(pads_ptr + rank).to(tl.pointer_type(tl.int32))
     for p in range(world):
         if p != rank:
-            peer = tl.load(pads_ptr + p).to(tl.pointer_type(tl.int32))
+            flag = tl.load(pads_ptr + p).to(tl.pointer_type(tl.int32)) + slot * world + rank
+            old = tl.atomic_cas(flag, 0, 1, sem="release", scope="sys")
             n = 0
-            while (tl.atomic_cas(peer + slot * world + rank, 0, 1, sem="release", scope="sys") != 0) & (n < spins):
+            while (old != 0) & (n < spins):
+                old = tl.atomic_cas(flag, 0, 1, sem="release", scope="sys")
                 n += 1
-            if n >= spins:
+            if old != 0:
                 tl.store(err_ptr, 1)
     for p in range(world):
         if p != rank:
+            flag = mine + slot * world + p
+            old = tl.atomic_cas(flag, 1, 0, sem="acquire", scope="sys")
             n = 0
-            while (tl.atomic_cas(mine + slot * world + p, 1, 0, sem="acquire", scope="sys") != 1) & (n < spins):
+            while (old != 1) & (n < spins):
+                old = tl.atomic_cas(flag, 1, 0, sem="acquire", scope="sys")
                 n += 1
-            if n >= spins:
+            if old != 1:
                 tl.store(err_ptr, 1)
     tl.debug_barrier()  # every thread of the program reads after the flags are taken
 

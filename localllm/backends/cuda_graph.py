@@ -142,10 +142,11 @@ class GraphDecoder:
         if self.tp is not None:
             assert not cfg.n_experts, "tensor parallelism shards dense layers only"
             self.reducer = make_reducer(self.tp, rows, cfg.dim, dev, reducer)
-            vl = model.token_embd.weight.shape[0]  # this rank's vocabulary rows, [rank vl, (rank + 1) vl)
-            self.vocab_first = self.tp.rank * vl
-            self.gathered = torch.empty(self.tp.world, rows, model.output_weight().shape[0], dtype=torch.float32,
-                                        device=dev)
+            # this rank's vocabulary rows: [rank k, rank k + its rows), k = ceil(V / N) (tp_shard.vocab_part:
+            # the last rank's part may be shorter; its logits are padded to k for the gather)
+            k = -(-cfg.vocab_size // self.tp.world)
+            self.vocab_first = min(cfg.vocab_size, self.tp.rank * k)
+            self.gathered = torch.empty(self.tp.world, rows, k, dtype=torch.float32, device=dev)
 
     def _residual(self, a, w, x, **kw) -> torch.Tensor:
         """x (the int64 residual) += W @ a (the o and down products): with tensor parallelism the

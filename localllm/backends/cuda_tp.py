@@ -21,6 +21,7 @@ P2PReducer's set-up checks itself against NCCL on known values; any failure on a
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from localllm.kernels.triton_tp import PAD_SLOTS, add_fixed, reduce_p2p
 
@@ -134,8 +135,12 @@ def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "
 
 
 def gather_logits(tp: TensorParallel, local: torch.Tensor, out: torch.Tensor, vocab: int) -> torch.Tensor:
-    """local (rows, Vl) fp32, this rank's vocabulary rows [rank Vl, (rank + 1) Vl) -> out (rows, vocab), the
-    ranks' parts in rank order (a padded last part trimmed). out: (world, rows, Vl) fp32 scratch."""
+    """local (rows, n) fp32, this rank's vocabulary rows [rank k, rank k + n) (n <= k: the last rank's part
+    may be shorter) -> (rows, vocab): the ranks' parts in rank order, padding trimmed. out: (world, rows,
+    k) fp32 scratch for the all-gather."""
+    k = out.shape[-1]
+    if local.shape[-1] < k:
+        local = F.pad(local, (0, k - local.shape[-1]))
     torch.distributed.all_gather_into_tensor(out, local.contiguous(), group=tp.group)
     rows = local.shape[0]
     return out.permute(1, 0, 2).reshape(rows, -1)[:, :vocab]
