@@ -138,9 +138,10 @@ def gather_logits(tp: TensorParallel, local: torch.Tensor, out: torch.Tensor, vo
     """local (rows, n) fp32, this rank's vocabulary rows [rank k, rank k + n) (n <= k: the last rank's part
     may be shorter) -> (rows, vocab): the ranks' parts in rank order, padding trimmed. out: (world, rows,
     k) fp32 scratch for the all-gather."""
-    k = out.shape[-1]
+    world, rows, k = out.shape
     if local.shape[-1] < k:
         local = F.pad(local, (0, k - local.shape[-1]))
-    torch.distributed.all_gather_into_tensor(out, local.contiguous(), group=tp.group)
-    rows = local.shape[0]
-    return out.permute(1, 0, 2).reshape(rows, -1)[:, :vocab]
+    dist = torch.distributed
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # (the newer name first)
+    gather(out.view(world * rows, k), local.contiguous(), group=tp.group)  # the parts stacked on dim 0
+    return out.permute(1, 0, 2).reshape(rows, world * k)[:, :vocab]
