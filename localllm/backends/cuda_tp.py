@@ -20,6 +20,8 @@ P2PReducer's set-up checks itself against NCCL on known values; any failure on a
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -60,8 +62,10 @@ class P2PReducer(NcclReducer):
         self.tp = tp
         group = tp.group or torch.distributed.group.WORLD
         name = group.group_name
-        if hasattr(symm, "enable_symm_mem_for_group"):
-            symm.enable_symm_mem_for_group(name)
+        if hasattr(symm, "enable_symm_mem_for_group"):  # needed by older torch; deprecated (a no-op) later
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm.enable_symm_mem_for_group(name)
         buf = symm.empty(rows * cols, dtype=torch.int64, device=device)
         self.handle = symm.rendezvous(buf, name)
         if self.handle.world_size != tp.world or self.handle.rank != tp.rank:
@@ -117,7 +121,7 @@ def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "
     if kind not in REDUCERS:
         raise ValueError(f"all-reduce {kind!r}: one of {', '.join(REDUCERS)}")
     nccl = NcclReducer(tp, rows, cols, device)
-    if kind == "nccl":
+    if kind == "nccl" or (kind == "auto" and torch.device(device).type != "cuda"):  # (gloo on the CPU: tests)
         return nccl
     fast, ok = None, True
     try:
