@@ -8,12 +8,14 @@ from TP=1 only by the truncation of each product part to fixed point.
 
 add_fixed:  x (+)= red, red cleared: after an NCCL all_reduce of red (the partial sums), the residual add.
 reduce_p2p: the one-shot all-reduce over peer-visible buffers (torch symmetric memory, no multicast):
-  every rank's red lives in a buffer every rank can read; a program per chunk (1) tells the peers its
-  part is written and waits for theirs (a flag in each peer's signal pad: compare-and-swap 0 -> 1 there,
-  1 -> 0 here, system scope: the flags reset themselves), (2) reads the parts of ranks 0 .. N-1 in that
-  order and adds their sum to x (or sets x to it), (3) signals again and waits, so no peer still reads
-  this rank's part, then (4) clears its own part for the next product. A wait that never ends (a peer
-  gone) gives up after `spins` polls and sets err[0] (the host checks it: backends/cuda_tp.py).
+  every rank's partial sums live in a buffer every rank can read; a program per chunk (1) tells the
+  peers this reduction has begun and waits until each has too (a flag in each peer's signal pad:
+  compare-and-swap 0 -> 1 there, 1 -> 0 here, system scope: the flags reset themselves), (2) reads the
+  parts of ranks 0 .. N-1 in that order and adds their sum to x (or sets x to it). Its own buffer is
+  not cleared then (peers may still be reading it) but in the next reduction, which uses another
+  buffer: once every peer has begun that one it has finished this one (a kernel ends before the next
+  begins), so one barrier per reduction suffices (backends/cuda_tp.P2PReducer rotates three buffers).
+  A wait that never ends (a peer gone) gives up after `spins` polls and sets err[0] (the host checks).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import triton.language as tl
 
 ADD_BLOCK = 1024
 P2P_BLOCK = 2048  # int64 values a reduce_p2p program handles per pass
-P2P_PROGRAMS = 32  # at most this many programs (signal pad slots: 2 phases x programs x ranks)
-PAD_SLOTS = 2 * P2P_PROGRAMS  # int32 flags per rank a signal pad holds for reduce_p2p
+P2P_PROGRAMS = 32  # at most this many programs (signal pad slots: programs x ranks)
+PAD_SLOTS = P2P_PROGRAMS  # int32 flags per rank a signal pad holds for reduce_p2p
 
 
 @triton.jit
@@ -80,11 +82,12 @@ def _signal(pads_ptr, rank, world, slot, spins, err_ptr):
 
 
 @triton.jit
-def _reduce_p2p_kernel(x_ptr, bufs_ptr, pads_ptr, err_ptr, rank, world, n, spins, ASSIGN: tl.constexpr,
-                       BLOCK: tl.constexpr, PROGRAMS: tl.constexpr):
+def _reduce_p2p_kernel(x_ptr, bufs_ptr, pads_ptr, err_ptr, prev_ptr, rank, world, n, spins, ASSIGN: tl.constexpr,
+                       CLEAR: tl.constexpr, BLOCK: tl.constexpr):
     """Program g of G: chunks g, g + G, .. of BLOCK values. bufs/pads: (world,) int64 device addresses
-    of each rank's buffer / signal pad (symmetric memory's buffer_ptrs_dev / signal_pad_ptrs_dev). Flag
-    slots: g for the first barrier, PROGRAMS + g for the second (fixed whatever G is)."""
+    of each rank's buffer / signal pad (symmetric memory's buffer_ptrs / signal_pad_ptrs). Flag slot g.
+    CLEAR: zero this rank's buffer of the previous reduction (prev), which every peer has finished
+    reading once it has signalled this one."""
     g = tl.program_id(0)
     G = tl.num_programs(0)
     _signal(pads_ptr, rank, world, g, spins, err_ptr)
@@ -99,21 +102,20 @@ def _reduce_p2p_kernel(x_ptr, bufs_ptr, pads_ptr, err_ptr, rank, world, n, spins
             tl.store(x_ptr + i, s, mask=m)
         else:
             tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m, other=0) + s, mask=m)
-    _signal(pads_ptr, rank, world, PROGRAMS + g, spins, err_ptr)  # every peer has read our part
-    own = tl.load(bufs_ptr + rank).to(tl.pointer_type(tl.int64))
-    for c in range(g, tl.cdiv(n, BLOCK), G):
-        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK  # (n < 2^31)
-        tl.store(own + i, tl.zeros((BLOCK,), tl.int64), mask=i < n)
+        if CLEAR:
+            tl.store(prev_ptr + i, tl.zeros((BLOCK,), tl.int64), mask=m)
 
 
 def reduce_p2p(x: torch.Tensor, bufs: torch.Tensor, pads: torch.Tensor, err: torch.Tensor, rank: int, world: int,
-               assign: bool = False, spins: int = 1 << 30) -> torch.Tensor:
-    """x (T, C) int64 (+)= sum over ranks of their buffers' first T C values (this rank's included:
-    the red it reads is bufs[rank]); each rank's buffer is cleared once every rank has read it -> x.
-    bufs, pads: (world,) int64 device addresses; err (1,) int32 set on a wait that timed out."""
+               assign: bool = False, prev: torch.Tensor | None = None, spins: int = 1 << 30) -> torch.Tensor:
+    """x (T, C) int64 (+)= the sum over ranks of their buffers' first T C values (bufs[rank]: this rank's
+    own, which stays as it is: peers may still read it); prev (this rank's buffer of the previous
+    reduction, another one) is zeroed. bufs, pads: (world,) int64 device addresses; err (1,) int32 set
+    on a wait that timed out. -> x"""
     assert x.dtype == torch.int64 and x.is_contiguous() and world >= 1
+    assert prev is None or (prev.numel() >= x.numel() and prev.is_contiguous())
     n = x.numel()
     grid = (min(P2P_PROGRAMS, triton.cdiv(n, P2P_BLOCK)),)
-    _reduce_p2p_kernel[grid](x, bufs, pads, err, rank, world, n, spins, ASSIGN=assign, BLOCK=P2P_BLOCK,
-                             PROGRAMS=P2P_PROGRAMS, num_warps=8)
+    _reduce_p2p_kernel[grid](x, bufs, pads, err, prev if prev is not None else x, rank, world, n, spins,
+                             ASSIGN=assign, CLEAR=prev is not None, BLOCK=P2P_BLOCK, num_warps=8)
     return x

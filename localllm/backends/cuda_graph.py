@@ -154,7 +154,7 @@ class GraphDecoder:
         ranks into x."""
         if self.reducer is None:
             return self._lin(a, w, residual=x, split=None, inplace=True, **kw)
-        self._lin(a, w, residual=self.reducer.red, split=None, inplace=True, **kw)
+        self._lin(a, w, residual=self.reducer.take(), split=None, inplace=True, **kw)
         return self.reducer.reduce(x)
 
     def _lin(self, x, w, norm=None, **kw) -> torch.Tensor:
@@ -298,7 +298,7 @@ class GraphDecoder:
         if self.reducer is None:
             embed_fixed(self.token, m.token_embd.weight, x, scale=self.cfg.embed_scale)
         else:  # this rank's vocabulary rows (other ids: zeros), summed over the ranks into x
-            embed_fixed(self.token, m.token_embd.weight, self.reducer.red, scale=self.cfg.embed_scale,
+            embed_fixed(self.token, m.token_embd.weight, self.reducer.take(assign=True), scale=self.cfg.embed_scale,
                         first=self.vocab_first)
             self.reducer.reduce(x, assign=True)
         for i, L in enumerate(self.layers):

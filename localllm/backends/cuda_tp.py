@@ -1,21 +1,25 @@
 """Tensor parallelism in the CUDA decode step (issue 23): the collectives GraphDecoder captures.
 
 A rank's o and down products (their input columns are its part: localllm/parallel.py's layout) add
-their partial sums into `red`, an int64 fixed-point accumulator like the residual stream x
-(kernels/triton_epilogue.FIXED_ONE); the Reducer sums `red` over the ranks and adds it to x (the
-residual add), clearing `red` for the next product. The embedding lookup writes this rank's vocabulary
-rows into `red` (other ids: zeros) and the reduce SETS x to the sum. Integer sums are exact: every rank
-holds the same x bits, every run, whatever the collective's algorithm (no NCCL_ALGO / NCCL_PROTO to pin).
-The head's logits (rows, V/N) fp32 per rank are joined by an all-gather into (rows, V) in rank order.
+their partial sums into the reducer's accumulator (take()), int64 fixed point like the residual stream
+x (kernels/triton_epilogue.FIXED_ONE); reduce() sums it over the ranks and adds it to x (the residual
+add), and the accumulator is zero again for its next product. The embedding lookup writes this rank's
+vocabulary rows into it (other ids: zeros) and the reduce SETS x to the sum. Integer sums are exact:
+every rank holds the same x bits, every run, whatever the collective's algorithm (no NCCL_ALGO /
+NCCL_PROTO to pin). The head's logits (rows, V/N) fp32 per rank are joined by an all-gather into
+(rows, V) in rank order.
 
 Two reducers, one picked at load for the process group (make_reducer), the same on every rank:
-  NcclReducer  torch.distributed.all_reduce of red (NCCL, int64 sum), then kernels/triton_tp.add_fixed.
-  P2PReducer   red in torch symmetric memory (peer-visible, no multicast: TORCH_SYMM_MEM_DISABLE_MULTICAST
-               stays set); kernels/triton_tp.reduce_p2p reads every rank's part and adds them in one kernel
-               (two flag barriers, no NCCL launch): for the decode step's small messages (a 8B step has 64
-               all-reduces of 4096 values a row), where NCCL's latency is most of the cost.
+  NcclReducer  torch.distributed.all_reduce of the accumulator (NCCL, int64 sum), then
+               kernels/triton_tp.add_fixed (the add, and the clear).
+  P2PReducer   accumulators in torch symmetric memory (peer-visible, no multicast:
+               TORCH_SYMM_MEM_DISABLE_MULTICAST stays set); kernels/triton_tp.reduce_p2p reads every
+               rank's part and adds them in one kernel (one flag barrier, no NCCL launch): for the decode
+               step's small messages (an 8B step has 65 all-reduces of 4096 values a row), where NCCL's
+               latency is most of the cost.
 Both are captured inside the decode graphs: every rank captures and replays the same sequence.
-P2PReducer's set-up checks itself against NCCL on known values; any failure on any rank -> NCCL.
+P2PReducer's set-up checks itself on known values (exact sums, buffers cleared) on every rank; unless
+every rank's check passes, NCCL.
 """
 
 from __future__ import annotations
@@ -39,8 +43,13 @@ class NcclReducer:
         self.tp = tp
         self.red = torch.zeros(rows, cols, dtype=torch.int64, device=device)
 
+    def take(self, assign: bool = False) -> torch.Tensor:
+        """The (rows, cols) int64 accumulator (zero) the next reduce() sums: the product writes it first."""
+        return self.red
+
     def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
-        """x (+)= the ranks' red summed; red cleared -> x."""
+        """x (+)= the ranks' accumulators (take()'s) summed; the accumulator is zero again for the
+        next take() -> x."""
         torch.distributed.all_reduce(self.red, group=self.tp.group)
         return add_fixed(x, self.red, assign)
 
@@ -54,6 +63,11 @@ class NcclReducer:
 
 
 class P2PReducer(NcclReducer):
+    """Three (rows, cols) int64 buffers in symmetric memory: 0 for the embedding's reduction (assign),
+    1 and 2 in turn for the others, so that two reductions in a row never share one (a step of L
+    layers: 0, 1, 2, 1, 2, .., and the next step's 0; graph replays repeat the captured order) and each
+    reduction clears this rank's buffer of the one before (kernels/triton_tp.reduce_p2p)."""
+
     name = "p2p"
 
     def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
@@ -66,52 +80,70 @@ class P2PReducer(NcclReducer):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 symm.enable_symm_mem_for_group(name)
-        buf = symm.empty(rows * cols, dtype=torch.int64, device=device)
-        self.handle = symm.rendezvous(buf, name)
-        if self.handle.world_size != tp.world or self.handle.rank != tp.rank:
+        n = rows * cols
+        buf = symm.empty(3 * n, dtype=torch.int64, device=device)
+        self.handle = h = symm.rendezvous(buf, name)
+        if h.world_size != tp.world or h.rank != tp.rank:
             raise RuntimeError("symmetric memory's ranks are not the process group's")
-        if getattr(self.handle, "signal_pad_size", PAD_SLOTS * tp.world * 4) < PAD_SLOTS * tp.world * 4:
+        if getattr(h, "signal_pad_size", PAD_SLOTS * tp.world * 4) < PAD_SLOTS * tp.world * 4:
             raise RuntimeError("signal pad too small")
         buf.zero_()
-        self.red = buf.view(rows, cols)
-        self.bufs = self.handle.buffer_ptrs_dev
-        self.pads = self.handle.signal_pad_ptrs_dev
-        if not isinstance(self.bufs, torch.Tensor):  # an address (int) of the (world,) pointer array
-            self.bufs = _addresses(self.handle.buffer_ptrs, device)
-            self.pads = _addresses(self.handle.signal_pad_ptrs, device)
-        # the signal pads start zeroed by torch (its own barriers leave them so)
+        self.bufs = buf.view(3, rows, cols)
+        # (3, world) device addresses of each rank's buffer j (rank order), and (world,) of the signal pads
+        base = torch.tensor(list(h.buffer_ptrs), dtype=torch.int64)
+        self.addresses = (base[None, :] + torch.arange(3)[:, None] * n * 8).to(device)
+        self.pads = torch.tensor(list(h.signal_pad_ptrs), dtype=torch.int64, device=device)
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
-        self.handle.barrier()  # every rank's buffer is zero before any reads it
+        self.last: int | None = None  # the buffer of the previous reduction (cleared by the next)
+        self.cur = 0
+        torch.cuda.synchronize(device)
+        h.barrier()  # every rank's buffers are zero before any reads them
+
+    def take(self, assign: bool = False) -> torch.Tensor:
+        self.cur = next(j for j in ((0, 1, 2) if assign else (1, 2, 0)) if j != self.last)
+        return self.bufs[self.cur]
 
     def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
-        return reduce_p2p(x, self.bufs, self.pads, self.err, self.tp.rank, self.tp.world, assign)
+        prev = self.bufs[self.last] if self.last is not None else None
+        reduce_p2p(x, self.addresses[self.cur], self.pads, self.err, self.tp.rank, self.tp.world, assign, prev)
+        self.last = self.cur
+        return x
+
+    def reset(self) -> None:
+        """Every buffer zero on every rank, no reduction before (collective)."""
+        torch.cuda.synchronize(self.bufs.device)
+        self.handle.barrier()
+        self.bufs.zero_()
+        torch.cuda.synchronize(self.bufs.device)
+        self.handle.barrier()
+        self.last = None
 
     def check(self) -> None:
         if self.err.item():
             raise RuntimeError("the one-shot all-reduce timed out waiting for a peer")
 
 
-def _addresses(ptrs, device) -> torch.Tensor:
-    return torch.tensor(list(ptrs), dtype=torch.int64, device=device)
-
-
 def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
-    """reduce on known values (rank-dependent, large and negative, every value of red) equals their
-    exact sum, twice (the flags reset), and leaves red zero."""
-    rows, cols = red.red.shape
-    dev = red.red.device
+    """A step's order of reductions (the embedding's assign, then 5 sums: every buffer taken twice and
+    cleared) on known values (rank-dependent, large and negative, every value of the buffer) gives
+    their exact sums, and leaves the buffers that the next reductions take zero."""
+    rows, cols = red.take().shape
+    dev = red.take().device
     base = torch.arange(rows * cols, device=dev, dtype=torch.int64).view(rows, cols)
-    parts = [(base * (1 << 33) - (r + 1) * (1 << 50)) * (1 if r % 2 else -1) for r in range(tp.world)]
-    want = sum(parts) + 7
-    for _ in range(2):
-        red.red.copy_(parts[tp.rank])
-        x = torch.full((rows, cols), 7, dtype=torch.int64, device=dev)
-        red.reduce(x)
+    ok = True
+    for i, assign in enumerate([True, False, False, False, False, False]):
+        parts = [(base * (1 << 33) - (r + 1 + i) * (1 << 50)) * (1 if (r + i) % 2 else -1) for r in range(tp.world)]
+        buf = red.take(assign)
+        ok = ok and not buf.any()  # cleared by the reduction before, or never written
+        buf.copy_(parts[tp.rank])
+        x = torch.full((rows, cols), 7 + i, dtype=torch.int64, device=dev)
+        red.reduce(x, assign)
         torch.cuda.synchronize(dev)
         red.check()
-        if not torch.equal(x, want) or red.red.any():
-            return False
-    return True
+        ok = ok and torch.equal(x, sum(parts) + (0 if assign else 7 + i))
+    if isinstance(red, P2PReducer):
+        red.reset()
+    return ok
 
 
 def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "auto") -> NcclReducer:
