@@ -39,6 +39,11 @@ MODELS = [
     ("qwen3-q8_0", tm.TinySpec("qwen3", seed=2), Q.Q8_0),
     ("llama-q4_k", tm.TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=3), Q.Q4_K),
     ("qwen2-hf", tm.TinySpec("qwen2", seed=4), "hf"),
+    # beyond the Llama layer: Gemma 2's post norms, soft-caps, sliding window and tied head; Phi-3's fused
+    # q|k|v and gate|up (split, then cut) with LongRoPE; SmolLM3's NoPE layers, tied, permuted q/k (Q8_0)
+    ("gemma2-f32", tm.FAMILY_CASES["gemma2"], Q.F32),
+    ("phi3-hf", tm.PHI_CASES["phi3"], "hf"),
+    ("smollm3-q8_0", tm.PHI_CASES["smollm3"], Q.Q8_0),
 ]
 # shapes that do not split at TP=2: one kv head; Q8_0 ffn_down columns of 48 per rank (blocks of 32)
 BAD = [("one-kv-head", tm.TinySpec("llama", n_kv_heads=1, seed=5), Q.F32, "n_kv_heads (1) does not split into 2"),
@@ -72,11 +77,11 @@ def free_port() -> int:
 def tp2(models, tmp_path_factory) -> tuple[Path, list[str]]:
     """Both ranks run every model (one process each, all models in one run: seconds)."""
     out = tmp_path_factory.mktemp("tp_out")
-    names = [m[0] for m in MODELS] + [b[0] for b in BAD]
+    names = [m[0] for m in MODELS] + [b[0] for b in BAD] + ["synthetic"]
     port, ids = free_port(), ",".join(map(str, PROMPT))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), str(out), ids, str(STEPS),
-                               *[str(models[n]) for n in names]], env=env) for r in range(2)]
+                               *[str(models.get(n, n)) for n in names]], env=env) for r in range(2)]
     for p in procs:
         assert p.wait(timeout=300) == 0
     return out, names
@@ -218,3 +223,18 @@ def test_tp2_shapes_that_do_not_split_say_so(tp2, j):
         assert not (out / f"{i}-{r}.pt").exists()
         msg = (out / f"{i}-{r}.err").read_text()
         assert BAD[j][3] in msg and "\n" not in msg
+
+
+def test_tp2_synthetic_shard(tp2):
+    """bench --synthetic's model at TP=2: each rank makes only its shard (per-rank random weights), and
+    both ranks see the same full-vocabulary logits (gathered)."""
+    out, names = tp2
+    i = names.index("synthetic")
+    got = [torch.load(out / f"{i}-{r}.pt") for r in range(2)]
+    cfg = tm_config()
+    assert got[0]["logits"].shape == (len(PROMPT), cfg.vocab_size)
+    assert torch.equal(got[0]["logits"], got[1]["logits"]) and got[0]["greedy"] == got[1]["greedy"]
+    assert got[0]["logits"].std() > 0
+    for g in got:
+        assert g["shapes"]["blk.0.ffn_down.weight"] == (cfg.dim, cfg.ffn_dim // 2)
+        assert g["shapes"]["token_embd.weight"] == (cfg.vocab_size // 2, cfg.dim)

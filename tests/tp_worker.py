@@ -8,15 +8,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
+
 import torch
 
 
 def run_model(path: str, tp, ids: list[int], steps: int) -> dict:
-    from localllm.load import load_model
-    from localllm.tp_load import shard_bytes  # noqa: F401  (the loader's module, imported as the CLI does)
+    """path "synthetic": synthetic.synthetic_model of tests/tiny_models.py's llama shape in Q8_0."""
+    if path == "synthetic":
+        import tiny_models as tm
+        from localllm.config import config_from_hf
+        from localllm.synthetic import synthetic_model
 
-    lm = load_model(path, "cpu", tp=tp)
-    rt = lm.runtime
+        cfg = config_from_hf(tm.hf_config(tm.TinySpec("llama")))
+        rt = synthetic_model(cfg, "Q8_0", "cpu", torch.float32, tp=tp)[0]
+    else:
+        from localllm.load import load_model
+
+        rt = load_model(path, "cpu", tp=tp).runtime
     cache = rt.new_cache(len(ids) + steps + 1)
     logits = rt.forward(torch.tensor([ids]), cache, 0)[0].clone()
     out, tok = [], logits[-1].argmax()
