@@ -80,7 +80,8 @@ def tp2(models, tmp_path_factory) -> tuple[Path, list[str]]:
     names = [m[0] for m in MODELS] + [b[0] for b in BAD] + ["synthetic"]
     port, ids = free_port(), ",".join(map(str, PROMPT))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), str(out), ids, str(STEPS),
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), "cpu", str(out), ids,
+                               str(len(PROMPT)), str(STEPS),
                                *[str(models.get(n, n)) for n in names]], env=env) for r in range(2)]
     for p in procs:
         assert p.wait(timeout=300) == 0
