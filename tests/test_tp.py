@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tp_worker import slot_logits
 from localllm.backends.cpu import CpuEagerRuntime
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
@@ -98,7 +99,7 @@ def oracle(path: Path) -> dict:
     for _ in range(STEPS):
         out.append(int(tok))
         tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
-    return {"logits": logits, "greedy": out, "cfg": lm.config}
+    return {"logits": logits, "greedy": out, "cfg": lm.config, "slots": slot_logits(rt, PROMPT, "cpu")}
 
 
 # ---- the arithmetic
@@ -208,6 +209,7 @@ def test_tp2_logits_and_greedy_ids_equal_tp1(models, tp2, i):
         scale = ref["logits"].abs().max() * (2e-5 if MODELS[i][2] in (Q.F32, "hf") else 1e-3)
         torch.testing.assert_close(got["logits"], ref["logits"], atol=scale, rtol=0)
         assert got["greedy"] == ref["greedy"]
+        torch.testing.assert_close(got["slots"], ref["slots"], atol=scale, rtol=0)  # serve's slot steps
         cfg = ref["cfg"]  # this rank holds its half of the heads, MLP columns and vocabulary rows
         assert got["shapes"]["blk.0.attn.attn_q.weight"] == (cfg.n_heads * cfg.head_dim // 2, cfg.dim)
         assert got["shapes"]["blk.0.attn.attn_k.weight"] == (cfg.n_kv_heads * cfg.head_dim // 2, cfg.dim)
@@ -239,3 +241,61 @@ def test_tp2_synthetic_shard(tp2):
     for g in got:
         assert g["shapes"]["blk.0.ffn_down.weight"] == (cfg.dim, cfg.ffn_dim // 2)
         assert g["shapes"]["token_embd.weight"] == (cfg.vocab_size // 2, cfg.dim)
+
+
+# ---- an uneven vocabulary (384 rows over 5 ranks: 77, 77, 77, 77, 76), ranks as threads of this process
+
+class ThreadTP(TensorParallel):
+    """A TensorParallel whose collectives join the ranks' threads (a Barrier and shared slots): the
+    sharded forward at any N in one process, for tests only."""
+
+    def __init__(self, rank: int, world: int, hub: dict):
+        super().__init__(rank, world)
+        object.__setattr__(self, "hub", hub)
+
+    def _exchange(self, x: torch.Tensor) -> list[torch.Tensor]:
+        hub = self.hub
+        hub["slots"][self.rank] = x.clone()
+        hub["barrier"].wait()
+        parts = list(hub["slots"])
+        hub["barrier"].wait()  # every rank has read before the next exchange writes
+        return parts
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self._exchange(x)
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        x.copy_(total)
+        return x
+
+    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(self._exchange(x), dim=-1)
+
+
+def test_uneven_vocabulary_five_ranks(tmp_path):
+    import threading
+
+    spec = tm.TinySpec("llama", dim=80, n_heads=5, n_kv_heads=5, ffn_dim=160, seed=11)
+    path = tm.write_gguf(spec, tmp_path / "five.gguf")
+    ref = oracle(path)
+    world = 5
+    hub = {"slots": [None] * world, "barrier": threading.Barrier(world)}
+    tps = [ThreadTP(r, world, hub) for r in range(world)]
+    runtimes = [load_model(str(path), "cpu", tp=tp).runtime for tp in tps]
+    assert [rt.model.token_embd.weight.shape[0] for rt in runtimes] == [77, 77, 77, 77, 76]
+    results = [None] * world
+
+    def rank_main(r: int) -> None:
+        rt = runtimes[r]
+        cache = rt.new_cache(len(PROMPT) + 1)
+        results[r] = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for got in results:
+        assert got.shape == ref["logits"].shape
+        torch.testing.assert_close(got, ref["logits"], atol=2e-5 * ref["logits"].abs().max(), rtol=0)

@@ -32,6 +32,16 @@ def open_runtime(path: str, tp, device: str):
 
 
 @torch.inference_mode()
+def slot_logits(rt, ids: list[int], device: str) -> torch.Tensor:
+    """serve's steps (slots.py): two prompts prefilled in one pass into slots 1 and 0, then one
+    decode_slots step of both -> (2, V) + (2, V) logits stacked (4, V)."""
+    slots = rt.new_slots(2, len(ids) + 4)
+    first = rt.prefill_slots(slots, [1, 0], [ids, ids[:5]], [0, 0])
+    nxt = rt.decode_slots(slots, [0, 1], torch.tensor(ids[5:7], device=device))
+    return torch.cat([first.float().cpu(), nxt.float().cpu()])
+
+
+@torch.inference_mode()
 def run_model(path: str, tp, device: str, ids: list[int], prompt: int, steps: int) -> dict:
     rt = open_runtime(path, tp, device)
     cache = rt.new_cache(len(ids) + steps + 1)
@@ -44,6 +54,7 @@ def run_model(path: str, tp, device: str, ids: list[int], prompt: int, steps: in
         row = rt.decode(cache, tok.view(1))[0]
         forced.append(row.float().cpu())
         tok = row.argmax(-1)
+    slot_rows = slot_logits(rt, ids[:prompt], device) if device == "cpu" else None
     shapes = {k: tuple(v.shape) for k, v in rt.model.state_dict().items()}
     for name, mod in rt.model.named_modules():  # quantized weights held outside the state dict
         w = getattr(mod, "qweight", None)
@@ -51,7 +62,7 @@ def run_model(path: str, tp, device: str, ids: list[int], prompt: int, steps: in
             w = mod.weight
         if w is not None:
             shapes[name + ".weight"] = tuple(w.shape)
-    return {"logits": logits, "greedy": out, "forced_logits": torch.stack(forced), "shapes": shapes,
+    return {"logits": logits, "greedy": out, "forced_logits": torch.stack(forced), "shapes": shapes, "slots": slot_rows,
             "runtime": type(rt).__name__}
 
 
