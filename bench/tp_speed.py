@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import subprocess
 import sys
@@ -49,37 +48,6 @@ def preset_70b() -> ModelConfig:
         return replace(shape_preset("llama-3.1-8b"), n_layers=80, dim=8192, ffn_dim=28672, n_heads=64, n_kv_heads=8)
 
 
-def shard_state(cfg: ModelConfig, wtype: str, tp: TensorParallel | None, seed: int) -> dict:
-    """This rank's tensors (the whole model's for tp None) of random weights: bf16 generated in bf16 (a
-    70B shard in fp32 would not fit), quantized types by synthetic_state's tiled rows."""
-    from localllm.model import Transformer
-    from localllm.synthetic import is_linear, synthetic_state
-
-    local = cfg
-    if tp is not None:
-        from localllm.tp_shard import local_config, vocab_part
-
-        start, stop, _ = vocab_part(cfg.vocab_size, tp)
-        local = replace(local_config(cfg, tp), vocab_size=stop - start)  # the shard's tensor shapes
-    if wtype.lower() != "bf16":
-        return synthetic_state(local, wtype, "cuda", seed)[0]
-    from localllm.rope import rope_factors
-
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in Transformer(local).state_dict().items()}
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    state = {}
-    for name, shape in shapes.items():
-        if name == "rope_freqs":
-            state[name] = rope_factors(cfg)
-        elif name.endswith("norm.weight"):
-            state[name] = (1.0 + 0.1 * torch.randn(shape, generator=gen, device="cuda")).to(torch.bfloat16)
-        else:
-            t = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
-            state[name] = t.mul_(1 / math.sqrt(shape[-1] if is_linear(name, shape) else 1))
-    return state
-
-
 def build(cfg: ModelConfig, wtype: str, tp: TensorParallel | None, seed: int):
     """CudaRuntime of this rank's shard, fused (q|k|v, gate/up) after the generated tensors are dropped
     (fusing while they are still referenced would hold a second copy)."""
@@ -89,7 +57,10 @@ def build(cfg: ModelConfig, wtype: str, tp: TensorParallel | None, seed: int):
     class Unfused(CudaRuntime):
         prepare = staticmethod(lambda model: None)
 
-    state = shard_state(cfg, wtype, tp, seed)
+    from localllm.synthetic import synthetic_state
+
+    # this rank's shard only (per-rank random), dense tensors made in bf16 one at a time
+    state = synthetic_state(cfg, wtype, "cuda", seed, tp=tp, dense_dtype=torch.bfloat16)[0]
     kw = {"tp": tp} if tp is not None else {}
     rt = build_model(cfg, state, "cuda", torch.bfloat16, backend=Unfused, **kw)
     state.clear()
