@@ -25,7 +25,8 @@ from localllm.gguf_file import open_gguf
 from localllm.load import load_model
 from localllm.parallel import TensorParallel
 from localllm.tp_load import gguf_shard, hf_shard
-from localllm.tp_shard import COLS, RANK0, ROWS, WHOLE, byte_range, check_supported, local_config, split_of, vocab_part
+from localllm.tp_shard import (COLS, RANK0, ROWS, WHOLE, byte_range, check_supported, local_config, shard_tensor,
+                               split_of, vocab_part)
 from localllm.validate import check_gguf, check_hf_folder
 from localllm.weights import QuantizedTensor, gguf_state_dict, hf_state_dict
 
@@ -141,6 +142,22 @@ def test_byte_ranges_are_whole_blocks():
     assert byte_range(Q.F16, 3, 5) == (6, 10)
     with pytest.raises(LocalLLMError, match=r"Q4_K.*256-value block boundary"):
         byte_range(Q.Q4_K, 128, 256, "blk.0.ffn_down.weight")
+
+
+def test_shard_tensor_cuts_rows_block_columns_and_rank0_bias():
+    cfg = replace(tm_config(), n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=512, dim=256)
+    raw = torch.arange(512 * 288, dtype=torch.int32).to(torch.uint8).view(512, 288)  # 2 Q4_K blocks per row
+    bias = torch.arange(256.0)
+    for r in range(2):
+        tp = TensorParallel(r, 2)
+        got = shard_tensor("blk.0.attn.attn_output.weight", raw[:256], cfg, tp, Q.Q4_K)  # (C, q_dim) rows
+        assert torch.equal(got, raw[:256, 144 * r:144 * (r + 1)])  # one whole 256-value block each
+        assert torch.equal(shard_tensor("blk.0.ffn_gate.weight", raw, cfg, tp, Q.Q4_K), raw[256 * r:256 * (r + 1)])
+        out_bias = shard_tensor("blk.0.attn.attn_output.bias", bias, cfg, tp)
+        assert torch.equal(out_bias, bias if r == 0 else torch.zeros(256))  # added once, by rank 0
+    with pytest.raises(LocalLLMError, match="attn_output.weight .Q8_0. splits at column 48"):
+        shard_tensor("blk.0.attn.attn_output.weight", raw[:, :102], replace(cfg, head_dim=12), TensorParallel(1, 2),
+                     Q.Q8_0)
 
 
 def test_local_config_and_unsupported():
