@@ -19,7 +19,7 @@ import torch
 
 import tiny_models as tm
 from tp_worker import slot_logits
-from localllm.backends.cpu import CpuEagerRuntime
+from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
 from localllm.load import load_model
@@ -293,26 +293,33 @@ class ThreadTP(TensorParallel):
 def test_uneven_vocabulary_five_ranks(tmp_path):
     import threading
 
-    spec = tm.TinySpec("llama", dim=80, n_heads=5, n_kv_heads=5, ffn_dim=160, seed=11)
-    path = tm.write_gguf(spec, tmp_path / "five.gguf")
+    spec = tm.TinySpec("llama", dim=160, n_heads=5, n_kv_heads=5, ffn_dim=320, seed=11)  # Q8_0 parts of 32 columns
+    path = tm.write_gguf(spec, tmp_path / "five.gguf", Q.Q8_0)
     ref = oracle(path)
     world = 5
     hub = {"slots": [None] * world, "barrier": threading.Barrier(world)}
     tps = [ThreadTP(r, world, hub) for r in range(world)]
-    runtimes = [load_model(str(path), "cpu", tp=tp).runtime for tp in tps]
+    # CpuRuntime asked for explicitly: its C++ decoder must step aside for a shard (no place for the reduces)
+    runtimes = [load_model(str(path), "cpu", tp=tp, backend=CpuRuntime).runtime for tp in tps]
     assert [rt.model.token_embd.weight.shape[0] for rt in runtimes] == [77, 77, 77, 77, 76]
     results = [None] * world
 
     def rank_main(r: int) -> None:
         rt = runtimes[r]
-        cache = rt.new_cache(len(PROMPT) + 1)
-        results[r] = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
+        cache = rt.new_cache(len(PROMPT) + STEPS + 1)
+        logits = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
+        out, tok = [], logits[-1].argmax()
+        for _ in range(STEPS):
+            out.append(int(tok))
+            tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
+        results[r] = logits, out
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    for got in results:
+    for got, greedy in results:
+        assert greedy == ref["greedy"]
         assert got.shape == ref["logits"].shape
-        torch.testing.assert_close(got, ref["logits"], atol=2e-5 * ref["logits"].abs().max(), rtol=0)
+        torch.testing.assert_close(got, ref["logits"], atol=1e-3 * ref["logits"].abs().max(), rtol=0)
