@@ -155,19 +155,33 @@ def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "
     nccl = NcclReducer(tp, rows, cols, device)
     if kind == "nccl" or (kind == "auto" and torch.device(device).type != "cuda"):  # (gloo on the CPU: tests)
         return nccl
-    fast, ok = None, True
+    fast = None
     try:
         fast = P2PReducer(tp, rows, cols, device)
-        ok = self_test(fast, tp)
     except Exception:  # no peer access, no symmetric memory in this torch, ...: NCCL serves
-        ok = False
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=tp.group)
-    if flag.item() == 1:
+        pass
+    # every rank set up before any runs the kernel (a rank alone in it would wait for its peers), then
+    # every rank's check passed
+    if everyone(tp, fast is not None, device) and everyone(tp, passes(fast, tp), device):
         return fast
     if kind == "p2p":
         raise RuntimeError("the one-shot all-reduce (symmetric memory) did not set up on every rank")
     return nccl
+
+
+def passes(red: P2PReducer, tp: TensorParallel) -> bool:
+    """self_test, False where it raises (a timed-out wait)."""
+    try:
+        return self_test(red, tp)
+    except Exception:
+        return False
+
+
+def everyone(tp: TensorParallel, ok: bool, device) -> bool:
+    """ok on every rank (collective)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=tp.group)
+    return flag.item() == 1
 
 
 def gather_logits(tp: TensorParallel, local: torch.Tensor, out: torch.Tensor, vocab: int) -> torch.Tensor:
