@@ -61,6 +61,8 @@ def speculative_ids(rt, prompt: list[int], drafter) -> list[int]:
 
 def run_case(case: dict, tp, out: str) -> None:
     torch.distributed.barrier()
+    if tp.rank == 0:
+        print(f"[tp worker] {case['name']}: TP=1, then TP=2", flush=True)
     res: dict = {"name": case["name"]}
     if tp.rank == 0:  # the oracle: the whole model on this GPU alone
         whole = load_model(case["path"], "cuda", torch.bfloat16).runtime
