@@ -32,7 +32,7 @@
 namespace lq {
 
 struct TileKind {
-  int bits;        // 4, 5 or 8 bits a quant
+  int bits;        // 4, 5, 6 or 8 bits a quant
   bool s32;        // fp32 scales (else fp16)
   bool has_min;
   bool halves;     // a scale per 16 values
