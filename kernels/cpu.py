@@ -8,8 +8,8 @@ decode the blocks with quantize.dequantize_torch, then F.linear.
 
 Layouts (BlockQWeight.parts): "raw", the file's blocks (N, row bytes); or "tiles", 8-row tiles whose
 integer dot products serve 8 rows at a time (kernels/cpu_tiles.h: Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, MXFP4 and IQ4_NL keep their size; K-quants grow by a third, their scales widened to exact fp32,
-IQ4_XS by 18%; MXFP4, IQ4_NL and IQ4_XS keep their 4-bit codes, looked up as integers at unpack).
+Q5_0, Q5_1, MXFP4 and IQ4_NL keep their size; Q4_K / Q5_K grow by a third, their scales widened to exact
+fp32, Q6_K by 7% (its int8 scales and fp16 d kept), IQ4_XS by 18%; MXFP4, IQ4_NL and IQ4_XS keep their 4-bit codes, looked up as integers at unpack).
 Products (y = x @ w.T, x (T, K) fp32): x rounded to int16 per 32 values, exact integer dot products
 with the quantized weights, fp32 scales (cpu_quant.cpp, cpu_tiles.cpp); for a prompt each unpacked
 tile-group serves 4 rows of x. llama.cpp rounds x to int8, which is about 1.5x faster for long
