@@ -396,6 +396,7 @@ def quantize(
     from localllm.quantize.plan import plan_table, total_bpw, total_bytes
     from localllm.commands.inputs import quantize_type
     from localllm.commands.quantize_native import phase_line, quantize_native
+    from localllm.kernels.cpu_encode_lib import encodes_on
 
     out, type_name = quantize_type(out, type_arg, type_name, dry_run)
     if type_name is None and target_bpw is None and target_size is None:
@@ -404,7 +405,7 @@ def quantize(
         raise LocalLLMError("--json is for --dry-run (the plan); a written file is reported on stderr")
     result = None
     plain = (type_name is not None and not dry_run and target_bpw is None and target_size is None and calib is None
-             and imatrix is None and tokenizer_from is None and device in ("auto", "cpu"))
+             and imatrix is None and tokenizer_from is None and encodes_on(device))
     if plain:  # a preset on a GGUF: without torch where it can (commands/quantize_native.py), else None
         from localllm.cores import thread_count
 

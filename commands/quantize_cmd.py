@@ -50,9 +50,10 @@ from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
 # torch-free pieces, shared with the torch-free preset path (and re-exported here)
 from localllm.commands.quantize_native import (  # noqa: F401
-    NOT_COPIED, UNQUANTIZED, QuantizeResult, _meta_value, check_requantize, output_metadata as native_output_metadata,
+    NOT_COPIED, UNQUANTIZED, QuantizeResult, meta_value, check_requantize, output_metadata as native_output_metadata,
     parse_request, phase_line, read_gguf_metadata, typed_value,
 )
+_meta_value = meta_value  # its earlier name (tests)
 
 from localllm.config import Fields, ModelConfig, read_json
 from localllm.config_phi3 import hf_rope_tensors

@@ -208,13 +208,13 @@ def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or not keep(key):
             continue
-        out[key] = _meta_value(key, field)
+        out[key] = meta_value(key, field)
     return out
 
 
 def typed_value(key: str, value, vtype: int, item: int | None) -> MetaValue:
     """A plain metadata value (gguf_meta.read_kv_section's: strings decoded, arrays as lists) with its
-    GGUF type -> what the writer copies (strings as their UTF-8 bytes, as _meta_value gives them)."""
+    GGUF type -> what the writer copies (strings as their UTF-8 bytes, as meta_value gives them)."""
     if vtype == V.STRING:
         return MetaValue(value.encode("utf-8"), V.STRING)
     if vtype != V.ARRAY:
@@ -226,7 +226,7 @@ def typed_value(key: str, value, vtype: int, item: int | None) -> MetaValue:
     return MetaValue(list(value), V.ARRAY, V(item))
 
 
-def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
+def meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
     main = field.types[0]
     if main == V.STRING:
         return MetaValue(bytes(field.parts[field.data[0]]), V.STRING)

@@ -29,6 +29,12 @@ CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20")
 LIB_NAME = "liblocalllm_encode.so"
 
 
+def encodes_on(device: str) -> bool:
+    """Whether --device DEVICE lets `quantize` take this library (auto or cpu: the CPU's encoders give the
+    same bytes wherever the torch path would run them)."""
+    return device in ("auto", "cpu")
+
+
 def compiler() -> str | None:
     return shutil.which("c++") or shutil.which("g++")
 
