@@ -410,19 +410,20 @@ def quantize(
         from localllm.cores import thread_count
 
         n_threads, notice = thread_count(threads)
+        if notice:
+            note(notice)
         result = quantize_native(model, out, type_name, tensor_type, threads=n_threads,
                                  allow_requantize=allow_requantize)
     if result is None:
         from localllm.commands.quantize_cmd import parse_size, quantize_model
+        from localllm.device import set_threads
 
-        use_threads(threads)
+        set_threads(threads) if plain else use_threads(threads)  # -t's notice: given once
         result = quantize_model(
             model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from, target_bpw=target_bpw,
             target_size=parse_size(target_size) if target_size else None, calib=calib, imatrix_file=imatrix,
             allow_requantize=allow_requantize,
         )
-    elif notice:
-        note(notice)
     size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
     if json_out:
         from localllm.commands.reports import plan_record

@@ -19,6 +19,9 @@ Inputs:
   copy the tokenizer.* keys from a GGUF of the same model instead (e.g. one of llama.cpp's vocab-only
   files).
 
+The CLI runs a preset on a GGUF input without torch where it can (commands/quantize_native.py: the
+same bytes); this module is the torch path for everything else.
+
 Types: a preset (quantize.presets) picks each tensor's type, `--tensor-type REGEX=TYPE` overrides it,
 and rows that do not split into blocks of the chosen type fall back (quantize.plan).
 """
