@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import gguf
 import torch
 import torch.nn.functional as F
 
+from localllm.cores import physical_cores  # noqa: F401 (torch-free home; re-exported)
 from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.formats import FORMATS
 
@@ -92,23 +92,13 @@ class BlockQWeight(QWeight):
         return dequantize_rows(self, 0, self.shape[0]).to(dtype)
 
 
-def physical_cores() -> int:
-    """Cores without their SMT siblings (the default of -t/--threads), within this process's affinity."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cores = set()
-    for cpu in allowed:
-        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-        cores.add(siblings.read_text().strip() if siblings.exists() else str(cpu))
-    return max(1, len(cores))
-
-
 # Weights kept as GGUF blocks (Q2_K, Q3_K) or dense take the integer products up to this many rows
 # of x; more (a long prompt) decode the weight to fp32 for torch's GEMM. Tiles always take them.
 QMATVEC_MAX_ROWS = 64
 # -std=c++20: cpu_tiles.cpp's templates take class-type parameters; torch before 2.13 builds extensions as
 # C++17 (on such a torch, without the flag, the kernels did not build and every product took the torch
 # fallback, ~40x slower decode: seen on an H100 machine's host with torch 2.11).
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20")
+from .cpu_encode_lib import CFLAGS  # noqa: E402 (one set of flags for both builds)
 
 
 def build_dir(cache_dir: Path) -> Path:
