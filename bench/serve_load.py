@@ -9,7 +9,8 @@ or any server speaking /v1/completions with streaming. Each client sends its own
 `ignore_eos` (llama-server's and our extension) and greedy sampling, so every request generates exactly
 --gen-tokens tokens; then the next of its --requests.
 
-Per client count it prints: aggregate generated tokens/s (all completion tokens / wall time of the
+After an untimed warm-up at each client count (first-use costs: kernel compilation, graphs per batch size),
+per client count it prints: aggregate generated tokens/s (all completion tokens / wall time of the
 round), time to first token p50 / p99 (request sent -> first text chunk), inter-token latency p50 / p99
 (gaps between a stream's text chunks; llama-server and localllm send one chunk per token, except where
 a chunk holds back the start of a multi-byte character).
@@ -72,14 +73,24 @@ async def round_of(api, model, clients: int, args) -> dict:
             "short": sum(r["tokens"] != args.gen_tokens for r in flat)}
 
 
+async def warm_up(api, model, counts: list[int], args) -> None:
+    """Untimed: each client count's concurrency once (prompts of the measured length, 8 tokens each), so
+    a server's first-use costs (kernel compilation, graphs per batch size, allocator growth) fall outside
+    the rounds, as they would for a server that has been up a while. Prompts differ from the measured ones."""
+    for n in counts:
+        await asyncio.gather(*(one_request(api, model, prompt_ids(10**6 + c, 0, args.prompt_tokens, args.first_id,
+                                                                  args.id_span), 8) for c in range(n)))
+
+
 async def measure(args, report=print) -> tuple[str, list[dict]]:
     """-> (model id, one row per client count of args.clients); report(line) after each round."""
     api = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.api_key or "none", max_retries=0,
                              timeout=args.timeout)
     model = args.model or (await api.models.list()).data[0].id
-    await one_request(api, model, prompt_ids(10**6, 0, args.prompt_tokens, args.first_id, args.id_span), 4)  # warm up
+    counts = [int(x) for x in args.clients.split(",")]
+    await warm_up(api, model, counts, args)
     rows = []
-    for n in [int(x) for x in args.clients.split(",")]:
+    for n in counts:
         rows.append(await round_of(api, model, n, args))
         report(describe(rows[-1], args.gen_tokens))
     await api.close()

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from localllm.config import ModelConfig  # noqa: E402
 from localllm.footprint import weight_bytes_per_token  # noqa: E402
-from localllm.parallel import TensorParallel, from_launcher, launched, no_multicast_env  # noqa: E402
+from localllm.backends.launch import from_launcher  # noqa: E402
+from localllm.parallel import TensorParallel, launched, no_multicast_env  # noqa: E402
 from localllm.registry import shape_preset  # noqa: E402
 
 PROMPT = 16

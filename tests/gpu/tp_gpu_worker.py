@@ -20,7 +20,7 @@ import torch
 from localllm.draft import LookupDrafter, ModelDrafter
 from localllm.generate import generate
 from localllm.load import load_model
-from localllm.parallel import from_launcher
+from localllm.backends.launch import from_launcher
 from localllm.sampling import Sampler
 from localllm.settings import DraftSettings, SamplingSettings
 from localllm.speculative import generate_speculative
