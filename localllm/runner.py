@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
+import torch
+
 from .device import pick_device, pick_dtype
 from .draft import open_drafter
 from .generate import Stats, check_generation, generate, stream_text
@@ -14,9 +16,12 @@ from .settings import DEFAULT_DRAFT, DEFAULT_GENERATION, DEFAULT_SAMPLING, Draft
 from .speculative import Drafter, SpecStats, describe_speculative, generate_speculative
 
 
-def open_model(spec: str | None, device: str = "auto", dtype: str | None = None) -> LoadedModel:
+def open_model(spec: str | None, device: str = "auto", dtype: str | None = None, tp=None) -> LoadedModel:
+    """tp: this rank's parallel.TensorParallel (load only its shard), None: the whole model."""
     dev = pick_device(device)
-    return load_model(spec, dev, pick_dtype(dev, dtype))
+    if tp is not None and dev == "cuda":
+        dev = f"cuda:{torch.cuda.current_device()}"  # parallel.from_launcher picked this rank's GPU
+    return load_model(spec, dev, pick_dtype(dev, dtype), tp=tp)
 
 
 def context_size(lm: LoadedModel, requested: int) -> int:
@@ -68,9 +73,9 @@ def complete(
     return stream_text(lm.tokenizer, tokens, gen.stop)
 
 
-def timed_open(spec: str | None, device: str, dtype: str | None) -> tuple[LoadedModel, float]:
+def timed_open(spec: str | None, device: str, dtype: str | None, tp=None) -> tuple[LoadedModel, float]:
     t0 = time.perf_counter()
-    lm = open_model(spec, device, dtype)
+    lm = open_model(spec, device, dtype, tp)
     return lm, time.perf_counter() - t0
 
 
