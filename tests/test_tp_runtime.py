@@ -38,18 +38,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(mode: str, files, out: Path) -> list[int]:
+@pytest.fixture(scope="module")
+def launched(files, tmp_path_factory) -> tuple[Path, list[int]]:
+    """One launch of 2 ranks runs every mode (tp_runtime_worker.py) -> (results folder, exit statuses)."""
+    out = tmp_path_factory.mktemp("tp_runtime_out")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", port, str(out), mode, *map(str, files)],
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", port, str(out), *map(str, files)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
-    return [p.wait(timeout=120) for p in procs]
+    return out, [p.wait(timeout=300) for p in procs]
 
 
 @pytest.mark.parametrize("mode", ["replicated", "sharded"])
-def test_driver_equals_one_process(files, tmp_path, mode):
-    assert launch(mode, files, tmp_path) == [0, 0]
-    got = torch.load(tmp_path / "results.pt")
+def test_driver_equals_one_process(files, launched, mode):
+    got = torch.load(launched[0] / f"{mode}.pt")
     # the oracle: one process, the whole model; the sharded ranks run the eager runtime (its sums' order
     # differs from the C++ decoder's by rounding only), so the oracle does too
     backend = CpuEagerRuntime if mode == "sharded" else None
@@ -58,8 +60,9 @@ def test_driver_equals_one_process(files, tmp_path, mode):
     assert got["plain"] and got["lookup"] == got["plain"] == got["draft"]  # speculative: the same greedy text
 
 
-def test_driver_error_ends_workers(files, tmp_path):
-    assert launch("error", files, tmp_path) == [1, 0]
+def test_driver_error_ends_workers(launched):
+    """The driver failed amid its last session (status 1); the workers ended all the same (status 0)."""
+    assert launched[1] == [1, 0]
 
 
 def cli(*args, stdin: str = "") -> subprocess.CompletedProcess:

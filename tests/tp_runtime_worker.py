@@ -1,9 +1,9 @@
 """One rank of tests/test_tp_runtime.py's driver/worker runs (gloo on the CPU), started as a plain process:
-    python tests/tp_runtime_worker.py RANK WORLD PORT OUT MODE MODEL DRAFT
-MODE: "replicated" (every rank holds the whole model) or "sharded" (load_model(tp=)): rank 0 drives
-the scenarios of scenarios() through tp_runtime.Driver and saves their results to OUT/results.pt; the
-other ranks follow. "error": the driver raises after a few calls (its exit status 1), the workers must
-still end (status 0)."""
+    python tests/tp_runtime_worker.py RANK WORLD PORT OUT MODEL DRAFT
+For each mode, "replicated" (every rank holds the whole model) then "sharded" (load_model(tp=)), rank 0
+drives the scenarios of scenarios() through tp_runtime.Driver and saves their results to
+OUT/<mode>.pt while the other ranks follow; then the driver fails amid a last session (exit status 1):
+the workers must still end (status 0)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def scenarios(lm, draft: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    rank, world, port, out, mode, model, draft = int(argv[0]), int(argv[1]), int(argv[2]), *argv[3:]
+    rank, world, port, out, model, draft = int(argv[0]), int(argv[1]), int(argv[2]), *argv[3:]
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from localllm.load import load_model
@@ -49,18 +49,17 @@ def main(argv: list[str]) -> None:
     from localllm.tp_runtime import Driver, follow
 
     tp = TensorParallel(rank, world)
-    lm = load_model(model, "cpu", tp=tp if mode == "sharded" else None)
-    if not tp.driver:
-        calls = follow(lm.runtime, tp)
-        print(f"worker {rank}: {calls} calls")
-        return
-    with Driver(lm.runtime, tp) as driver:
-        lm.runtime = driver
-        if mode == "error":
-            cache = driver.new_cache(8)
-            driver.prefill(cache, [[1, 2, 3]])
-            raise SystemExit(1)
-        torch.save(scenarios(lm, draft), f"{out}/results.pt")
+    for mode in ("replicated", "sharded", "error"):
+        lm = load_model(model, "cpu", tp=None if mode == "replicated" else tp)
+        if not tp.driver:
+            print(f"worker {rank} {mode}: {follow(lm.runtime, tp)} calls")
+            continue
+        with Driver(lm.runtime, tp) as driver:
+            lm.runtime = driver
+            if mode == "error":  # a failure amid a session: the Driver's exit stops the workers
+                driver.prefill(driver.new_cache(8), [[1, 2, 3]])
+                raise SystemExit(1)
+            torch.save(scenarios(lm, draft), f"{out}/{mode}.pt")
 
 
 if __name__ == "__main__":
