@@ -558,6 +558,7 @@ def bench(
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
     n_gpu_layers: Optional[int] = OPT_NGL,
+    tp_list: str = typer.Option(str(TP.tp), "--tp", metavar="N[,N...]", help="tensor-parallel degrees, comma-separated: each degree's rows in one table (each degree > 1 run as that many ranks through torch's launcher)"),
 ):
     """Prompt-processing and generation speed, with the share of the roofline measured in-process.
 
@@ -583,6 +584,19 @@ def bench(
     if notice := gpu_layers_notice(n_gpu_layers, pick_device(device)):
         note(notice)
     use_threads(threads)
+    degrees = counts("--tp", tp_list, 1)
+    if degrees != [1]:
+        from localllm.commands import tp_cmd
+
+        if spec:
+            raise LocalLLMError("bench --tp measures plain decoding: leave out --draft / --lookup")
+        if len(degrees) > 1 or not tp_cmd.launched():
+            sys.stdout.write(tp_cmd.bench_degrees(degrees, device, output))  # each degree > 1 as its own launch
+            return
+        tp = tp_cmd.start(degrees[0], device)
+        sys.stdout.write(run_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, depths, reps, device,
+                                   dtype, output, batches, tp=tp))
+        return
     if spec:
         text = run_spec_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, reps, device, dtype, ds, output)
     else:

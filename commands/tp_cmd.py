@@ -91,3 +91,46 @@ def check_draft(ds, tp: TensorParallel | None) -> None:
     """--draft self:TYPE quantizes the target in memory: a rank's shard is no whole draft model."""
     if tp is not None and ds.draft is not None and ds.draft.startswith("self:"):
         raise LocalLLMError("--draft self:TYPE does not work with --tp: give a draft model (it runs on rank 0, whole)")
+
+
+def bench_argv(argv: list[str], degree: int) -> list[str]:
+    """`bench` ARGV with its --tp and -o/--output replaced: one degree, JSON rows."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--tp", "-o", "--output"):
+            skip = True
+        elif not a.startswith(("--tp=", "--output=")):
+            out.append(a)
+    return [*out, "--tp", str(degree), "-o", "json"]
+
+
+def bench_degrees(degrees: list[int], device: str, fmt: str) -> str:
+    """`bench --tp 1,2,...`: every degree's rows in one table; degree 1 in this process, each degree > 1
+    as its own launch of that many ranks (torch.distributed.run), whose driver prints its rows as JSON."""
+    import json
+    import subprocess
+
+    from localllm.commands.bench import Row, format_rows
+    from localllm.device import pick_device
+    from localllm.parallel import no_multicast_env
+
+    if launched():
+        raise LocalLLMError("bench --tp with several degrees starts its own launches: run it without torchrun")
+    rows, roof = [], None
+    for n in degrees:
+        check_gpus(n, pick_device(device))
+        argv = bench_argv(sys.argv[1:], n)
+        cmd = ([sys.executable, "-m", "localllm", *argv] if n == 1 else
+               [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "localllm",
+                *argv])
+        env = no_multicast_env()
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        if done.returncode:
+            raise LocalLLMError(f"bench --tp {n} failed (exit status {done.returncode}; its error is above)")
+        got = json.loads(done.stdout)
+        roof = roof or got["roofline"]
+        rows += [Row(**r) for r in got["rows"]]
+    return format_rows(rows, roof, fmt)

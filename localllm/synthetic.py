@@ -115,12 +115,29 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
 
 
 def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtype, seed: int = 0,
-                    keep_quantized: bool | None = None) -> tuple[Runtime, Counter]:
+                    keep_quantized: bool | None = None, tp=None) -> tuple[Runtime, Counter]:
     """-> (the model on its device's backend, laid out as its GGUF file would load (load.build_model),
-    Counter of weight types). Dense weights take `dtype`."""
+    Counter of weight types). Dense weights take `dtype`. tp (parallel.TensorParallel): rank tp.rank's
+    shard of the same random model (the whole one is generated, then cut: tp_shard.shard_tensor)."""
     state, types = synthetic_state(cfg, wtype, device, seed)
     types[str(dtype).removeprefix("torch.")] = types.pop("dense")
-    return build_model(cfg, state, device, dtype, keep_quantized), types
+    if tp is not None:
+        state = shard_state(state, cfg, tp)
+    return build_model(cfg, state, device, dtype, keep_quantized, tp=tp), types
+
+
+def shard_state(state: dict, cfg: ModelConfig, tp) -> dict:
+    """Rank tp.rank's parts of a whole model's state (module names), copied (the whole one is freed)."""
+    from .tp_shard import shard_tensor
+
+    out = {}
+    for name in list(state):
+        t = state.pop(name)
+        if isinstance(t, QuantizedTensor):
+            out[name] = QuantizedTensor(t.qtype, shard_tensor(name, t.data, cfg, tp, t.qtype).clone())
+        else:
+            out[name] = shard_tensor(name, t, cfg, tp).clone()
+    return out
 
 
 def fuse_rows(cfg: ModelConfig, state: dict) -> dict:

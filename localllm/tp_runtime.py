@@ -6,12 +6,12 @@ serves HTTP).
 The driver's runtime is wrapped in a Driver: each call of a method that touches the model (STEPS) is
 first sent to the workers, then run locally. The workers' loop, `follow(runtime, tp)`, receives the calls
 and runs them on its own shard until the driver says stop. A message is one Python object broadcast on a
-gloo group on the CPU (torch.distributed.broadcast_object_list: no sockets of our own), separate from the
-model's collectives (NCCL on CUDA):
+gloo group on the CPU (torch.distributed.broadcast of its pickled bytes: no sockets of our own), separate
+from the model's collectives (NCCL on CUDA):
 
     (method name, args, kwargs, released handle ids, new handle id or None)
 
-Tensors travel by value on the CPU (each worker moves them to its device); a KV cache or a Slots the
+Tensors travel by value on the CPU, as numpy arrays (each worker moves them to its device); a KV cache or a Slots the
 runtime made (new_cache / new_slots) travels as a handle id that each side maps to its own local object,
 with the driver's current length(s): callers move lengths directly (speculative rollback
 `cache.length = n`, `slots.lengths[s] = n`), so the worker sets them on its objects before each call.
@@ -25,9 +25,11 @@ ranks down when one fails, so workers never wait forever.
 from __future__ import annotations
 
 import atexit
+import pickle
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .cache import KVCache
@@ -42,6 +44,8 @@ STEPS = frozenset({
 })
 MAKERS = frozenset({"new_cache", "new_slots"})  # return a KV cache / slots: a new handle
 STOP = "stop"
+NOT_NUMPY = (torch.bfloat16,)  # dtypes numpy lacks: sent as tensors
+HEAD = 1024  # bytes of a message's first broadcast: a decode step's message fits in it
 
 
 @dataclass(frozen=True)
@@ -66,13 +70,28 @@ def control_group(tp: TensorParallel):
 
 
 def send(message, group) -> None:
-    torch.distributed.broadcast_object_list([message], src=0, group=group)
+    """One broadcast of a fixed HEAD-byte buffer (8-byte length, then the pickled message) for a step's
+    small message; a longer one's rest in a second broadcast (broadcast_object_list always takes two)."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    head = torch.zeros(HEAD, dtype=torch.uint8)
+    head[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+    first = data[:HEAD - 8]
+    head[8:8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+    torch.distributed.broadcast(head, src=0, group=group)
+    if len(data) > HEAD - 8:
+        torch.distributed.broadcast(torch.frombuffer(bytearray(data[HEAD - 8:]), dtype=torch.uint8), src=0, group=group)
 
 
 def receive(group):
-    box = [None]
-    torch.distributed.broadcast_object_list(box, src=0, group=group)
-    return box[0]
+    head = torch.empty(HEAD, dtype=torch.uint8)
+    torch.distributed.broadcast(head, src=0, group=group)
+    n = int(head[:8].view(torch.int64))
+    data = head[8:8 + n].numpy().tobytes()
+    if n > HEAD - 8:
+        rest = torch.empty(n - (HEAD - 8), dtype=torch.uint8)
+        torch.distributed.broadcast(rest, src=0, group=group)
+        data += rest.numpy().tobytes()
+    return pickle.loads(data)
 
 
 class Driver:
@@ -103,8 +122,9 @@ class Driver:
             return CacheRef(self.handle_of(x), x.length)
         if isinstance(x, Slots):
             return SlotsRef(self.handle_of(x), tuple(x.lengths))
-        if isinstance(x, torch.Tensor):
-            return x.detach().cpu()
+        if isinstance(x, torch.Tensor):  # a numpy array pickles in microseconds, a tensor in hundreds
+            x = x.detach().cpu()
+            return x if x.dtype in NOT_NUMPY else x.numpy()
         if isinstance(x, (list, tuple)):
             return type(x)(self.wire(v) for v in x)
         return x
@@ -158,6 +178,8 @@ class Worker:
             slots = self.objects[x.handle]
             slots.lengths[:] = x.lengths
             return slots
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
         if isinstance(x, torch.Tensor):
             return x.to(self.runtime.device)
         if isinstance(x, (list, tuple)):

@@ -74,12 +74,18 @@ def cli(*args, stdin: str = "") -> subprocess.CompletedProcess:
 
 def test_cli_complete_tp2(files):
     """One launch of `localllm complete --tp 2 --device cpu` (prompt from stdin: the driver's), against
-    the same command in one process (--tp 1); then a driver's error is one line, the driver's status."""
-    args = ["complete", files[0], "-", "-n", "12", "--temp", "0", "--device", "cpu"]
-    one = cli(*args, stdin="the cat sat on the mat")
-    two = cli(*args, "--tp", "2", stdin="the cat sat on the mat")
-    assert one.returncode == 0 and one.stdout.strip(), one.stderr
-    assert (two.returncode, two.stdout, two.stderr) == (0, one.stdout, ""), two.stderr
+    the library's greedy completion in one process (what --tp 1 prints); then a driver's error is one
+    line, the driver's status."""
+    from dataclasses import replace
+
+    from localllm.runner import complete
+    from localllm.settings import DEFAULT_GENERATION, DEFAULT_SAMPLING
+
+    prompt = "the cat sat on the mat"
+    gen = replace(DEFAULT_GENERATION, max_tokens=12)
+    want = "".join(complete(load_model(str(files[0]), "cpu"), prompt, gen, replace(DEFAULT_SAMPLING, temperature=0.0)))
+    two = cli("complete", files[0], "-", "-n", "12", "--temp", "0", "--device", "cpu", "--tp", "2", stdin=prompt)
+    assert want.strip() and (two.returncode, two.stdout, two.stderr) == (0, want + "\n", ""), two.stderr
     bad = cli("complete", files[0], "-", "--ctx", "4", "--temp", "0", "--device", "cpu", "--tp", "2",
               stdin="the cat sat on the mat, a long prompt over the context")
     lines = bad.stderr.strip().splitlines()
