@@ -87,10 +87,15 @@ class RawSource:
         return base.repeat(reps, 1)[:rows].contiguous()
 
 
-def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) -> tuple[dict, Counter]:
-    """module name -> dense tensor or QuantizedTensor; and the weight types (name -> count)."""
+def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0, tp=None) -> tuple[dict, Counter]:
+    """module name -> dense tensor or QuantizedTensor; and the weight types (name -> count). tp: the
+    shapes of rank tp.rank's shard (tp_shard.local_config, the vocabulary part)."""
+    if tp is not None:
+        from .tp_shard import local_config
+
+        cfg = local_config(cfg, tp)
     with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+        shapes = {k: tuple(v.shape) for k, v in Transformer(cfg, tp=tp).state_dict().items()}
     gen = torch.Generator(device=device).manual_seed(seed)
     source = RawSource(device, gen)
     state, types = {}, Counter()
@@ -118,26 +123,11 @@ def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtyp
                     keep_quantized: bool | None = None, tp=None) -> tuple[Runtime, Counter]:
     """-> (the model on its device's backend, laid out as its GGUF file would load (load.build_model),
     Counter of weight types). Dense weights take `dtype`. tp (parallel.TensorParallel): rank tp.rank's
-    shard of the same random model (the whole one is generated, then cut: tp_shard.shard_tensor)."""
-    state, types = synthetic_state(cfg, wtype, device, seed)
+    shard's shapes, random (each rank draws its own: for speed, never for a comparison with tp None; a
+    70B shard is generated without the whole model ever being in memory)."""
+    state, types = synthetic_state(cfg, wtype, device, seed, tp)
     types[str(dtype).removeprefix("torch.")] = types.pop("dense")
-    if tp is not None:
-        state = shard_state(state, cfg, tp)
     return build_model(cfg, state, device, dtype, keep_quantized, tp=tp), types
-
-
-def shard_state(state: dict, cfg: ModelConfig, tp) -> dict:
-    """Rank tp.rank's parts of a whole model's state (module names), copied (the whole one is freed)."""
-    from .tp_shard import shard_tensor
-
-    out = {}
-    for name in list(state):
-        t = state.pop(name)
-        if isinstance(t, QuantizedTensor):
-            out[name] = QuantizedTensor(t.qtype, shard_tensor(name, t.data, cfg, tp, t.qtype).clone())
-        else:
-            out[name] = shard_tensor(name, t, cfg, tp).clone()
-    return out
 
 
 def fuse_rows(cfg: ModelConfig, state: dict) -> dict:
