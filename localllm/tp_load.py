@@ -63,8 +63,8 @@ def kept_or_decoded(name: str, part: torch.Tensor, cols: int, qtype, keep_quanti
     keep = qtype in keep_quantized and name.endswith(".weight") and (keep_embedding or name not in EMBEDDINGS)
     if qtype in DENSE_BLOCK_TYPES and cols % 32:
         keep = False
-    if keep:
-        return QuantizedTensor(qtype, part)
+    if keep:  # a column part (strided view) is copied: this rank's bytes only; rows stay views of the map
+        return QuantizedTensor(qtype, part if part.is_contiguous() else part.contiguous())
     return dequantize_torch(part.contiguous(), qtype).reshape(part.shape[0], cols)
 
 

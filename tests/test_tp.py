@@ -18,13 +18,15 @@ import pytest
 import torch
 
 import tiny_models as tm
-from localllm.backends.cpu import CpuEagerRuntime
+from tp_worker import slot_logits
+from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
 from localllm.load import load_model
 from localllm.parallel import TensorParallel
 from localllm.tp_load import gguf_shard, hf_shard
-from localllm.tp_shard import COLS, RANK0, ROWS, WHOLE, byte_range, check_supported, local_config, split_of, vocab_part
+from localllm.tp_shard import (COLS, RANK0, ROWS, WHOLE, byte_range, check_supported, local_config, shard_tensor,
+                               split_of, vocab_part)
 from localllm.validate import check_gguf, check_hf_folder
 from localllm.weights import QuantizedTensor, gguf_state_dict, hf_state_dict
 
@@ -39,6 +41,11 @@ MODELS = [
     ("qwen3-q8_0", tm.TinySpec("qwen3", seed=2), Q.Q8_0),
     ("llama-q4_k", tm.TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=3), Q.Q4_K),
     ("qwen2-hf", tm.TinySpec("qwen2", seed=4), "hf"),
+    # beyond the Llama layer: Gemma 2's post norms, soft-caps, sliding window and tied head; Phi-3's fused
+    # q|k|v and gate|up (split, then cut) with LongRoPE; SmolLM3's NoPE layers, tied, permuted q/k (Q8_0)
+    ("gemma2-f32", tm.FAMILY_CASES["gemma2"], Q.F32),
+    ("phi3-hf", tm.PHI_CASES["phi3"], "hf"),
+    ("smollm3-q8_0", tm.PHI_CASES["smollm3"], Q.Q8_0),
 ]
 # shapes that do not split at TP=2: one kv head; Q8_0 ffn_down columns of 48 per rank (blocks of 32)
 BAD = [("one-kv-head", tm.TinySpec("llama", n_kv_heads=1, seed=5), Q.F32, "n_kv_heads (1) does not split into 2"),
@@ -72,11 +79,12 @@ def free_port() -> int:
 def tp2(models, tmp_path_factory) -> tuple[Path, list[str]]:
     """Both ranks run every model (one process each, all models in one run: seconds)."""
     out = tmp_path_factory.mktemp("tp_out")
-    names = [m[0] for m in MODELS] + [b[0] for b in BAD]
+    names = [m[0] for m in MODELS] + [b[0] for b in BAD] + ["synthetic"]
     port, ids = free_port(), ",".join(map(str, PROMPT))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), str(out), ids, str(STEPS),
-                               *[str(models[n]) for n in names]], env=env) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), "cpu", str(out), ids,
+                               str(len(PROMPT)), str(STEPS),
+                               *[str(models.get(n, n)) for n in names]], env=env) for r in range(2)]
     for p in procs:
         assert p.wait(timeout=300) == 0
     return out, names
@@ -92,7 +100,7 @@ def oracle(path: Path) -> dict:
     for _ in range(STEPS):
         out.append(int(tok))
         tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
-    return {"logits": logits, "greedy": out, "cfg": lm.config}
+    return {"logits": logits, "greedy": out, "cfg": lm.config, "slots": slot_logits(rt, PROMPT, "cpu")}
 
 
 # ---- the arithmetic
@@ -134,6 +142,22 @@ def test_byte_ranges_are_whole_blocks():
     assert byte_range(Q.F16, 3, 5) == (6, 10)
     with pytest.raises(LocalLLMError, match=r"Q4_K.*256-value block boundary"):
         byte_range(Q.Q4_K, 128, 256, "blk.0.ffn_down.weight")
+
+
+def test_shard_tensor_cuts_rows_block_columns_and_rank0_bias():
+    cfg = replace(tm_config(), n_heads=8, n_kv_heads=2, head_dim=64, ffn_dim=512, dim=256)
+    raw = torch.arange(512 * 288, dtype=torch.int32).to(torch.uint8).view(512, 288)  # 2 Q4_K blocks per row
+    bias = torch.arange(256.0)
+    for r in range(2):
+        tp = TensorParallel(r, 2)
+        got = shard_tensor("blk.0.attn.attn_output.weight", raw[:256], cfg, tp, Q.Q4_K)  # (C, q_dim) rows
+        assert torch.equal(got, raw[:256, 144 * r:144 * (r + 1)])  # one whole 256-value block each
+        assert torch.equal(shard_tensor("blk.0.ffn_gate.weight", raw, cfg, tp, Q.Q4_K), raw[256 * r:256 * (r + 1)])
+        out_bias = shard_tensor("blk.0.attn.attn_output.bias", bias, cfg, tp)
+        assert torch.equal(out_bias, bias if r == 0 else torch.zeros(256))  # added once, by rank 0
+    with pytest.raises(LocalLLMError, match="attn_output.weight .Q8_0. splits at column 48"):
+        shard_tensor("blk.0.attn.attn_output.weight", raw[:, :102], replace(cfg, head_dim=12), TensorParallel(1, 2),
+                     Q.Q8_0)
 
 
 def test_local_config_and_unsupported():
@@ -202,6 +226,7 @@ def test_tp2_logits_and_greedy_ids_equal_tp1(models, tp2, i):
         scale = ref["logits"].abs().max() * (2e-5 if MODELS[i][2] in (Q.F32, "hf") else 1e-3)
         torch.testing.assert_close(got["logits"], ref["logits"], atol=scale, rtol=0)
         assert got["greedy"] == ref["greedy"]
+        torch.testing.assert_close(got["slots"], ref["slots"], atol=scale, rtol=0)  # serve's slot steps
         cfg = ref["cfg"]  # this rank holds its half of the heads, MLP columns and vocabulary rows
         assert got["shapes"]["blk.0.attn.attn_q.weight"] == (cfg.n_heads * cfg.head_dim // 2, cfg.dim)
         assert got["shapes"]["blk.0.attn.attn_k.weight"] == (cfg.n_kv_heads * cfg.head_dim // 2, cfg.dim)
@@ -218,3 +243,83 @@ def test_tp2_shapes_that_do_not_split_say_so(tp2, j):
         assert not (out / f"{i}-{r}.pt").exists()
         msg = (out / f"{i}-{r}.err").read_text()
         assert BAD[j][3] in msg and "\n" not in msg
+
+
+def test_tp2_synthetic_shard(tp2):
+    """bench --synthetic's model at TP=2: each rank makes only its shard (per-rank random weights), and
+    both ranks see the same full-vocabulary logits (gathered)."""
+    out, names = tp2
+    i = names.index("synthetic")
+    got = [torch.load(out / f"{i}-{r}.pt") for r in range(2)]
+    cfg = tm_config()
+    assert got[0]["logits"].shape == (len(PROMPT), cfg.vocab_size)
+    assert torch.equal(got[0]["logits"], got[1]["logits"]) and got[0]["greedy"] == got[1]["greedy"]
+    assert got[0]["logits"].std() > 0
+    for g in got:
+        assert g["shapes"]["blk.0.ffn_down.weight"] == (cfg.dim, cfg.ffn_dim // 2)
+        assert g["shapes"]["token_embd.weight"] == (cfg.vocab_size // 2, cfg.dim)
+
+
+# ---- an uneven vocabulary (384 rows over 5 ranks: 77, 77, 77, 77, 76), ranks as threads of this process
+
+class ThreadTP(TensorParallel):
+    """A TensorParallel whose collectives join the ranks' threads (a Barrier and shared slots): the
+    sharded forward at any N in one process, for tests only."""
+
+    def __init__(self, rank: int, world: int, hub: dict):
+        super().__init__(rank, world)
+        object.__setattr__(self, "hub", hub)
+
+    def _exchange(self, x: torch.Tensor) -> list[torch.Tensor]:
+        hub = self.hub
+        hub["slots"][self.rank] = x.clone()
+        hub["barrier"].wait()
+        parts = list(hub["slots"])
+        hub["barrier"].wait()  # every rank has read before the next exchange writes
+        return parts
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self._exchange(x)
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        x.copy_(total)
+        return x
+
+    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(self._exchange(x), dim=-1)
+
+
+def test_uneven_vocabulary_five_ranks(tmp_path):
+    import threading
+
+    spec = tm.TinySpec("llama", dim=160, n_heads=5, n_kv_heads=5, ffn_dim=320, seed=11)  # Q8_0 parts of 32 columns
+    path = tm.write_gguf(spec, tmp_path / "five.gguf", Q.Q8_0)
+    ref = oracle(path)
+    world = 5
+    hub = {"slots": [None] * world, "barrier": threading.Barrier(world)}
+    tps = [ThreadTP(r, world, hub) for r in range(world)]
+    # CpuRuntime asked for explicitly: its C++ decoder must step aside for a shard (no place for the reduces)
+    runtimes = [load_model(str(path), "cpu", tp=tp, backend=CpuRuntime).runtime for tp in tps]
+    assert [rt.model.token_embd.weight.shape[0] for rt in runtimes] == [77, 77, 77, 77, 76]
+    results = [None] * world
+
+    def rank_main(r: int) -> None:
+        rt = runtimes[r]
+        cache = rt.new_cache(len(PROMPT) + STEPS + 1)
+        logits = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
+        out, tok = [], logits[-1].argmax()
+        for _ in range(STEPS):
+            out.append(int(tok))
+            tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
+        results[r] = logits, out
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for got, greedy in results:
+        assert greedy == ref["greedy"]
+        assert got.shape == ref["logits"].shape
+        torch.testing.assert_close(got, ref["logits"], atol=1e-3 * ref["logits"].abs().max(), rtol=0)
