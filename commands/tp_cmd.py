@@ -32,19 +32,23 @@ def check_gpus(n: int, device: str) -> None:
 
 def launch(n: int, argv: list[str]) -> int:
     """Run `localllm ARGV` as N ranks on this machine -> the driver's exit status."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     os.environ.update(NO_MULTICAST)  # the ranks inherit it
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)  # failures: the driver's own line says it
+    for name in list(logging.root.manager.loggerDict):  # the launcher's loggers set their own levels
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)  # failures: the driver's own line says it
     args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={n}", "-m", "localllm", *argv])
     try:
         run(args)
     except ChildFailedError as e:
         failure = e.failures.get(0)
         return failure.exitcode if failure is not None and failure.exitcode > 0 else 1
+    except SignalException as e:  # Ctrl-C / SIGTERM: the launcher ended the ranks (the driver said so)
+        return 128 + int(e.sigval)
     return 0
 
 
