@@ -161,15 +161,10 @@ def format_rows(rows: list[Row], roof: dict, fmt: str = "md") -> str:
     return head + "\n".join(lines) + "\n" + foot
 
 
-def rank_device(dev: str, tp) -> str:
-    """A rank's device: its own GPU (parallel.from_launcher set it), else dev."""
-    return f"cuda:{torch.cuda.current_device()}" if tp is not None and dev == "cuda" else dev
-
-
 def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device: str, dtype: str | None, tp=None):
     """Yield BenchModels one at a time (the previous one is freed first): files/names, then synthetic
     models of each shape preset x weight type, built on the device. tp: this rank's shard of each."""
-    from localllm.device import pick_device, pick_dtype
+    from localllm.device import pick_device, pick_dtype, rank_device
     from localllm.registry import shape_preset
     from localllm.runner import open_model
     from localllm.synthetic import synthetic_model

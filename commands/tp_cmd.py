@@ -15,19 +15,16 @@ import sys
 
 from localllm.errors import LocalLLMError
 from localllm.parallel import NO_MULTICAST, TensorParallel, from_launcher, launched
-from localllm.tp_runtime import follow, lead
+from localllm.tp_runtime import close, follow, lead
 
 
 def check_gpus(n: int, device: str) -> None:
-    """--tp N on CUDA needs N GPUs on this machine (the single-machine launch)."""
-    import torch
+    """--tp N: at least 1, and N GPUs on this machine on CUDA."""
+    from localllm.device import check_gpus_for
 
     if n < 1:
         raise LocalLLMError(f"--tp {n}: give 1 or more ranks")
-    if device.startswith("cuda"):
-        found = torch.cuda.device_count()
-        if found < n:
-            raise LocalLLMError(f"--tp {n} needs {n} GPUs, {found} found")
+    check_gpus_for(n, device)
 
 
 def launch(n: int, argv: list[str]) -> int:
@@ -86,6 +83,7 @@ def run_rank(lm, tp: TensorParallel | None):
         return lm
     if not tp.driver:
         follow(lm.runtime, tp)
+        close()
         raise SystemExit(0)
     lm.runtime = lead(lm.runtime, tp)
     return lm

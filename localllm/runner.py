@@ -5,9 +5,7 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-import torch
-
-from .device import pick_device, pick_dtype
+from .device import pick_device, pick_dtype, rank_device
 from .draft import open_drafter
 from .generate import Stats, check_generation, generate, stream_text
 from .load import LoadedModel, load_model
@@ -18,9 +16,7 @@ from .speculative import Drafter, SpecStats, describe_speculative, generate_spec
 
 def open_model(spec: str | None, device: str = "auto", dtype: str | None = None, tp=None) -> LoadedModel:
     """tp: this rank's parallel.TensorParallel (load only its shard), None: the whole model."""
-    dev = pick_device(device)
-    if tp is not None and dev == "cuda":
-        dev = f"cuda:{torch.cuda.current_device()}"  # parallel.from_launcher picked this rank's GPU
+    dev = rank_device(pick_device(device), tp)
     return load_model(spec, dev, pick_dtype(dev, dtype), tp=tp)
 
 

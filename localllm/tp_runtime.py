@@ -208,7 +208,15 @@ def follow(runtime, tp: TensorParallel, group=None) -> int:
 
 def lead(runtime, tp: TensorParallel) -> Driver:
     """The driver's wrapper for a command: stop is sent when the process exits, whatever ends it (an
-    error line, Ctrl-C), as well as by an explicit stop()."""
+    error line, Ctrl-C), as well as by an explicit stop(); then the process groups are closed."""
     driver = Driver(runtime, tp)
+    atexit.register(close)  # atexit runs last-in first: stop, then close
     atexit.register(driver.stop)
     return driver
+
+
+def close() -> None:
+    """Leave torch.distributed before the interpreter exits (a group left to its destructor at exit can
+    abort the process, after its peers have gone)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -44,15 +44,23 @@ def main(argv: list[str]) -> None:
     rank, world, port, out, model, draft = int(argv[0]), int(argv[1]), int(argv[2]), *argv[3:]
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from localllm.load import load_model
     from localllm.parallel import TensorParallel
-    from localllm.tp_runtime import Driver, follow
 
     tp = TensorParallel(rank, world)
+    try:
+        run_modes(tp, out, model, draft)
+    finally:  # as the CLI does (tp_runtime.close): leave the group before exiting, also on the driver's error
+        torch.distributed.destroy_process_group()
+
+
+def run_modes(tp, out: str, model: str, draft: str) -> None:
+    from localllm.load import load_model
+    from localllm.tp_runtime import Driver, follow
+
     for mode in ("replicated", "sharded", "error"):
         lm = load_model(model, "cpu", tp=None if mode == "replicated" else tp)
         if not tp.driver:
-            print(f"worker {rank} {mode}: {follow(lm.runtime, tp)} calls")
+            print(f"worker {tp.rank} {mode}: {follow(lm.runtime, tp)} calls")
             continue
         with Driver(lm.runtime, tp) as driver:
             lm.runtime = driver
