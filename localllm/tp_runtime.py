@@ -6,8 +6,9 @@ serves HTTP).
 The driver's runtime is wrapped in a Driver: each call of a method that touches the model (STEPS) is
 first sent to the workers, then run locally. The workers' loop, `follow(runtime, tp)`, receives the calls
 and runs them on its own shard until the driver says stop. A message is one Python object broadcast on a
-gloo group on the CPU (torch.distributed.broadcast of its pickled bytes: no sockets of our own), separate
-from the model's collectives (NCCL on CUDA):
+gloo group on the CPU (torch.distributed isend/recv of its pickled bytes: no sockets of our own; the
+driver waits for a message's delivery only when it sends the next), separate from the model's
+collectives (NCCL on CUDA):
 
     (method name, args, kwargs, released handle ids, new handle id or None)
 
@@ -69,29 +70,39 @@ def control_group(tp: TensorParallel):
     return torch.distributed.new_group(backend="gloo")
 
 
-def send(message, group) -> None:
-    """One broadcast of a fixed HEAD-byte buffer (8-byte length, then the pickled message) for a step's
-    small message; a longer one's rest in a second broadcast (broadcast_object_list always takes two)."""
+def send(message, group, world: int) -> list:
+    """Post the message to every worker (isend of a fixed HEAD-byte buffer: 8-byte length, then the
+    pickled message; a longer one's rest in a second isend) -> the pending sends (their buffers held by
+    them): the driver goes on at once and waits for them only before its next message."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     head = torch.zeros(HEAD, dtype=torch.uint8)
     head[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
     first = data[:HEAD - 8]
     head[8:8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
-    torch.distributed.broadcast(head, src=0, group=group)
+    parts = [head]
     if len(data) > HEAD - 8:
-        torch.distributed.broadcast(torch.frombuffer(bytearray(data[HEAD - 8:]), dtype=torch.uint8), src=0, group=group)
+        parts.append(torch.frombuffer(bytearray(data[HEAD - 8:]), dtype=torch.uint8))
+    ranks = [torch.distributed.get_global_rank(group, r) if group is not None else r for r in range(1, world)]
+    return [(torch.distributed.isend(t, dst=r, group=group), t) for r in ranks for t in parts]
 
 
 def receive(group):
     head = torch.empty(HEAD, dtype=torch.uint8)
-    torch.distributed.broadcast(head, src=0, group=group)
+    src = torch.distributed.get_global_rank(group, 0) if group is not None else 0
+    torch.distributed.recv(head, src=src, group=group)
     n = int(head[:8].view(torch.int64))
     data = head[8:8 + n].numpy().tobytes()
     if n > HEAD - 8:
         rest = torch.empty(n - (HEAD - 8), dtype=torch.uint8)
-        torch.distributed.broadcast(rest, src=0, group=group)
+        torch.distributed.recv(rest, src=src, group=group)
         data += rest.numpy().tobytes()
     return pickle.loads(data)
+
+
+def settle(pending: list) -> None:
+    """Wait until the posted sends are delivered."""
+    for work, _ in pending:
+        work.wait()
 
 
 class Driver:
@@ -105,6 +116,7 @@ class Driver:
         self.released: list[int] = []  # handles of objects the driver dropped, told with the next message
         self.next_handle = 0
         self.stopped = False
+        self.pending: list = []  # the last message's sends in flight
 
     def __getattr__(self, name):
         if name in STEPS:
@@ -147,7 +159,9 @@ class Driver:
         new = None
         if name in MAKERS:  # numbered before the call: both sides agree even if one side's call fails
             new, self.next_handle = self.next_handle, self.next_handle + 1
-        send((name, self.wire(args), {k: self.wire(v) for k, v in kwargs.items()}, released, new), self.group)
+        message = (name, self.wire(args), {k: self.wire(v) for k, v in kwargs.items()}, released, new)
+        settle(self.pending)
+        self.pending = send(message, self.group, self.tp.world)
         out = getattr(self.runtime, name)(*args, **kwargs)
         if new is not None:
             self.handles[id(out)] = new
@@ -159,7 +173,9 @@ class Driver:
         if self.stopped:
             return
         self.stopped = True
-        send((STOP, (), {}, [], None), self.group)
+        settle(self.pending)
+        settle(send((STOP, (), {}, [], None), self.group, self.tp.world))
+        self.pending = []
 
 
 class Worker:
