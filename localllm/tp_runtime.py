@@ -29,6 +29,7 @@ import atexit
 import pickle
 import weakref
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ STEPS = frozenset({
 MAKERS = frozenset({"new_cache", "new_slots"})  # return a KV cache / slots: a new handle
 STOP = "stop"
 NOT_NUMPY = (torch.bfloat16,)  # dtypes numpy lacks: sent as tensors
+IDLE = timedelta(days=365)  # the control group's timeout: how long a worker waits for the driver
 HEAD = 1024  # bytes of a message's first broadcast: a decode step's message fits in it
 
 
@@ -64,10 +66,11 @@ class SlotsRef:
 
 
 def control_group(tp: TensorParallel):
-    """A gloo group over the same ranks for the control messages (the model's group may be NCCL)."""
-    if torch.distributed.get_backend(tp.group) == "gloo":
-        return tp.group
-    return torch.distributed.new_group(backend="gloo")
+    """A gloo group over the same ranks for the control messages (the model's group may be NCCL), whose
+    timeout is IDLE: a worker waits for the driver's next call as long as a chat or a server stays idle
+    (the default group's 30 minutes would end it)."""
+    ranks = None if tp.group is None else torch.distributed.get_process_group_ranks(tp.group)
+    return torch.distributed.new_group(ranks, backend="gloo", timeout=IDLE)
 
 
 def send(message, group, world: int) -> list:
