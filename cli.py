@@ -21,6 +21,7 @@ from localllm.settings import DEFAULT_CPU as C
 from localllm.settings import DEFAULT_GENERATION as G
 from localllm.settings import DEFAULT_SAMPLING as S
 from localllm.settings import DEFAULT_SERVE as V
+from localllm.settings import DEFAULT_PARALLEL as TP
 from localllm.settings import DraftSettings, GenerationSettings, SamplingSettings
 
 err = Console(stderr=True)
@@ -122,6 +123,7 @@ OPT_DRAFT_DTYPE = typer.Option(D.dtype, "--draft-dtype", help="the draft model's
 OPT_MODEL = typer.Option(None, "-m", "--model", metavar="MODEL", help="model path or name, as llama.cpp's -m (instead of the MODEL argument)")
 OPT_NGL = typer.Option(None, "-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N", help="accepted for llama.cpp's habit: every layer runs on the GPU when one is used (ignored on the CPU)")
 OPT_JSON = typer.Option(False, "--json", help="print one JSON object on stdout instead of text")
+OPT_TP = typer.Option(TP.tp, "--tp", metavar="N", help="tensor parallelism: split the model over N ranks (N GPUs on cuda), started through torch's launcher (torchrun)")
 OPT_LOOKUP = typer.Option(D.lookup, "--lookup", metavar="N", help="speculative decoding by prompt lookup, no draft model: what followed the last N ids (N down to 1) earlier in the prompt or the text (0: off)")
 
 
@@ -191,8 +193,10 @@ def complete(
     lookup: int = OPT_LOOKUP,
     n_gpu_layers: Optional[int] = OPT_NGL,
     json_out: bool = typer.Option(False, "--json", help="print one JSON object at the end (text, token counts, timings, finish reason) instead of streaming"),
+    tp_n: int = OPT_TP,
 ):
     """Stream the continuation of PROMPT to stdout (llama.cpp's `-m MODEL -p PROMPT` works too)."""
+    from localllm.commands import tp_cmd
     from localllm.commands.inputs import model_and_prompt
     from localllm.device import gpu_layers_notice
     from localllm.commands.reports import completion_record
@@ -202,13 +206,16 @@ def complete(
     from localllm.speculative import SpecStats
     from localllm.user_text import PromptText
 
+    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
     given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
     model, prompt = given.model, given.prompt
     sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens,
                                         ctx, tuple(stop))
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
+    tp_cmd.check_draft(ds, tp)
     use_threads(threads)
-    lm, load_s = timed_open(model, device, dtype)
+    lm, load_s = timed_open(model, device, dtype, tp)
+    lm = tp_cmd.run_rank(lm, tp)  # a worker rank follows the driver here and exits
     if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
         note(notice)
     typed = PromptText(note)  # notes after the load: a failing load stays one error line
@@ -324,6 +331,7 @@ def chat(
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
     n_gpu_layers: Optional[int] = OPT_NGL,
+    tp_n: int = OPT_TP,
 ):
     """Chat with a model using its own chat template.
 
@@ -337,14 +345,19 @@ def chat(
     from localllm.runner import context_notice, describe_stats, timed_drafter, timed_open
     from localllm.user_text import lenient_stdin, stdin_lines
 
+    from localllm.commands import tp_cmd
+
+    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
     sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens, ctx,
                                         tuple(stop))
     model = one_model(model, model_opt)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
+    tp_cmd.check_draft(ds, tp)
     use_threads(threads)
-    lm, load_s = timed_open(model, device, dtype)
+    lm, load_s = timed_open(model, device, dtype, tp)
+    lm = tp_cmd.run_rank(lm, tp)  # a worker rank follows the driver here and exits
     if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
         note(notice)
     if notice := context_notice(lm, ctx):
@@ -561,6 +574,7 @@ def bench(
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
     n_gpu_layers: Optional[int] = OPT_NGL,
+    tp_list: str = typer.Option(str(TP.tp), "--tp", metavar="N[,N...]", help="tensor-parallel degrees, comma-separated: each degree's rows in one table (each degree > 1 run as that many ranks through torch's launcher)"),
 ):
     """Prompt-processing and generation speed, with the share of the roofline measured in-process.
 
@@ -586,6 +600,19 @@ def bench(
     if notice := gpu_layers_notice(n_gpu_layers, pick_device(device)):
         note(notice)
     use_threads(threads)
+    degrees = counts("--tp", tp_list, 1)
+    if degrees != [1]:
+        from localllm.commands import tp_cmd
+
+        if spec:
+            raise LocalLLMError("bench --tp measures plain decoding: leave out --draft / --lookup")
+        if len(degrees) > 1 or not tp_cmd.launched():
+            sys.stdout.write(tp_cmd.bench_degrees(degrees, device, output))  # each degree > 1 as its own launch
+            return
+        tp = tp_cmd.start(degrees[0], device)
+        sys.stdout.write(run_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, depths, reps, device,
+                                   dtype, output, batches, tp=tp))
+        return
     if spec:
         text = run_spec_bench(models or [], flat(synthetic), flat(wtype), prompts, gens, reps, device, dtype, ds, output)
     else:
@@ -609,6 +636,7 @@ def serve(
     dtype: Optional[str] = OPT_DTYPE,
     threads: Optional[int] = OPT_THREADS,
     n_gpu_layers: Optional[int] = OPT_NGL,
+    tp_n: int = OPT_TP,
 ):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
     /health), many requests at once (continuous batching). Ctrl-C stops it."""
@@ -620,14 +648,18 @@ def serve(
     from localllm.runner import context_notice, timed_open
     from localllm.server.run import listen, serve_forever
 
+    from localllm.commands import tp_cmd
+
     check_serve_options(parallel, port, api_key)
     check_generation(1, G.ctx if ctx is None else ctx)
     model = one_model(model, model_opt)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
-    sock = listen(host, port)  # a port in use, too
+    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
+    sock = listen(host, port) if tp is None or tp.driver else None  # a port in use, too; only the driver's
     use_threads(threads)
-    lm, load_s = timed_open(model, device, dtype)
+    lm, load_s = timed_open(model, device, dtype, tp)
+    lm = tp_cmd.run_rank(lm, tp)  # a worker rank follows the driver here and exits
     if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
         note(notice)
     if notice := context_notice(lm, ctx):

@@ -21,7 +21,7 @@ import json
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -55,6 +55,7 @@ class Row:
     achieved: float  # GB/s (tg) or TFLOP/s (pp)
     unit: str
     roofline_share: float
+    tp: int = 1  # tensor-parallel degree (--tp): ranks the model ran on
 
 
 def one_run(rt: Runtime, p: int, n: int, depth: int, cache, seed: int) -> tuple[float, float]:
@@ -146,10 +147,12 @@ def format_rows(rows: list[Row], roof: dict, fmt: str = "md") -> str:
         for r in rows:
             w.writerow(asdict(r))
         return out.getvalue()
-    head = "| model | size | params | weight types | device | test | t/s | achieved | roofline |\n"
-    head += "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |\n"
+    with_tp = any(r.tp > 1 for r in rows)  # the tp column only where a row ran on several ranks
+    head = "| model | size | params | weight types | device | " + ("tp | " if with_tp else "") + "test | t/s | achieved | roofline |\n"
+    head += "| --- | --- | --- | --- | --- | " + ("---: | " if with_tp else "") + "--- | ---: | ---: | ---: |\n"
     lines = [
-        f"| {r.model} | {r.size_gib:.2f} GiB | {r.params_b:.2f} B | {r.types} | {r.device} | {r.test} "
+        f"| {r.model} | {r.size_gib:.2f} GiB | {r.params_b:.2f} B | {r.types} | {r.device} | "
+        + (f"{r.tp} | " if with_tp else "") + f"{r.test} "
         f"| {r.tps_mean:.2f} ± {r.tps_std:.2f} | {r.achieved:.3g} {r.unit} | {r.roofline_share:.0%} |"
         for r in rows
     ]
@@ -158,36 +161,50 @@ def format_rows(rows: list[Row], roof: dict, fmt: str = "md") -> str:
     return head + "\n".join(lines) + "\n" + foot
 
 
-def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device: str, dtype: str | None):
+def bench_models(specs: list[str], presets: list[str], wtypes: list[str], device: str, dtype: str | None, tp=None):
     """Yield BenchModels one at a time (the previous one is freed first): files/names, then synthetic
-    models of each shape preset x weight type, built on the device."""
-    from localllm.device import pick_device, pick_dtype
+    models of each shape preset x weight type, built on the device. tp: this rank's shard of each."""
+    from localllm.device import pick_device, pick_dtype, rank_device
     from localllm.registry import shape_preset
     from localllm.runner import open_model
     from localllm.synthetic import synthetic_model
 
     dev = pick_device(device)
     for spec in specs:
-        lm = open_model(spec, dev, dtype)
+        lm = open_model(spec, dev, dtype, tp)
         yield BenchModel(lm.path.name, lm.runtime, lm.tensor_types, lm.tokenizer)
         del lm
         free_memory(dev)
     for preset in presets:
         cfg = shape_preset(preset)
         for wtype in wtypes:
-            rt, types = synthetic_model(cfg, wtype, dev, pick_dtype(dev, dtype))
+            rt, types = synthetic_model(cfg, wtype, rank_device(dev, tp), pick_dtype(dev, dtype), tp=tp)
             yield BenchModel(f"{preset} {wtype} (synthetic)", rt, types)
             del rt
             free_memory(dev)
 
 
 def run_bench(specs, presets, wtypes, prompts, gens, depths, reps, device="auto", dtype=None, fmt="md",
-              batches=(1,)) -> str:
-    """The whole `localllm bench`: roofline once, then every model over the grid -> formatted table."""
+              batches=(1,), tp=None) -> str:
+    """The whole `localllm bench`: roofline once, then every model over the grid -> formatted table.
+    tp (a rank's parallel.TensorParallel, commands/tp_cmd.py): rank 0 drives each model's steps
+    (tp_runtime.Driver) and returns the table, the other ranks follow them and return ""."""
+    from localllm.tp_runtime import Driver, follow
+
     check_grid(prompts, gens, depths, reps, batches)
     rows, roof = [], None
-    for bm in bench_models(specs, presets, wtypes, device, dtype):
+    for bm in bench_models(specs, presets, wtypes, device, dtype, tp):
+        if tp is not None and not tp.driver:
+            follow(bm.runtime, tp)
+            continue
         check_context(bm, prompts, gens, depths)  # before the roofline's seconds
         roof = roof or measure_roofline(bm.runtime.device)
-        rows += bench_model(bm, prompts, gens, depths, reps, roof, batches)
+        if tp is None:
+            rows += bench_model(bm, prompts, gens, depths, reps, roof, batches)
+            continue
+        with Driver(bm.runtime, tp) as driver:  # stops the workers' model also on an error
+            bm.runtime = driver
+            rows += [replace(r, tp=tp.world) for r in bench_model(bm, prompts, gens, depths, reps, roof, batches)]
+    if tp is not None and not tp.driver:
+        return ""
     return format_rows(rows, roof or {"bandwidth": 0.0, "flops": 0.0}, fmt)

@@ -91,3 +91,19 @@ def gpu_layers_notice(n_gpu_layers: int | None, device: str | torch.device) -> s
     where = {"cuda": "GPU", "mps": "Apple GPU (MPS)"}.get(kind, kind)
     return (f"-ngl {n_gpu_layers}: every layer runs on the {where} (localllm does not split a model between "
             "CPU and GPU; --device cpu runs it all on the CPU)")
+
+
+def rank_device(dev: str, tp) -> str:
+    """A tensor-parallel rank's device (tp: parallel.TensorParallel or None): its own GPU on CUDA (the
+    one parallel.from_launcher set current), else dev."""
+    if tp is not None and dev == "cuda":
+        return f"cuda:{torch.cuda.current_device()}"
+    return dev
+
+
+def check_gpus_for(n: int, dev: str) -> None:
+    """--tp N on CUDA needs N GPUs on this machine (the single-machine launch); the CPU runs any N."""
+    if dev.startswith("cuda"):
+        found = torch.cuda.device_count()
+        if found < n:
+            raise LocalLLMError(f"--tp {n} needs {n} GPUs, {found} found")

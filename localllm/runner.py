@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-from .device import pick_device, pick_dtype
+from .device import pick_device, pick_dtype, rank_device
 from .draft import open_drafter
 from .generate import Stats, check_generation, generate, stream_text
 from .load import LoadedModel, load_model
@@ -14,9 +14,10 @@ from .settings import DEFAULT_DRAFT, DEFAULT_GENERATION, DEFAULT_SAMPLING, Draft
 from .speculative import Drafter, SpecStats, describe_speculative, generate_speculative
 
 
-def open_model(spec: str | None, device: str = "auto", dtype: str | None = None) -> LoadedModel:
-    dev = pick_device(device)
-    return load_model(spec, dev, pick_dtype(dev, dtype))
+def open_model(spec: str | None, device: str = "auto", dtype: str | None = None, tp=None) -> LoadedModel:
+    """tp: this rank's parallel.TensorParallel (load only its shard), None: the whole model."""
+    dev = rank_device(pick_device(device), tp)
+    return load_model(spec, dev, pick_dtype(dev, dtype), tp=tp)
 
 
 def context_size(lm: LoadedModel, requested: int) -> int:
@@ -68,9 +69,9 @@ def complete(
     return stream_text(lm.tokenizer, tokens, gen.stop)
 
 
-def timed_open(spec: str | None, device: str, dtype: str | None) -> tuple[LoadedModel, float]:
+def timed_open(spec: str | None, device: str, dtype: str | None, tp=None) -> tuple[LoadedModel, float]:
     t0 = time.perf_counter()
-    lm = open_model(spec, device, dtype)
+    lm = open_model(spec, device, dtype, tp)
     return lm, time.perf_counter() - t0
 
 

@@ -118,6 +118,13 @@ class ServeSettings:
     shutdown_seconds: float = 5.0  # Ctrl-C / SIGTERM: in-flight streams get this long to end
 
 
+@dataclass(frozen=True)
+class ParallelSettings:
+    """Tensor parallelism (issue 23; commands/tp_cmd.py)."""
+
+    tp: int = 1  # --tp: ranks the model is split over (1: one process, the whole model)
+
+
 DEFAULT_SAMPLING = SamplingSettings()
 DEFAULT_GENERATION = GenerationSettings()
 DEFAULT_DRAFT = DraftSettings()
@@ -126,6 +133,7 @@ DEFAULT_TEMPLATE = TemplateSettings()
 DEFAULT_FILES = FileSettings()
 DEFAULT_LIMITS = LoaderLimits()
 DEFAULT_SERVE = ServeSettings()
+DEFAULT_PARALLEL = ParallelSettings()
 
 # Seconds between the elapsed-time lines a long silent step (the first C++ kernel build, a first GGUF
 # parse) prints on a non-terminal stderr (a pipe, a CI log), where no spinner is drawn (progress.py).

@@ -20,7 +20,7 @@ from module_structure import (Edge, Module, absolute, all_edges, cycle_through, 
                               discover, import_cycles, in_any, private_uses, project_modules, strongly_connected,
                               unknown_imports)
 
-COMMANDS = ("localllm.commands", "localllm.cli")  # the layer above the library
+COMMANDS = ("localllm.commands", "localllm.cli", "localllm.__main__")  # the layer above the library (__main__: `python -m localllm`)
 QUANTIZE = ("localllm.quantize",)  # the bottom layer: block formats and the GGUF writer
 DEVICE_MODULES = ("localllm.backends", "localllm.kernels", "localllm.device")  # where device branches belong
 

@@ -1,0 +1,92 @@
+"""Tensor parallelism's driver/worker protocol (localllm/tp_runtime.py, issue 23) with 2 processes (gloo on
+the CPU): greedy completions (plain, --lookup, --draft) and serve's slot steps run through the driver
+equal the same calls in one process without it (the oracle: the same library calls on the whole model),
+for a replicated model (each rank holds the whole) and a sharded one (load_model(tp=)); a driver that
+fails still ends its workers; `localllm complete --tp 2 --device cpu` end to end through the CLI."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tiny_models as tm
+from localllm.backends.cpu import CpuEagerRuntime
+from localllm.load import load_model
+
+WORKER = Path(__file__).with_name("tp_runtime_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+from tp_runtime_worker import scenarios  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("tp_runtime")
+    target = tm.write_gguf(tm.TinySpec("llama", seed=11), folder / "target.gguf")
+    draft = tm.write_gguf(tm.TinySpec("llama", n_layers=1, seed=12), folder / "draft.gguf")
+    return target, draft
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def launched(files, tmp_path_factory) -> tuple[Path, list[int]]:
+    """One launch of 2 ranks runs every mode (tp_runtime_worker.py) -> (results folder, exit statuses)."""
+    out = tmp_path_factory.mktemp("tp_runtime_out")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", port, str(out), *map(str, files)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    return out, [p.wait(timeout=300) for p in procs]
+
+
+@pytest.mark.parametrize("mode", ["replicated", "sharded"])
+def test_driver_equals_one_process(files, launched, mode):
+    got = torch.load(launched[0] / f"{mode}.pt")
+    # the oracle: one process, the whole model; the sharded ranks run the eager runtime (its sums' order
+    # differs from the C++ decoder's by rounding only), so the oracle does too
+    backend = CpuEagerRuntime if mode == "sharded" else None
+    want = scenarios(load_model(str(files[0]), "cpu", backend=backend), str(files[1]))
+    assert got == want
+    assert got["plain"] and got["lookup"] == got["plain"] == got["draft"]  # speculative: the same greedy text
+
+
+def test_driver_error_ends_workers(launched):
+    """The driver failed amid its last session (status 1); the workers ended all the same (status 0)."""
+    assert launched[1] == [1, 0]
+
+
+def cli(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    root = Path(__file__).parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "localllm.cli", *map(str, args)], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=180)
+
+
+def test_cli_complete_tp2(files):
+    """One launch of `localllm complete --tp 2 --device cpu` (prompt from stdin: the driver's), against
+    the library's greedy completion in one process (what --tp 1 prints); then a driver's error is one
+    line, the driver's status."""
+    from dataclasses import replace
+
+    from localllm.runner import complete
+    from localllm.settings import DEFAULT_GENERATION, DEFAULT_SAMPLING
+
+    prompt = "the cat sat on the mat"
+    gen = replace(DEFAULT_GENERATION, max_tokens=12)
+    want = "".join(complete(load_model(str(files[0]), "cpu"), prompt, gen, replace(DEFAULT_SAMPLING, temperature=0.0)))
+    two = cli("complete", files[0], "-", "-n", "12", "--temp", "0", "--device", "cpu", "--tp", "2", stdin=prompt)
+    assert want.strip() and (two.returncode, two.stdout, two.stderr) == (0, want + "\n", ""), two.stderr
+    bad = cli("complete", files[0], "-", "--ctx", "4", "--temp", "0", "--device", "cpu", "--tp", "2",
+              stdin="the cat sat on the mat, a long prompt over the context")
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:"), bad.stderr
