@@ -593,6 +593,11 @@ def serve(
     dtype: Optional[str] = OPT_DTYPE,
     threads: Optional[int] = OPT_THREADS,
     n_gpu_layers: Optional[int] = OPT_NGL,
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
 ):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
     /health), many requests at once (continuous batching). Ctrl-C stops it."""
@@ -605,6 +610,7 @@ def serve(
     from localllm.server.run import listen, serve_forever
 
     check_serve_options(parallel, port, api_key)
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     check_generation(1, G.ctx if ctx is None else ctx)
     model = one_model(model, model_opt)
     if chat_template:
@@ -616,7 +622,8 @@ def serve(
         note(notice)
     if notice := context_notice(lm, ctx):
         note(notice)
-    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note)
+    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note,
+                          draft=ds)
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
               f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)
