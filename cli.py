@@ -600,7 +600,8 @@ def serve(
     lookup: int = OPT_LOOKUP,
 ):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
-    /health), many requests at once (continuous batching). Ctrl-C stops it."""
+    /health), many requests at once (continuous batching). --lookup N or --draft MODEL|self:TYPE:
+    speculative decoding while few requests run (greedy replies unchanged). Ctrl-C stops it."""
     from localllm.chat_template import resolve_template
     from localllm.commands.inputs import one_model
     from localllm.commands.serve import build_served, check_serve_options

@@ -6,6 +6,8 @@ over several steps; sample each first id), then one Runtime.decode_slots over ev
 its own position, its own cache rows), sample each row with its request's own Sampler, emit events, and
 free the slots of finished requests. Requests, events, handles: engine_requests.py.
 New requests join between steps; finished ones leave. No HTTP here: localllm/server/ drives it.
+With a Speculation (--draft / --lookup) and few running slots, a step is a speculative round instead
+(engine_spec.py): several ids per slot, verified in one Runtime.verify_slots pass.
 
 Prefix cache: each slot keeps the ids its rows hold after its last request. A new prompt goes to the
 free slot sharing the longest prefix with it and only the rest is prefilled; when a busy slot shares a

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from _bad_files import write_tiny_model
@@ -61,6 +62,26 @@ def concurrently(server, requests):
     _, served, client = server
     with ThreadPoolExecutor(len(requests)) as pool:
         return list(pool.map(lambda kw: ask(client, served, **kw), requests))
+
+
+def test_verify_slots_rows_equal_decode_steps(lm):
+    """Several ids per slot in one pass, slots in any order: the CPU's C++ rows give each row the bits of
+    plain decode steps; the portable pass (Runtime's, prefill_slots' forward) agrees within rounding."""
+    from localllm.runtime import Runtime
+
+    rt = lm.runtime
+    prompts, rows, order = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13]], [[20, 21, 22], [30], [40, 41]], [2, 0, 1]
+    caches = [rt.new_slots(3, 32) for _ in range(3)]
+    for c in caches:
+        rt.prefill_slots(c, [0, 1, 2], prompts, [0, 0, 0])
+    steps = {s: torch.cat([rt.decode_slots(caches[0], [s], torch.tensor([t])) for t in rows[s]]) for s in range(3)}
+    want = torch.cat([steps[s] for s in order])
+    got = rt.verify_slots(caches[1], order, [rows[s] for s in order])
+    assert torch.equal(got, want)
+    portable = Runtime.verify_slots(rt, caches[2], order, [rows[s] for s in order])
+    assert caches[1].lengths == caches[2].lengths == [8, 4, 6]
+    assert (portable - want).abs().max() < 1e-2 * want.abs().max()
+    assert torch.equal(portable.argmax(-1), want.argmax(-1))
 
 
 @pytest.mark.parametrize("name", ["lookup", "self"])
