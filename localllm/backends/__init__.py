@@ -20,15 +20,17 @@ from ..config import ModelConfig
 from ..runtime import Runtime
 
 
-def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) -> type[Runtime]:
-    """The backend for a model of cfg on device (cfg None: a Llama-layer model)."""
+def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None, tp=None) -> type[Runtime]:
+    """The backend for a model of cfg on device (cfg None: a Llama-layer model). tp (a
+    parallel.TensorParallel): a shard whose layers all-reduce inside the forward: the eager runtimes
+    (the torch forward with the backend's products), whose forward has the collectives' places."""
     kind = torch.device(device).type
     if kind == "cuda":
         from .cuda import CudaEagerRuntime, CudaRuntime, covers  # Triton is imported only where it runs
 
-        return CudaRuntime if cfg is None or covers(cfg) else CudaEagerRuntime
+        return CudaRuntime if tp is None and (cfg is None or covers(cfg)) else CudaEagerRuntime
     if kind == "cpu":
         from .cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
 
-        return CpuRuntime if cpp_covers(cfg) else CpuEagerRuntime
+        return CpuRuntime if tp is None and cpp_covers(cfg) else CpuEagerRuntime
     return Runtime
