@@ -8,6 +8,10 @@ sampled requests keep the target's distribution), rolling back by setting its le
 is speculative.AdaptiveK (complete's). Above ServeSettings.speculate_max_slots running slots the step
 is plain decoding: a full batch already reads each weight once for many rows (engine.py decides).
 
+Seeds: a sampled request draws its random numbers differently in a speculative round and in a plain
+step, and which one a step is depends on how many requests run: with --draft / --lookup a seeded
+sampled reply repeats itself under the same load only (greedy replies do not depend on it).
+
 State: the target slot of a request holds seq[:-1] (seq = its prompt + emitted ids) before a round;
 after it, seq[:-1] + the last id + the kept drafts. A draft model's slot s holds the ids `held[s]`; a
 round first feeds it what it lacks of seq (the common prefix kept: the prefix cache's rows too).
