@@ -22,13 +22,15 @@ from ..runtime import Runtime
 
 def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None, tp=None) -> type[Runtime]:
     """The backend for a model of cfg on device (cfg None: a Llama-layer model). tp (a
-    parallel.TensorParallel): a shard whose layers all-reduce inside the forward: the eager runtimes
-    (the torch forward with the backend's products), whose forward has the collectives' places."""
+    parallel.TensorParallel): a shard whose layers all-reduce inside the forward: on the CPU the eager
+    runtime (the torch forward with the C++ products: the C++ decoder runs whole layers, with no place
+    for a collective); on CUDA CudaRuntime, whose decode graphs capture the collectives
+    (backends/cuda_tp.py), else the eager one."""
     kind = torch.device(device).type
     if kind == "cuda":
         from .cuda import CudaEagerRuntime, CudaRuntime, covers  # Triton is imported only where it runs
 
-        return CudaRuntime if tp is None and (cfg is None or covers(cfg)) else CudaEagerRuntime
+        return CudaRuntime if cfg is None or covers(cfg) else CudaEagerRuntime
     if kind == "cpu":
         from .cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
 

@@ -1,7 +1,8 @@
 """Tensor parallelism on two GPUs (issue 23): TP=2 (2 processes, NCCL, each rank loading only its shard
-of the file) against TP=1 on the same file and the same runtime (CudaEagerRuntime: the portable forward
-with the Triton products; the CUDA graph decoder with collectives is h24-tpcuda's), bf16 activations,
-1B and 8B shapes (layers cut), BF16 and Q4_K_M weights.
+of the file) against TP=1 on the same file (CudaEagerRuntime: the portable forward with the Triton
+products); TP=2 runs CudaRuntime (its prompts: the sharded portable forward; its decode steps: the CUDA
+graph decoder with the collectives captured, backends/cuda_tp.py; tests/gpu/test_gpu_tp_graphs.py tests
+it further), bf16 activations, 1B and 8B shapes (layers cut), BF16 and Q4_K_M weights.
 
 - the prompt's logits: relative error (Frobenius) <= 3e-2 per file (bf16 rounding of the partial sums:
   the same order as tests/gpu/test_gpu_logits.py's CUDA-vs-fp32 bounds, 1.5e-2 / 2.4e-2);
@@ -69,7 +70,7 @@ def test_tp2_matches_tp1(synthetic_files, tmp_path, case, wtype):
     for r in range(2):
         assert not (tmp_path / f"0-{r}.err").exists(), (tmp_path / f"0-{r}.err").read_text()
         got = torch.load(tmp_path / f"0-{r}.pt")
-        assert got["runtime"] == "CudaEagerRuntime" and got["logits"].shape == ref_logits.shape
+        assert got["runtime"] == "CudaRuntime" and got["logits"].shape == ref_logits.shape
         assert rel(got["logits"], ref_logits) <= BOUND
         top1 = got["forced_logits"].argmax(-1).tolist()
         agree = sum(a == b for a, b in zip(top1, greedy[1:]))
