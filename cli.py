@@ -637,9 +637,15 @@ def serve(
     threads: Optional[int] = OPT_THREADS,
     n_gpu_layers: Optional[int] = OPT_NGL,
     tp_n: int = OPT_TP,
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
 ):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
-    /health), many requests at once (continuous batching). Ctrl-C stops it."""
+    /health), many requests at once (continuous batching). --lookup N or --draft MODEL|self:TYPE:
+    speculative decoding while few requests run (greedy replies unchanged). Ctrl-C stops it."""
     from localllm.chat_template import resolve_template
     from localllm.commands.inputs import one_model
     from localllm.commands.serve import build_served, check_serve_options
@@ -651,11 +657,13 @@ def serve(
     from localllm.commands import tp_cmd
 
     check_serve_options(parallel, port, api_key)
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     check_generation(1, G.ctx if ctx is None else ctx)
     model = one_model(model, model_opt)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
     tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
+    tp_cmd.check_draft(ds, tp)
     sock = listen(host, port) if tp is None or tp.driver else None  # a port in use, too; only the driver's
     use_threads(threads)
     lm, load_s = timed_open(model, device, dtype, tp)
@@ -664,7 +672,8 @@ def serve(
         note(notice)
     if notice := context_notice(lm, ctx):
         note(notice)
-    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note)
+    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note,
+                          draft=ds)
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
               f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)

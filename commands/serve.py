@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from localllm.chat_template import resolve_template
+from localllm.draft import open_drafter
 from localllm.engine import Engine
+from localllm.engine_spec import Speculation
 from localllm.errors import LocalLLMError
 from localllm.load import LoadedModel
 from localllm.registry import default_model_name
 from localllm.runner import context_size
 from localllm.server.app import Served
-from localllm.settings import DEFAULT_SAMPLING, DEFAULT_SERVE, SamplingSettings, ServeSettings
+from localllm.settings import DEFAULT_DRAFT, DEFAULT_SAMPLING, DEFAULT_SERVE, DraftSettings, SamplingSettings, ServeSettings
 
 
 def model_names(spec: str | None, path: Path) -> tuple[str, ...]:
@@ -32,12 +34,18 @@ def check_serve_options(parallel: int, port: int, api_key: str | None) -> None:
 
 def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api_key: str | None = None,
                  chat_template: str | None = None, limits: ServeSettings = DEFAULT_SERVE,
-                 defaults: SamplingSettings = DEFAULT_SAMPLING, notify=lambda text: None) -> Served:
-    """The engine (started) and what the app needs: ctx is each slot's context, capped at the model's."""
+                 defaults: SamplingSettings = DEFAULT_SAMPLING, notify=lambda text: None,
+                 draft: DraftSettings = DEFAULT_DRAFT) -> Served:
+    """The engine (started) and what the app needs: ctx is each slot's context, capped at the model's;
+    draft: speculative decoding (--draft / --lookup; a draft model of another vocabulary fails here)."""
+    capacity = context_size(lm, ctx)
+    drafter = open_drafter(lm.runtime, lm.tokenizer, draft, defaults)  # a bad draft model: its error first
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
     if notice:
         notify(notice)
     per_step = limits.prefill_tokens_compute_bound if lm.runtime.prompts_compute_bound else limits.prefill_tokens
-    engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, context_size(lm, ctx), limits.max_queue,
-                    per_step, limits.prefill_share_min).start()
+    speculation = None if drafter is None else Speculation(drafter, draft, limits.speculate_max_slots, parallel,
+                                                           capacity)
+    engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, capacity, limits.max_queue,
+                    per_step, limits.prefill_share_min, speculation=speculation).start()
     return Served(engine, lm.tokenizer, template, model_names(spec, lm.path), api_key, limits, defaults)

@@ -6,6 +6,8 @@ over several steps; sample each first id), then one Runtime.decode_slots over ev
 its own position, its own cache rows), sample each row with its request's own Sampler, emit events, and
 free the slots of finished requests. Requests, events, handles: engine_requests.py.
 New requests join between steps; finished ones leave. No HTTP here: localllm/server/ drives it.
+With a Speculation (--draft / --lookup) and few running slots, a step is a speculative round instead
+(engine_spec.py): several ids per slot, verified in one Runtime.verify_slots pass.
 
 Prefix cache: each slot keeps the ids its rows hold after its last request. A new prompt goes to the
 free slot sharing the longest prefix with it and only the rest is prefilled; when a busy slot shares a
@@ -25,12 +27,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .chat import common_prefix
+from .engine_spec import Draft, Speculation, speculative_step
 from .engine_requests import EngineStopped, Event, Handle, QueueFull, Request, Sink, error_message
 from .errors import LocalLLMError
 from .generate import token_budget
 from .nonfinite import check_logits
 from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
+from .speculative import AdaptiveK
 from .settings import DEFAULT_SERVE
 
 
@@ -53,6 +57,8 @@ class _Running:
     history: torch.Tensor  # prompt + generated ids (the repeat penalty's window)
     next_id: int = -1  # the last sampled id, fed to the next decode step
     filled: int = 0  # prompt ids in the slot's rows; it joins the decode steps once the prompt is whole
+    schedule: AdaptiveK | None = None  # speculative decoding's K (engine_spec.py), when it drafts
+    draft_sampler: Sampler | None = None  # a sampled request's draft-model sampler
 
 
 @dataclass
@@ -63,6 +69,9 @@ class EngineStats:
     prefill_passes: int = 0  # prefill passes run (each one prefill_slot or prefill_slots call)
     reused: int = 0  # prompt ids taken from the prefix cache instead
     cancelled: int = 0  # requests ended by cancel() (their clients left) or by shutdown
+    speculative_steps: int = 0  # steps run as speculative rounds (engine_spec.py)
+    drafted: int = 0  # ids drafted over those steps
+    accepted: int = 0  # drafts the target kept
 
 
 @dataclass
@@ -74,6 +83,7 @@ class Engine:
     max_queue: int = 64
     prefill_tokens: int = DEFAULT_SERVE.prefill_tokens  # prompt ids prefilled per step
     share_min: int = DEFAULT_SERVE.prefill_share_min
+    speculation: Speculation | None = None  # --draft / --lookup: speculative rounds (engine_spec.py)
     stats: EngineStats = field(default_factory=EngineStats)
 
     def __post_init__(self):
@@ -260,6 +270,9 @@ class Engine:
         budget, _ = token_budget(req.max_tokens, len(req.prompt), self.capacity)
         run = _Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
                        torch.tensor(req.prompt, dtype=torch.long, device=self.runtime.device), filled=reuse)
+        if self.speculation is not None:
+            run.schedule = self.speculation.schedule()
+            run.draft_sampler = None if run.greedy else self.speculation.draft_sampler(sampler)
         self.stats.reused += reuse
         with self._cv:  # from admitting to running in one move (submit counts both)
             self._admitting.remove(handle)
@@ -299,6 +312,9 @@ class Engine:
         runs = [r for r in self._running.values() if r.filled == len(r.handle.request.prompt)]
         if not runs:  # every running prompt is still being prefilled
             return
+        if self.speculation is not None and len(runs) <= self.speculation.max_slots:
+            self._speculative_step(runs)
+            return
         which = [r.slot for r in runs]
         tokens = torch.tensor([r.next_id for r in runs], dtype=torch.long, device=self.runtime.device)
         logits = self.runtime.decode_slots(self.slots, which, tokens)  # (B, V)
@@ -314,6 +330,29 @@ class Engine:
             ids = torch.stack(picked).tolist()  # the one host sync of the step
         for i, r in enumerate(runs):
             self._take(r, ids[i], logits[i])
+
+    def _speculative_step(self, runs: list[_Running]) -> None:
+        """One speculative round over the step's slots (engine_spec.py): each emits its kept drafts and
+        the target's id, in order, until one of them finishes it."""
+        items = []
+        for r in runs:
+            seq = self.held[r.slot] + [r.next_id]  # the slot's rows hold seq[:-1]
+            room = self.capacity - len(seq)  # the round writes len(seq) - 1 + 1 + k rows
+            k = max(0, min(r.schedule.k(), r.budget - 1, room))
+            items.append(Draft(r.slot, seq, k, r.history, None if r.greedy else r.sampler, r.draft_sampler))
+        results = speculative_step(self.speculation, self.runtime, self.slots, items)
+        self.stats.steps += 1
+        self.stats.speculative_steps += 1
+        for r, (new, logits, drafted) in zip(runs, results):
+            self.stats.decoded += len(new)
+            self.stats.drafted += drafted
+            self.stats.accepted += len(new) - 1
+            r.schedule.update(drafted, len(new) - 1)
+            self.held[r.slot] += [r.next_id] + new[:-1]  # the rows kept: the last id, the kept drafts
+            for i, token in enumerate(new):
+                self._take(r, token, logits[i])
+                if r.slot not in self._running or self._running[r.slot] is not r:
+                    break  # finished (a stop id, its budget): the ids after it are not emitted
 
     def _take(self, run: _Running, token: int, logits: torch.Tensor) -> None:
         """Emit a sampled id (or finish at an end-of-turn id / the budget's end)."""

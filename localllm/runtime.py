@@ -123,6 +123,12 @@ class Runtime:
         lengths[s] += 1 for each. One batched forward (slots.decode_slots)."""
         return slot_steps.decode_slots(self.model, slots, which, tokens)
 
+    def verify_slots(self, slots: Slots, which: list[int], rows: list[list[int]]) -> torch.Tensor:
+        """rows[i] (one or more ids) at positions lengths[s].. of slot s = which[i] (distinct) in one
+        batched pass -> logits (sum(len), V) fp32, the slots' rows in the order of `which`; lengths[s] +=
+        len(rows[i]) (`serve`'s speculative decoding: each slot's last id and drafts; slots.verify_slots)."""
+        return slot_steps.verify_slots(self.model, slots, which, rows)
+
     def copy_prefix(self, slots: Slots, src: int, dst: int, n: int) -> None:
         """Rows [0, n) of slot src into slot dst; dst then holds n positions."""
         slot_steps.copy_prefix(slots, src, dst, n)

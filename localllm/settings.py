@@ -116,6 +116,9 @@ class ServeSettings:
     max_stop_strings: int = 4  # OpenAI's limit on `stop`
     idle_wait_seconds: float = 0.5  # a non-streaming request checks this often whether its client left
     shutdown_seconds: float = 5.0  # Ctrl-C / SIGTERM: in-flight streams get this long to end
+    # --draft / --lookup: a step is a speculative round only while at most this many slots decode (more
+    # rows already share each weight read; drafts then cost more than they save: docs/PERFORMANCE.md)
+    speculate_max_slots: int = 4
 
 
 @dataclass(frozen=True)

@@ -210,14 +210,16 @@ def decode_slots(model, slots: Slots, which: list[int], tokens: torch.Tensor) ->
 
 
 @torch.inference_mode()
-def prefill_slots(model, slots: Slots, which: list[int], prompts: list[list[int]], starts: list[int]) -> torch.Tensor:
+def prefill_slots(model, slots: Slots, which: list[int], prompts: list[list[int]], starts: list[int],
+                  every: bool = False) -> torch.Tensor:
     """prompts[i] at positions [starts[i], starts[i] + len) of slot which[i] (distinct; rows [0, start)
     kept) -> logits (N, V) fp32 of each prompt's last id; then lengths[s] = start + len. One forward of
     batch 1 over the T = sum(len) rows, the prompts concatenated (each product reads its weight once for
     all of them): per-row rope rows and cache writes (SegmentCache), attention per prompt over its own
     slot's keys, causal within that prompt only (SegmentKeys). A prompt's rows see the arithmetic of its
     prefill alone (prefill_slot) except the products' row count: bit-equal where the products are
-    row-independent (the CPU's C++ products), within rounding where they are not (torch's GEMMs)."""
+    row-independent (the CPU's C++ products), within rounding where they are not (torch's GEMMs).
+    every: the logits of every row instead (sum(len), V), each prompt's rows in order (verify_slots)."""
     check_prefills(slots, which, prompts, starts)
     cfg, device = model.cfg, model.token_embd.weight.device
     lengths = [len(p) for p in prompts]
@@ -237,8 +239,26 @@ def prefill_slots(model, slots: Slots, which: list[int], prompts: list[list[int]
         cos, sin = rows[id(rope)] if rope is not None else (None, None)
         keys = window if window is not None and cfg.sliding(i) else full
         x = blk(x, i, cache, 0, cos, sin, keys, None if ple is None else ple[:, :, i])
-    last = torch.tensor(lengths, device=device).cumsum(0) - 1
-    logits = model.head(x[:, last])[0].float()
+    if every:
+        logits = model.head(x)[0].float()
+    else:
+        last = torch.tensor(lengths, device=device).cumsum(0) - 1
+        logits = model.head(x[:, last])[0].float()
     for s, st, n in zip(which, starts, lengths):
         slots.lengths[s] = st + n
     return logits
+
+
+def check_verify(slots: Slots, which: list[int], rows: list[list[int]]) -> None:
+    check_prefills(slots, which, rows, [slots.lengths[s] for s in which])
+
+
+@torch.inference_mode()
+def verify_slots(model, slots: Slots, which: list[int], rows: list[list[int]]) -> torch.Tensor:
+    """Several ids per slot (speculative decoding's verify pass in `serve`: the last emitted id and the
+    drafts): rows[i] at positions [lengths[s], lengths[s] + len) of slot s = which[i] (distinct) ->
+    logits (sum(len), V) fp32, slot which[0]'s rows first, each slot's in order; then lengths[s] += len.
+    The portable pass is prefill_slots' (each weight read once for all rows): a row equals decode_slots'
+    up to the products' rounding for another row count (backends/cpu.py's C++ rows: the same bits)."""
+    check_verify(slots, which, rows)
+    return prefill_slots(model, slots, which, rows, [slots.lengths[s] for s in which], every=True)

@@ -109,6 +109,27 @@ def accept(p: torch.Tensor, q: torch.Tensor, drafted: torch.Tensor, generator: t
     return m, draw(weights, generator)
 
 
+def verdict(logits: torch.Tensor, drafted: list[int], q: torch.Tensor | None, sampler: Sampler,
+            history: torch.Tensor, greedy: bool) -> tuple[int, int]:
+    """The target's judgement of n drafts: logits (n+1, V) of its pass over the last emitted id and the
+    drafts, q (n, V) the draft's distributions (None: one-hot at the drafts), history the sequence so far
+    (N,) -> (m drafts kept, the target's id after them). Also `serve`'s (engine_spec.py)."""
+    n = len(drafted)
+    if greedy:  # p_i one-hot at argmax: keep drafts while they are the argmax (one sync)
+        best = logits.argmax(-1).tolist()
+        m = next((i for i in range(n) if drafted[i] != best[i]), n)
+        return m, best[m]
+    N = history.numel()
+    d = torch.tensor(drafted, dtype=torch.long, device=history.device)
+    full = torch.cat((history, d))
+    # p_i conditions on seq + d_<i: its history (the repeat penalty's) is full[:N + i]
+    p = torch.stack([sampler.probs(logits[i], full[: N + i]) for i in range(n + 1)])
+    if q is None:
+        q = torch.nn.functional.one_hot(d, p.shape[-1]).float()
+    m, drawn = accept(p, q, d, sampler.generator)
+    return m, int(drawn)
+
+
 @torch.inference_mode()
 def speculative_round(
     rt: Runtime, cache: KVCache, sampler: Sampler, drafter: Drafter, seq: list[int], history: torch.Tensor, k: int
@@ -121,19 +142,7 @@ def speculative_round(
     drafted, q = drafter.propose(seq, history, k)
     n = len(drafted)
     logits = verify(rt, cache, seq[-1:] + drafted)
-    if is_plain_greedy(sampler):  # p_i one-hot at argmax: keep drafts while they are the argmax (one sync)
-        best = logits.argmax(-1).tolist()
-        m = next((i for i in range(n) if drafted[i] != best[i]), n)
-        token = best[m]
-    else:
-        d = torch.tensor(drafted, dtype=torch.long, device=history.device)
-        full = torch.cat((history, d))
-        # p_i conditions on seq + d_<i: its history (the repeat penalty's) is full[:N + i]
-        p = torch.stack([sampler.probs(logits[i], full[: N + i]) for i in range(n + 1)])
-        if q is None:
-            q = torch.nn.functional.one_hot(d, p.shape[-1]).float()
-        m, drawn = accept(p, q, d, sampler.generator)
-        token = int(drawn)
+    m, token = verdict(logits, drafted, q, sampler, history, is_plain_greedy(sampler))
     cache.length = N + m
     drafter.rollback(N + m)
     return drafted[:m] + [token], n

@@ -33,7 +33,7 @@ from ..model import QEmbedding, Transformer
 from ..rope import layer_ropes, rotary_dims
 from ..runtime import Runtime
 from ..settings import DEFAULT_CPU
-from ..slots import Slots, check_rows
+from ..slots import Slots, check_rows, check_verify
 from ..weights import to_module_name
 from .cpu_moe import MOE_FIELDS, NO_MATRIX, add_moe_layers, moe_covers, moe_layers, parameter_names
 from .cpu_gemma4 import EMPTY_MAT, GEMMA4_FIELDS, gemma4_args, param_names, shapes_fit
@@ -253,6 +253,24 @@ class CpuRuntime(Runtime):
         logits = decoder.step_rows(tokens, [slots.lengths[s] for s in which], which, slots.cache)
         for s in which:
             slots.lengths[s] += 1
+        return logits
+
+
+    def verify_slots(self, slots: Slots, which: list[int], rows: list[list[int]]) -> torch.Tensor:
+        """The C++ rows step over every id of every slot: a slot's ids are rows of that slot at
+        consecutive positions (decode_rows writes a layer's k, v rows of all rows before any row attends,
+        so a row sees the ones before it in its slot), each row the bits of its one-token step alone:
+        greedy verification keeps exactly what plain decode steps would produce."""
+        decoder = self.cpp_decoder(slots.cache, batch1=False)
+        if decoder is None:
+            return super().verify_slots(slots, which, rows)
+        check_verify(slots, which, rows)
+        ids = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+        positions = [slots.lengths[s] + j for s, r in zip(which, rows) for j in range(len(r))]
+        repeated = [s for s, r in zip(which, rows) for _ in r]
+        logits = decoder.step_rows(ids, positions, repeated, slots.cache)
+        for s, r in zip(which, rows):
+            slots.lengths[s] += len(r)
         return logits
 
 
