@@ -42,8 +42,11 @@ from .slots import Slots
 # Runtime methods that touch the model or its caches: forwarded to the workers, in call order.
 STEPS = frozenset({
     "forward", "prefill", "decode", "greedy_step", "verify", "warm_verify", "new_cache", "new_slots",
-    "prefill_slot", "prefill_slots", "decode_slots", "copy_prefix", "sync",
+    "prefill_slot", "prefill_slots", "decode_slots", "verify_slots", "copy_prefix", "sync",
 })
+# Runtime methods that read nothing of the model's state a worker must share (tests/test_tp_runtime.py
+# checks that every other Runtime method is a STEP).
+LOCAL = frozenset({"prepare", "block_weight", "most_drafts"})
 MAKERS = frozenset({"new_cache", "new_slots"})  # return a KV cache / slots: a new handle
 STOP = "stop"
 NOT_NUMPY = (torch.bfloat16,)  # dtypes numpy lacks: sent as tensors

@@ -90,3 +90,15 @@ def test_cli_complete_tp2(files):
               stdin="the cat sat on the mat, a long prompt over the context")
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:"), bad.stderr
+
+
+def test_every_runtime_step_is_forwarded():
+    """A Runtime method the driver ran alone would leave the workers out of its collectives (a hang):
+    every method of Runtime is a forwarded STEP or named LOCAL."""
+    from localllm.runtime import Runtime
+    from localllm.tp_runtime import LOCAL, STEPS
+
+    methods = {n for n, v in vars(Runtime).items() if callable(v) or isinstance(v, staticmethod)} - {"__init__"}
+    methods = {n for n in methods if not n.startswith("_")}
+    assert methods - STEPS - LOCAL == set()
+    assert (STEPS | LOCAL) - methods == set()
