@@ -121,12 +121,13 @@ def _unit(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, R0, R1, R2,
 def _mma_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4,
                 R0, R1, R2, R3, R4, M, N, K, out_stride, units_per_split, FMT: tl.constexpr, UNIT: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr):
+                HAS_RES: tl.constexpr, ROUND: tl.constexpr, SPLIT, STAGES: tl.constexpr):
     """out[m, n] (+)= sum_k W[n, k] x[m, k] for BM x rows and BN weight rows (grid: (M / BM, N / BN,
     SPLIT)), K part program_id(2) of units_per_split units; BK: the dp4a kernel's units per step (its
     accumulators: unit u_lo + i BK + k goes to accumulator k, added in order at the end, as its
     tl.sum over them adds). Epilogue as triton_epilogue.epilogue's for an int64 fixed-point
-    accumulator (atomically with SPLIT > 1) or an unsplit output (bias, rounding, residual)."""
+    accumulator (atomically with SPLIT > 1) or an unsplit output (bias, rounding, residual). SPLIT is a
+    runtime value (one compiled kernel for every split of a type and tile)."""
     tl.static_assert(BK <= 4, "at most 4 accumulators")
     m = (tl.program_id(0) * BM + tl.arange(0, BM))[:, None]
     n = (tl.program_id(1) * BN + tl.arange(0, BN))[None, :]

@@ -31,7 +31,7 @@ from localllm.quantize import quantize_tensor  # noqa: E402
 from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-N, K = 72, 512  # 72 rows: a partial weight tile
+N, K = 40, 512  # 40 rows: a partial weight tile
 
 
 @functools.cache
@@ -64,10 +64,11 @@ def test_threshold_is_one_constant():
     assert triton_mma.MMA_ROWS == 16
 
 
-@pytest.mark.parametrize("rows", [16, 20])
-def test_accumulator_split_k_matches_oracle_and_dp4a_bits(weight, rows):
-    """The decode step's use: += into an int64 fixed-point accumulator, K split in 2 (atomics)."""
+def test_accumulator_split_k_matches_oracle_and_dp4a_bits(weight):
+    """The decode step's use: += into an int64 fixed-point accumulator, K split in 2 (atomics); 20 rows
+    (a partial row tile)."""
     ref, qw = weight
+    rows = 20
     xa, xv = act(rows, rows)
     res = to_fixed(torch.randn(rows, N, generator=torch.Generator().manual_seed(3)))
     got, want = res.clone(), res.clone()
@@ -75,28 +76,29 @@ def test_accumulator_split_k_matches_oracle_and_dp4a_bits(weight, rows):
     triton_q8.gemv_q8(xa, qw, residual=want, inplace=True, split=2, act_dtype=torch.float32, mma=False)
     assert torch.equal(got, want)
     assert rel(from_fixed(got - res).numpy(), xv @ ref.T) < 1e-6
-    for r in (0, 1, rows - 1):  # each row alone (the dp4a kernel of one row): the same bits
+    for r in (0, rows - 1):  # each row alone (the dp4a kernel of one row): the same bits
         alone = res[r:r + 1].clone()
         triton_q8.gemv_q8(tuple(t[r:r + 1] for t in xa), qw, residual=alone, inplace=True, split=2,
                           act_dtype=torch.float32)
         assert torch.equal(alone, got[r:r + 1])
 
 
-@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_output_with_bias_and_residual(weight, act_dtype):
-    """An unsplit output (the head's fp32 logits; bias and residual as triton_epilogue's)."""
+def test_output_with_bias_and_residual(weight):
+    """An unsplit output (bias and residual in bf16 rounding as triton_epilogue's; the head's fp32
+    logits)."""
     ref, qw = weight
+    act_dtype = torch.bfloat16
     xa, xv = act(16, 5)
     g = torch.Generator().manual_seed(4)
     b, res = torch.randn(N, generator=g), torch.randn(16, N, generator=g)
     got = triton_q8.gemv_q8(xa, qw, bias=b, residual=res, act_dtype=act_dtype)
     want = triton_q8.gemv_q8(xa, qw, bias=b, residual=res, act_dtype=act_dtype, mma=False)
     assert torch.equal(got, want)
-    tol = 1e-6 if act_dtype == torch.float32 else 1e-2
-    assert rel((got - res).numpy(), xv @ ref.T + b.double().numpy()) < tol
+    assert rel((got - res).numpy(), xv @ ref.T + b.double().numpy()) < 1e-2
     logits = triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32)
     assert torch.equal(logits, triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32,
                                                  mma=False))
+    assert rel(logits.numpy(), xv @ ref.T) < 1e-2  # rounded to bf16 as the head rounds
 
 
 def test_rows_are_independent(weight):
