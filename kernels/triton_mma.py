@@ -82,9 +82,8 @@ def _unit(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, R0, R1, R2,
         dw = tl.load(P1 + u * U1 + n * R1, mask=no, other=0).to(tl.float32)
         return s.to(tl.float32) * (dw * tl.load(xd + u, mask=mo, other=0))
     elif FMT == 1:  # Q4_0: values 0-15 low nibbles of bytes 0..15, 16-31 high; w = d (q - 8)
-        lo = _w_tile(P0, U0, R0, u, n, no, e % 16, 0)
-        hi = _w_tile(P0, U0, R0, u, n, no, e % 16, 4)
-        s = _dot(_x_tile(xq_ptr, m, mo, K, 32 * u), tl.where(e < 16, lo, hi))
+        q = (_w_tile(P0, U0, R0, u, n, no, e % 16, -1) >> (4 * (e // 16))) & 15
+        s = _dot(_x_tile(xq_ptr, m, mo, K, 32 * u), q)
         sx = tl.load(xs + 2 * u, mask=mo, other=0) + tl.load(xs + 2 * u + 1, mask=mo, other=0)
         dw = tl.load(P1 + u * U1 + n * R1, mask=no, other=0).to(tl.float32)
         return (s - 8 * sx).to(tl.float32) * (dw * tl.load(xd + u, mask=mo, other=0))
@@ -92,8 +91,9 @@ def _unit(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, R0, R1, R2,
         d = tl.load(P1 + (u // 4) * U1 + n * R1, mask=no, other=0).to(tl.float32)
         dmin = tl.load(P2 + (u // 4) * U2 + n * R2, mask=no, other=0).to(tl.float32)
         y = tl.zeros(d.shape, tl.float32) * tl.zeros(m.shape, tl.float32)
+        b = _w_tile(P0, U0, R0, u, n, no, e, -1)
         for h in tl.static_range(2):
-            s = _dot(_x_tile(xq_ptr, m, mo, K, 64 * u + 32 * h), _w_tile(P0, U0, R0, u, n, no, e, 4 * h))
+            s = _dot(_x_tile(xq_ptr, m, mo, K, 64 * u + 32 * h), (b >> (4 * h)) & 15)
             sb = 2 * u + h
             sc = tl.load(P3 + sb * U3 + n * R3, mask=no, other=0).to(tl.int32)
             mn = tl.load(P4 + sb * U4 + n * R4, mask=no, other=0).to(tl.int32)
@@ -104,12 +104,14 @@ def _unit(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, R0, R1, R2,
     else:  # Q6_K half u: w = d sc (q - 32) per 16 values
         d = tl.load(P1 + (u // 2) * U1 + n * R1, mask=no, other=0).to(tl.float32)
         y = tl.zeros(d.shape, tl.float32) * tl.zeros(m.shape, tl.float32)
+        ql0 = _w_tile(P0, U0, R0, u, n, no, e, -1)  # bytes 0..31 of the half's ql, 32..63, its qh
+        ql1 = _w_tile(P0, U0, R0, u, n, no, e + 32, -1)
+        qh = _w_tile(P2, U2, R2, u, n, no, e, -1)
         for k in tl.static_range(2):  # k: the 16-value group of each 32-value quarter (triton_q8's order)
             for t in tl.static_range(4):  # quarter t: values 32t .. 32t + 31 of the half
-                ql = _w_tile(P0, U0, R0, u, n, no, e + 32 * (t % 2), 4 * (t // 2))
-                qh = (_w_tile(P2, U2, R2, u, n, no, e, -1) >> (2 * t)) & 3
-                q = tl.where(e // 16 == k, ql | (qh << 4), 0)
-                a = _dot(_x_tile(xq_ptr, m, mo, K, 128 * u + 32 * t), q)
+                ql = ql0 if t % 2 == 0 else ql1
+                q = ((ql >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)
+                a = _dot(_x_tile(xq_ptr, m, mo, K, 128 * u + 32 * t), tl.where(e // 16 == k, q, 0))
                 g = 8 * u + 2 * t + k
                 sc = tl.load(P3 + g * U3 + n * R3, mask=no, other=0).to(tl.int32)
                 y += (sc * (a - 32 * tl.load(xs + g, mask=mo, other=0))).to(tl.float32) * tl.load(
