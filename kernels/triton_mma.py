@@ -109,8 +109,11 @@ def _unit(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, R0, R1, R2,
         qh = _w_tile(P2, U2, R2, u, n, no, e, -1)
         for k in tl.static_range(2):  # k: the 16-value group of each 32-value quarter (triton_q8's order)
             for t in tl.static_range(4):  # quarter t: values 32t .. 32t + 31 of the half
-                ql = ql0 if t % 2 == 0 else ql1
-                q = ((ql >> (4 * (t // 2))) & 15) | (((qh >> (2 * t)) & 3) << 4)
+                if t % 2 == 0:
+                    q = (ql0 >> (4 * (t // 2))) & 15
+                else:
+                    q = (ql1 >> (4 * (t // 2))) & 15
+                q = q | (((qh >> (2 * t)) & 3) << 4)
                 a = _dot(_x_tile(xq_ptr, m, mo, K, 128 * u + 32 * t), tl.where(e // 16 == k, q, 0))
                 g = 8 * u + 2 * t + k
                 sc = tl.load(P3 + g * U3 + n * R3, mask=no, other=0).to(tl.int32)
