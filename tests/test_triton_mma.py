@@ -70,35 +70,31 @@ def test_accumulator_split_k_matches_oracle_and_dp4a_bits(weight):
     ref, qw = weight
     rows = 20
     xa, xv = act(rows, rows)
-    res = to_fixed(torch.randn(rows, N, generator=torch.Generator().manual_seed(3)))
+    g = torch.Generator().manual_seed(3)
+    res, b = to_fixed(torch.randn(rows, N, generator=g)), torch.randn(N, generator=g)  # (Qwen's q|k|v bias)
     got, want = res.clone(), res.clone()
-    triton_q8.gemv_q8(xa, qw, residual=got, inplace=True, split=2, act_dtype=torch.float32)
-    triton_q8.gemv_q8(xa, qw, residual=want, inplace=True, split=2, act_dtype=torch.float32, mma=False)
+    triton_q8.gemv_q8(xa, qw, bias=b, residual=got, inplace=True, split=2, act_dtype=torch.float32)
+    triton_q8.gemv_q8(xa, qw, bias=b, residual=want, inplace=True, split=2, act_dtype=torch.float32, mma=False)
     assert torch.equal(got, want)
-    assert rel(from_fixed(got - res).numpy(), xv @ ref.T) < 1e-6
+    assert rel(from_fixed(got - res).numpy(), xv @ ref.T + b.double().numpy()) < 1e-6
     for r in (0, rows - 1):  # each row alone (the dp4a kernel of one row): the same bits
         alone = res[r:r + 1].clone()
-        triton_q8.gemv_q8(tuple(t[r:r + 1] for t in xa), qw, residual=alone, inplace=True, split=2,
+        triton_q8.gemv_q8(tuple(t[r:r + 1] for t in xa), qw, bias=b, residual=alone, inplace=True, split=2,
                           act_dtype=torch.float32)
         assert torch.equal(alone, got[r:r + 1])
 
 
 def test_output_with_bias_and_residual(weight):
-    """An unsplit output (bias and residual in bf16 rounding as triton_epilogue's; the head's fp32
-    logits)."""
+    """An unsplit fp32 output (the head's logits) with bias and residual, the sum rounded to bf16 first
+    (triton_epilogue.epilogue's order)."""
     ref, qw = weight
-    act_dtype = torch.bfloat16
     xa, xv = act(16, 5)
     g = torch.Generator().manual_seed(4)
     b, res = torch.randn(N, generator=g), torch.randn(16, N, generator=g)
-    got = triton_q8.gemv_q8(xa, qw, bias=b, residual=res, act_dtype=act_dtype)
-    want = triton_q8.gemv_q8(xa, qw, bias=b, residual=res, act_dtype=act_dtype, mma=False)
-    assert torch.equal(got, want)
-    assert rel((got - res).numpy(), xv @ ref.T + b.double().numpy()) < 1e-2
-    logits = triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32)
-    assert torch.equal(logits, triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32,
-                                                 mma=False))
-    assert rel(logits.numpy(), xv @ ref.T) < 1e-2  # rounded to bf16 as the head rounds
+    kw = dict(bias=b, residual=res, act_dtype=torch.bfloat16, out_dtype=torch.float32)
+    got = triton_q8.gemv_q8(xa, qw, **kw)
+    assert got.dtype == torch.float32 and torch.equal(got, triton_q8.gemv_q8(xa, qw, mma=False, **kw))
+    assert rel((got - res).numpy(), xv @ ref.T + b.double().numpy()) < 1e-2  # bf16 rounding
 
 
 def test_rows_are_independent(weight):
