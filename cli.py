@@ -395,19 +395,35 @@ def quantize(
     quantized is refused unless --allow-requantize (llama-quantize's rule)."""
     from localllm.quantize.plan import plan_table, total_bpw, total_bytes
     from localllm.commands.inputs import quantize_type
-    from localllm.commands.quantize_cmd import parse_size, phase_line, quantize_model
+    from localllm.commands.quantize_native import phase_line, quantize_native
+    from localllm.kernels.cpu_encode_lib import encodes_on
 
     out, type_name = quantize_type(out, type_arg, type_name, dry_run)
     if type_name is None and target_bpw is None and target_size is None:
         raise LocalLLMError("give TYPE (IN OUT TYPE, or --type TYPE), or --target-bpw X / --target-size SIZE for mixed precision")
     if json_out and not dry_run:
         raise LocalLLMError("--json is for --dry-run (the plan); a written file is reported on stderr")
-    use_threads(threads)
-    result = quantize_model(
-        model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from, target_bpw=target_bpw,
-        target_size=parse_size(target_size) if target_size else None, calib=calib, imatrix_file=imatrix,
-        allow_requantize=allow_requantize,
-    )
+    result = None
+    plain = (type_name is not None and not dry_run and target_bpw is None and target_size is None and calib is None
+             and imatrix is None and tokenizer_from is None and encodes_on(device))
+    if plain:  # a preset on a GGUF: without torch where it can (commands/quantize_native.py), else None
+        from localllm.cores import thread_count
+
+        n_threads, notice = thread_count(threads)
+        if notice:
+            note(notice)
+        result = quantize_native(model, out, type_name, tensor_type, threads=n_threads,
+                                 allow_requantize=allow_requantize)
+    if result is None:
+        from localllm.commands.quantize_cmd import parse_size, quantize_model
+        from localllm.device import set_threads
+
+        set_threads(threads) if plain else use_threads(threads)  # -t's notice: given once
+        result = quantize_model(
+            model, out, type_name, tensor_type, dry_run, device, tokenizer_from=tokenizer_from, target_bpw=target_bpw,
+            target_size=parse_size(target_size) if target_size else None, calib=calib, imatrix_file=imatrix,
+            allow_requantize=allow_requantize,
+        )
     size = f"{total_bytes(result.plan) / 2**20:.2f} MiB, {total_bpw(result.plan):.4f} bits per weight"
     if json_out:
         from localllm.commands.reports import plan_record

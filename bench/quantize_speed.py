@@ -45,14 +45,15 @@ def child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def ours(base: Path, out: Path, device: str, *args: str) -> tuple[float, str]:
-    """(wall seconds, the phase line and CPU seconds) of `localllm quantize BASE OUT ARGS`."""
+def ours(base: Path, out: Path, device: str, *args: str) -> tuple[float, str, float]:
+    """(wall seconds, the phase line and CPU seconds, CPU seconds) of `localllm quantize BASE OUT ARGS`."""
     cmd = [sys.executable, str(ROOT / "cli.py"), "quantize", str(base), str(out), "--device", device, *args]
     start, cpu = time.perf_counter(), child_cpu()
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     phases = re.search(r"time: (.*)", done.stderr)
-    return seconds, f"{phases.group(1) if phases else '?'}; CPU {child_cpu() - cpu:.1f} s"
+    cpu = child_cpu() - cpu
+    return seconds, f"{phases.group(1) if phases else '?'}; CPU {cpu:.1f} s", cpu
 
 
 def theirs(base: Path, out: Path, ftype: str) -> tuple[float, float]:
@@ -105,18 +106,20 @@ def main() -> None:
     print(f"cpu: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (a shared machine)")
     if args.target_bpw is not None:
         for r in range(args.rounds):
-            s, phases = ours(base, work / "ours-bpw.gguf", args.device, "--target-bpw", str(args.target_bpw))
+            s, phases, _ = ours(base, work / "ours-bpw.gguf", args.device, "--target-bpw", str(args.target_bpw))
             print(f"--target-bpw {args.target_bpw} round {r}: {s:.1f} s ({phases})", flush=True)
         return
     for ftype in args.type:
-        ratios = []
+        ratios, cpu_ratios = [], []
         for r in range(args.rounds):
-            a, phases = ours(base, work / f"ours-{ftype}.gguf", args.device, "--type", ftype)
+            a, phases, a_cpu = ours(base, work / f"ours-{ftype}.gguf", args.device, "--type", ftype)
             b, b_cpu = theirs(base, work / f"llamacpp-{ftype}.gguf", ftype)
             ratios.append(a / b)
+            cpu_ratios.append(a_cpu / b_cpu)
             print(f"{ftype} round {r}: ours {a:.1f} s ({phases}), llama.cpp {b:.1f} s (CPU {b_cpu:.1f} s), "
-                  f"ratio {a / b:.2f}", flush=True)
-        print(f"{ftype}: median ratio ours / llama.cpp {statistics.median(ratios):.2f} over {args.rounds} rounds")
+                  f"ratio {a / b:.2f} (CPU {a_cpu / b_cpu:.2f})", flush=True)
+        print(f"{ftype}: median ratio ours / llama.cpp {statistics.median(ratios):.2f} over {args.rounds} rounds "
+              f"(CPU seconds: {statistics.median(cpu_ratios):.2f}); load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ Inputs:
   copy the tokenizer.* keys from a GGUF of the same model instead (e.g. one of llama.cpp's vocab-only
   files).
 
+The CLI runs a preset on a GGUF input without torch where it can (commands/quantize_native.py: the
+same bytes); this module is the torch path for everything else.
+
 Types: a preset (quantize.presets) picks each tensor's type, `--tensor-type REGEX=TYPE` overrides it,
 and rows that do not split into blocks of the chosen type fall back (quantize.plan).
 """
@@ -29,7 +32,6 @@ import math
 import tempfile
 import time
 import warnings
-import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -42,18 +44,25 @@ from localllm.kernels.cpu import load_extension
 from localllm.quantize import dequantize, quantize_tensor
 from localllm.quantize.blocks import CPP_K_TYPES, SIMPLE_CPP, write_threads
 from localllm.quantize.plan import (
-    Override, PlanError, PlanRow, TensorInfo, make_plan, measure_errors, parse_override, preset_plan,
+    Override, PlanRow, TensorInfo, make_plan, measure_errors, preset_plan,
 )
-from localllm.quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback, find_preset
+from localllm.quantize.presets import PRESETS, ModelShape, Preset, allows_quantization, fallback
 from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.partial import remove_stale_partials
 from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
+
+# torch-free pieces, shared with the torch-free preset path (and re-exported here)
+from localllm.commands.quantize_native import (  # noqa: F401
+    NOT_COPIED, UNQUANTIZED, QuantizeResult, meta_value, check_requantize, output_metadata as native_output_metadata,
+    parse_request, phase_line, read_gguf_metadata, typed_value,
+)
+_meta_value = meta_value  # its earlier name (tests)
 
 from localllm.config import Fields, ModelConfig, read_json
 from localllm.config_phi3 import hf_rope_tensors
 from localllm.device import encoder_device
 from localllm.errors import LocalLLMError
-from localllm.gguf_file import GGUFFile, open_gguf
+from localllm.gguf_file import open_gguf
 from localllm.registry import resolve_model
 from localllm.settings import DEFAULT_CPU, DEFAULT_FILES
 from localllm.progress import stage_progress
@@ -69,9 +78,6 @@ Q = gguf.GGMLQuantizationType
 V = gguf.GGUFValueType
 K = gguf.Keys.General
 
-# Keys llama-quantize drops (general.file_type and general.quantization_version it sets in place).
-NOT_COPIED = {gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUNT,
-              gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT}
 
 CPP_TYPES = CPP_K_TYPES | SIMPLE_CPP  # the types whose C++ encoders take a stored F16 tensor as it is
 
@@ -99,18 +105,6 @@ class Source:
     metadata: Callable[[], dict[str, MetaValue]]  # read only when writing
     alignment: int
     config: ModelConfig  # what the loader will build from OUT: every tensor is checked against it
-
-
-@dataclass
-class QuantizeResult:
-    preset: Preset
-    plan: list[PlanRow]
-    errors: list[float] | None  # --dry-run: predicted relative RMSE per tensor
-    out: Path | None
-    seconds: float
-    # phase -> wall seconds, in order: read (input, plan inputs), [imatrix], [load, imatrix, fisher,
-    # errors, search: --target-*], plan, [errors: --dry-run], write (encoding and writing)
-    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def quantize_model(
@@ -194,22 +188,6 @@ def quantize_model(
     written = write_source(src, plan, preset, Path(out), dev, imatrix, progress)
     lap("write")
     return QuantizeResult(preset, plan, None, written, time.perf_counter() - start, phases)
-
-
-UNQUANTIZED = {Q.F32, Q.F16, Q.BF16}
-
-
-def check_requantize(plan: Sequence[PlanRow]) -> None:
-    """llama-quantize's rule (llama-quant.cpp: "requantizing from type %s is disabled"): a tensor stored
-    quantized may be copied as it is, never re-encoded to another type, unless --allow-requantize. Its
-    values are already rounded: Q4_1 -> Q8_0 writes a bigger file with no gain."""
-    requant = [r for r in plan if r.source not in UNQUANTIZED and r.target != r.source]
-    if requant:
-        first = requant[0]
-        raise LocalLLMError(
-            f"the input is already quantized ({first.name} is {first.source.name}; {len(requant)} tensors would be "
-            f"re-quantized, e.g. to {first.target.name}): requantizing loses quality for no gain in size over "
-            "quantizing the 16/32-bit model; give --allow-requantize to do it anyway")
 
 
 def check_requantize_source(infos: Sequence[TensorInfo]) -> None:
@@ -352,11 +330,6 @@ def calib_name(calib: str | None) -> str:
     return calib if calib is not None else "localllm:calibration.txt"
 
 
-def phase_line(phases: Mapping[str, float]) -> str:
-    """'read 0.9 s, plan 0.0 s, write 41.2 s': where the time went, in order."""
-    return ", ".join(f"{name} {sec:.1f} s" for name, sec in phases.items())
-
-
 def parse_size(text: str) -> int:
     """'105454144', '100M', '1.5G' (K/M/G are KiB/MiB/GiB) -> bytes."""
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -387,16 +360,6 @@ def plan_model(inp: str | None, type_name: str, tensor_types: Sequence[str] = ()
     return src, preset_plan(preset, [t.info for t in src.tensors], src.model, overrides, imatrix)
 
 
-def parse_request(type_name: str, tensor_types: Sequence[str]) -> tuple[Preset, list[Override]]:
-    preset = find_preset(type_name)
-    if preset is None:
-        raise LocalLLMError(f"unknown quantization type {type_name!r} (types: {', '.join(PRESETS)})")
-    try:
-        return preset, [parse_override(t) for t in tensor_types]
-    except PlanError as e:
-        raise LocalLLMError(str(e)) from None
-
-
 def read_source(path: Path, tokenizer_from: str | Path | None) -> Source:
     return read_hf_source(path, tokenizer_from) if path.is_dir() else read_gguf_source(path, tokenizer_from)
 
@@ -424,11 +387,7 @@ def write_source(src: Source, plan: list[PlanRow], preset: Preset, out: Path, de
 
 
 def output_metadata(src: Source, preset: Preset) -> dict[str, MetaValue]:
-    metadata = dict(src.metadata())
-    # set in place where the input has them (dict order), else appended
-    metadata[K.FILE_TYPE] = MetaValue(int(preset.file_type), V.UINT32)
-    metadata[K.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, V.UINT32)
-    return metadata
+    return native_output_metadata(src.metadata(), preset)
 
 
 def cpu_encoders(device: str):
@@ -498,52 +457,6 @@ def _gguf_tensor(t: gguf.ReaderTensor) -> SourceTensor:
 
     return SourceTensor(TensorInfo(t.name, shape, qtype), read, read_rows, raw,
                         stored if qtype in (Q.F16, Q.F32) else None)
-
-
-def read_gguf_metadata(path: Path, keep: Callable[[str], bool] = lambda key: key not in NOT_COPIED,
-                       f: GGUFFile | None = None) -> dict[str, MetaValue]:
-    """Every key of a (validated) GGUF file with its GGUF type, in file order; strings as bytes. From
-    open_gguf's values and types (its metadata cache: no second parse of a large vocabulary); a cache
-    entry without the types falls back to gguf's reader. f: the file as open_gguf opened it (not opened
-    and checked again)."""
-    f = open_gguf(path) if f is None else f
-    if f.value_types is not None:
-        return {key: typed_value(key, value, *f.value_types[key]) for key, value in f.metadata.items() if keep(key)}
-    reader = gguf.GGUFReader(path, "r")
-    out = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or not keep(key):
-            continue
-        out[key] = _meta_value(key, field)
-    return out
-
-
-def typed_value(key: str, value, vtype: int, item: int | None) -> MetaValue:
-    """A plain metadata value (gguf_meta.read_kv_section's: strings decoded, arrays as lists) with its
-    GGUF type -> what the writer copies (strings as their UTF-8 bytes, as _meta_value gives them)."""
-    if vtype == V.STRING:
-        return MetaValue(value.encode("utf-8"), V.STRING)
-    if vtype != V.ARRAY:
-        return MetaValue(value, V(vtype))
-    if not value:
-        raise LocalLLMError(f"metadata key {key!r} is an empty or nested array, which localllm cannot copy")
-    if item == V.STRING:
-        return MetaValue([s.encode("utf-8") for s in value], V.ARRAY, V.STRING)
-    return MetaValue(list(value), V.ARRAY, V(item))
-
-
-def _meta_value(key: str, field: gguf.ReaderField) -> MetaValue:
-    main = field.types[0]
-    if main == V.STRING:
-        return MetaValue(bytes(field.parts[field.data[0]]), V.STRING)
-    if main != V.ARRAY:
-        return MetaValue(field.parts[field.data[0]][0].item(), main)
-    if len(field.data) == 0 or len(field.types) != 2:
-        raise LocalLLMError(f"metadata key {key!r} is an empty or nested array, which localllm cannot copy")
-    sub = field.types[1]
-    if sub == V.STRING:
-        return MetaValue([bytes(field.parts[i]) for i in field.data], V.ARRAY, V.STRING)
-    return MetaValue([field.parts[i][0].item() for i in field.data], V.ARRAY, sub)
 
 
 # ---- Hugging Face safetensors input

@@ -8,8 +8,8 @@ decode the blocks with quantize.dequantize_torch, then F.linear.
 
 Layouts (BlockQWeight.parts): "raw", the file's blocks (N, row bytes); or "tiles", 8-row tiles whose
 integer dot products serve 8 rows at a time (kernels/cpu_tiles.h: Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, MXFP4 and IQ4_NL keep their size; K-quants grow by a third, their scales widened to exact fp32,
-IQ4_XS by 18%; MXFP4, IQ4_NL and IQ4_XS keep their 4-bit codes, looked up as integers at unpack).
+Q5_0, Q5_1, MXFP4 and IQ4_NL keep their size; Q4_K / Q5_K grow by a third, their scales widened to exact
+fp32, Q6_K by 7% (its int8 scales and fp16 d kept), IQ4_XS by 18%; MXFP4, IQ4_NL and IQ4_XS keep their 4-bit codes, looked up as integers at unpack).
 Products (y = x @ w.T, x (T, K) fp32): x rounded to int16 per 32 values, exact integer dot products
 with the quantized weights, fp32 scales (cpu_quant.cpp, cpu_tiles.cpp); for a prompt each unpacked
 tile-group serves 4 rows of x. llama.cpp rounds x to int8, which is about 1.5x faster for long
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import gguf
 import torch
 import torch.nn.functional as F
 
+from localllm.cores import physical_cores  # noqa: F401 (torch-free home; re-exported)
 from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.formats import FORMATS
 
@@ -92,23 +92,13 @@ class BlockQWeight(QWeight):
         return dequantize_rows(self, 0, self.shape[0]).to(dtype)
 
 
-def physical_cores() -> int:
-    """Cores without their SMT siblings (the default of -t/--threads), within this process's affinity."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cores = set()
-    for cpu in allowed:
-        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-        cores.add(siblings.read_text().strip() if siblings.exists() else str(cpu))
-    return max(1, len(cores))
-
-
 # Weights kept as GGUF blocks (Q2_K, Q3_K) or dense take the integer products up to this many rows
 # of x; more (a long prompt) decode the weight to fp32 for torch's GEMM. Tiles always take them.
 QMATVEC_MAX_ROWS = 64
 # -std=c++20: cpu_tiles.cpp's templates take class-type parameters; torch before 2.13 builds extensions as
 # C++17 (on such a torch, without the flag, the kernels did not build and every product took the torch
 # fallback, ~40x slower decode: seen on an H100 machine's host with torch 2.11).
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20")
+from .cpu_encode_lib import CFLAGS  # noqa: E402 (one set of flags for both builds)
 
 
 def build_dir(cache_dir: Path) -> Path:

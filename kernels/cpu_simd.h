@@ -36,6 +36,18 @@ struct Y {
     if constexpr (i > 4) plane = _mm256_srli_epi16(plane, i - 4);
     return band(plane, set8(0x10));
   }
+  // 2-bit plane (cpu_tiles.h, Q6_K): bits 2j, 2j+1 of each byte moved to bits 4, 5, the rest cleared
+  // (left shifts <= 4 and the right shift by 2 keep bits 4, 5 within their byte)
+  template <int j>
+  static I plane2(I plane) {
+    if constexpr (j < 2) plane = _mm256_slli_epi16(plane, 4 - 2 * j);
+    if constexpr (j == 3) plane = _mm256_srli_epi16(plane, 2);
+    return band(plane, set8(0x30));
+  }
+  // 8 int8 at a -> fp32 (exact)
+  static F i8_floats(const uint8_t* a, const uint8_t*) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))));
+  }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fset(float v) { return _mm256_set1_ps(v); }
   static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
@@ -91,6 +103,15 @@ struct Z {
     if constexpr (i < 4) plane = _mm512_slli_epi16(plane, 4 - i);
     if constexpr (i > 4) plane = _mm512_srli_epi16(plane, i - 4);
     return band(plane, set8(0x10));
+  }
+  template <int j>
+  static I plane2(I plane) {
+    if constexpr (j < 2) plane = _mm512_slli_epi16(plane, 4 - 2 * j);
+    if constexpr (j == 3) plane = _mm512_srli_epi16(plane, 2);
+    return band(plane, set8(0x30));
+  }
+  static F i8_floats(const uint8_t* a, const uint8_t* b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(Y::i8_floats(a, a)), Y::i8_floats(b, b), 1);
   }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset(float v) { return _mm512_set1_ps(v); }

@@ -32,6 +32,13 @@ inline void or_plane(typename V::I v[8], typename V::I plane, std::integer_seque
   ((v[i] = V::bor(v[i], V::template plane_bit<i>(plane))), ...);
 }
 
+// v[4p + j] |= the top 2 bits of vector 4p + j (bits 4, 5 of each byte), from the group's 2-bit planes.
+template <class V, int... j>
+inline void or_plane2(typename V::I v[8], typename V::I p0, typename V::I p1, std::integer_sequence<int, j...>) {
+  ((v[j] = V::bor(v[j], V::template plane2<j>(p0))), ...);
+  ((v[4 + j] = V::bor(v[4 + j], V::template plane2<j>(p1))), ...);
+}
+
 // The 8 quant vectors of a tile-group (vector i: rows 0..7 x values 4i..4i+3, unsigned); with Z,
 // of the tile-groups at a and b side by side.
 template <class V, TileKind k>
@@ -49,17 +56,25 @@ inline void unpack(const uint8_t* a, const uint8_t* b, typename V::I v[8]) {
     if constexpr (BITS == 5) {  // one load of the 5th-bit plane, a shift and mask a vector
       or_plane<V>(v, V::load(a + 128, b + 128), std::make_integer_sequence<int, 8>{});
     }
+    if constexpr (BITS == 6) {  // two loads of the 2-bit planes, a shift and mask a vector
+      or_plane2<V>(v, V::load(a + 128, b + 128), V::load(a + 160, b + 160), std::make_integer_sequence<int, 4>{});
+    }
     if constexpr (k.lut) {
       for (int i = 0; i < 8; i++) v[i] = V::lookup16(k.table == 1 ? IQ4_U : MXFP4_U, v[i]);
     }
   }
 }
 
-// The fp32 scales of rows 0..7 (with Z, of both tiles) stored at a (and b).
-template <class V, TileKind k>
+// The fp32 scales of rows 0..7 (with Z, of both tiles) of values 0..15 (H = 0; all 32 where one
+// scale serves both) or 16..31 (H = 1), from the scale bytes at a (and b).
+template <class V, TileKind k, int H = 0>
 inline typename V::F load_scales(const uint8_t* a, const uint8_t* b) {
   if constexpr (k.e8m0) return V::e8m0_half(a, b);
-  return V::template scales<k.s32>(a, b);
+  if constexpr (k.i8s) {  // d * sc: exact in fp32, the bits of Fmt<Q6_K>'s d * float(sc)
+    return V::mul(V::template scales<false>(a + 16, b + 16), V::i8_floats(a + 8 * H, b + 8 * H));
+  }
+  constexpr int off = H * k.scale_bytes() / 2;
+  return V::template scales<k.s32>(a + off, b + off);
 }
 
 template <bool S32>
@@ -80,10 +95,12 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
   const int64_t G = K / 32;
   alignas(32) uint8_t u[8][32];
   uint8_t vec[8][32];
+  static_assert(!k.i8s || QT == Q6_K, "int8 scales: Q6_K's block layout");
   for (int64_t g = 0; g < G; g++) {
     uint8_t* dst = tiles + (tile * G + g) * k.group_bytes();
     float s[2][8] = {}, m[8] = {};
     uint8_t e[8] = {};  // E8M0 scales (k.e8m0)
+    uint8_t sc8[2][8] = {}, d16[8][2] = {};  // k.i8s: Q6_K's int8 scales of both halves, fp16 d
     for (int r = 0; r < 8; r++) {
       const int64_t n = tile * 8 + r;
       if (n >= N) {
@@ -109,6 +126,11 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
       row_group<QT>(raw + n * row_bytes, static_cast<int>(g), gr);
       _mm256_store_si256(reinterpret_cast<__m256i*>(u[r]), gr.u);
       s[0][r] = gr.s[0], s[1][r] = gr.s[1], m[r] = gr.m[0];
+      if constexpr (k.i8s) {  // Q6_K block: scales at 192 (2 a group), fp16 d at 208
+        const uint8_t* blk = raw + n * row_bytes + (g / 8) * 210;
+        sc8[0][r] = blk[192 + 2 * (g % 8)], sc8[1][r] = blk[193 + 2 * (g % 8)];
+        std::memcpy(d16[r], blk + 208, 2);
+      }
     }
     for (int i = 0; i < 8; i++)
       for (int r = 0; r < 8; r++)
@@ -125,10 +147,23 @@ void repack_tile(const uint8_t* raw, int64_t N, int64_t row_bytes, int64_t K, in
           dst[128 + b] = plane;
         }
       }
+      if constexpr (k.bits == 6) {  // 2-bit planes: bits 2j, 2j+1 of plane p's byte b = bits 4, 5 of vector 4p + j
+        for (int p = 0; p < 2; p++)
+          for (int b = 0; b < 32; b++) {
+            uint8_t plane = 0;
+            for (int j = 0; j < 4; j++) plane |= static_cast<uint8_t>(((vec[4 * p + j][b] >> 4) & 3) << (2 * j));
+            dst[128 + 32 * p + b] = plane;
+          }
+      }
     }
     uint8_t* sp = dst + k.quant_bytes();
     if constexpr (k.e8m0) {
       std::memcpy(sp, e, 8);
+      continue;
+    }
+    if constexpr (k.i8s) {
+      std::memcpy(sp, sc8, 16);
+      std::memcpy(sp + 16, d16, 16);
       continue;
     }
     store_scales<k.s32>(sp, s[0]);
@@ -209,7 +244,7 @@ inline void tile_dot(const uint8_t* ta, const uint8_t* tb, const QX& x, int64_t 
     const uint8_t *sa = pa + k.quant_bytes(), *sbp = pb + k.quant_bytes();
     const auto s0 = load_scales<V, k>(sa, sbp);
     auto s1 = s0, m = V::fzero();
-    if constexpr (k.halves) s1 = V::template scales<k.s32>(sa + sb / 2, sbp + sb / 2);
+    if constexpr (k.halves) s1 = load_scales<V, k, 1>(sa, sbp);
     if constexpr (k.has_min) m = V::template scales<k.s32>(sa + sb, sbp + sb);
     for (int t = 0; t < NT; t++) {
       const int64_t ti = (t0 + t) * G + g;
@@ -307,7 +342,7 @@ void dequantize_tiles(const uint8_t* tiles, int64_t K, int64_t n0, int64_t n1, f
       const uint8_t* sp = p + k.quant_bytes();
       _mm256_store_ps(s[0], load_scales<Y, k>(sp, sp));
       if constexpr (k.halves) {
-        _mm256_store_ps(s[1], Y::scales<k.s32>(sp + k.scale_bytes() / 2, sp));
+        _mm256_store_ps(s[1], load_scales<Y, k, 1>(sp, sp));
       } else {
         std::copy(s[0], s[0] + 8, s[1]);
       }

@@ -21,31 +21,42 @@ from .triton_epilogue import FIXED_ONE, from_fixed_jit, gate_act
 
 
 @triton.jit
-def _embed_fixed_kernel(tok_ptr, emb_ptr, x_ptr, C, scale, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                        SCALE: tl.constexpr = False):
+def _embed_fixed_kernel(tok_ptr, emb_ptr, x_ptr, C, scale, first, V, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                        SCALE: tl.constexpr = False, PART: tl.constexpr = False):
     """Program (token r, block j): values [j BLOCK, (j + 1) BLOCK) of row r. SCALE: times scale, rounded
-    to the embedding's dtype (model.Transformer.embed: Gemma's sqrt(C))."""
+    to the embedding's dtype (model.Transformer.embed: Gemma's sqrt(C)). PART: emb holds vocabulary rows
+    [first, first + V) only (a tensor-parallel rank's): other ids give zeros."""
     pdl_start(PDL)
     r = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = c < C
     tok = tl.load(tok_ptr + r).to(tl.int64)
+    if PART:
+        row = tl.zeros_like(c).to(tl.int64) + (tok - first)  # the id's row of this part, per value
+        mask_out = mask
+        mask = mask & (row >= 0) & (row < V)
+        tok = tl.where(mask, row, 0)
+    else:
+        mask_out = mask
     v = tl.load(emb_ptr + tok * C + c, mask=mask, other=0.0)
     if SCALE:
         v = (v.to(tl.float32) * scale).to(emb_ptr.dtype.element_ty)
     v = v.to(tl.float32)
-    tl.store(x_ptr + r.to(tl.int64) * C + c, (v * FIXED_ONE).to(tl.int64), mask=mask)
+    tl.store(x_ptr + r.to(tl.int64) * C + c, (v * FIXED_ONE).to(tl.int64), mask=mask_out)
 
 
 def embed_fixed(tokens: torch.Tensor, emb: torch.Tensor, x: torch.Tensor, block: int = 1024,
-                scale: float = 1.0) -> None:
+                scale: float = 1.0, first: int | None = None) -> None:
     """x (T, C) int64 <- to_fixed(emb[tokens] * scale) (tokens (T,) int64, emb (V, C) dense; scale
-    rounded to emb's dtype, the product too, as Transformer.embed computes it)."""
+    rounded to emb's dtype, the product too, as Transformer.embed computes it). first: emb is the
+    vocabulary rows [first, first + V) of a tensor-parallel rank; ids outside them give zero rows (the
+    ranks' rows summed are the whole lookup: backends/cuda_tp.py)."""
     t, c = x.shape
     assert x.dtype == torch.int64 and x.is_contiguous() and emb.is_contiguous() and emb.shape[1] == c
     scale_t = float(torch.tensor(scale, dtype=emb.dtype))  # the dtype's value of scale, as the reference's
-    _embed_fixed_kernel[(t, triton.cdiv(c, block))](tokens, emb, x, c, scale_t, BLOCK=block, PDL=PDL,
-                                                   SCALE=scale != 1.0, num_warps=4, launch_pdl=PDL)
+    _embed_fixed_kernel[(t, triton.cdiv(c, block))](tokens, emb, x, c, scale_t, first or 0, emb.shape[0],
+                                                   BLOCK=block, PDL=PDL, SCALE=scale != 1.0,
+                                                   PART=first is not None, num_warps=4, launch_pdl=PDL)
 
 
 @triton.jit

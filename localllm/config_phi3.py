@@ -22,9 +22,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where the tensors are made: check_gguf's path imports none
+    import torch
 
 from .errors import LocalLLMError
+from .rope_dims import ROPE_FACTOR_TENSORS  # its torch-free home (check_gguf imports it from there)
 
 # No import of .config (it calls in here): readers are config.Fields instances passed in, `type(f)` makes
 # one for a nested object; cfg parameters are config.ModelConfig values.
@@ -32,7 +36,6 @@ from .errors import LocalLLMError
 # llama.cpp's hard-coded SmolLM3 NoPE step (src/models/smollm3.cpp, hparams.n_no_rope_layer_step)
 SMOLLM3_NOPE_STEP = 4
 LONGROPE_TYPES = ("longrope", "su")  # "su" is the older name transformers maps to longrope
-ROPE_FACTOR_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 MAX_ORIGINAL = 2**31 - 1  # the largest original context read (any positive one is meaningful)
 
 
@@ -122,6 +125,8 @@ def hf_longrope(top, rot: int, context: int) -> tuple[dict[str, Any], dict[str, 
         scale = f.float("factor") if rs.get("factor") is not None else context / original
         attn = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
     fields = {"rope_original_context": original, "rope_attn_factor": attn}
+    import torch
+
     tensors = {"rope_factors_short.weight": torch.tensor(short, dtype=torch.float32),
                "rope_factors_long.weight": torch.tensor(long, dtype=torch.float32)}
     return fields, tensors

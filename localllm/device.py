@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .cores import thread_count  # noqa: F401 (torch-free home; re-exported)
 from .errors import LocalLLMError
 
 # Dtypes each device runs; the first is the default. MPS uses only ops it supports (fp16/fp32).
@@ -71,21 +71,6 @@ def cpu_default_dtype() -> str:
     This is the dtype of dense checkpoints (safetensors folders): a GGUF file on the CPU keeps its
     blocks, run by kernels/cpu.py's kernels with float32 activations (load.load_model)."""
     return "float16" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "float32"
-
-
-def thread_count(threads: int | None) -> tuple[int, str | None]:
-    """-t/--threads -> (threads to use, a notice when capped): the physical cores when None; more than
-    the logical cores only oversubscribes them (OpenMP threads spin), so it is capped there."""
-    from localllm.kernels.cpu import physical_cores
-
-    if threads is None:
-        return physical_cores(), None
-    if threads < 1:
-        raise LocalLLMError(f"--threads must be at least 1, got {threads}")
-    logical = os.cpu_count() or 1
-    if threads > logical:
-        return logical, f"--threads {threads} is more than the {logical} logical cores: using {logical}"
-    return threads, None
 
 
 def set_threads(threads: int | None) -> str | None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .errors import LocalLLMError
+from .tensor_names import GGUF_ARCHS, gguf_arch  # noqa: F401 (moved there, re-exported)
 from .tokenizer import load_gguf_tokenizer
 from .tokenizer.pretok import GPT2_HF, PRE_TOKENIZERS
 
@@ -254,15 +255,6 @@ def _check_ids(folder: Path, kv: dict[str, MetaValue]) -> None:
         at = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
         raise LocalLLMError(f"{folder}: the GGUF tokenizer built from {source} (pre {kv[T.PRE].value!r}) does not "
                             f"reproduce its ids (first difference at token {at}): pass --tokenizer-from FILE.gguf")
-
-
-# HF model_type -> GGUF architecture where they differ (the converter registers Mistral and Mixtral
-# under LlamaModel: their GGUF says llama).
-GGUF_ARCHS = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
-
-
-def gguf_arch(hf_arch: str) -> str:
-    return GGUF_ARCHS.get(hf_arch, hf_arch)
 
 
 def permute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:

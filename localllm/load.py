@@ -20,9 +20,12 @@ from .gguf_split import split_parts
 from .backends import runtime_class
 from .model import Linear, QEmbedding, Transformer
 from .nonfinite import check_vectors
+from .parallel import TensorParallel
 from .registry import resolve_model
 from .rope import rope_factors
 from .runtime import Runtime
+from .tp_load import gguf_shard, hf_shard
+from .tp_shard import check_supported, local_config
 from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from .validate import check_gguf, check_hf_folder
 from .weights import (DENSE_BLOCK_TYPES, EMBEDDINGS, ROPE_BUFFERS, QuantizedTensor, add_norm_offset, gguf_name,
@@ -99,17 +102,19 @@ def dense_as_blocks(model: Transformer, state: dict) -> None:
 
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
                 keep_quantized: bool | None = None, layout: str | None = None,
-                backend: type[Runtime] | None = None) -> Runtime:
+                backend: type[Runtime] | None = None, tp: TensorParallel | None = None) -> Runtime:
     """Build on the meta device with the backend's ops, assign the checkpoint tensors (one
     materialisation only), and let the backend prepare them -> the model's Runtime.
     layout: see place_quantized (None: layout_for(backend, keep_quantized)); backend: None for the
-    device's (backends.runtime_class; tests pass Runtime to run the portable backend on the CPU)."""
-    backend = backend or runtime_class(device, cfg)
+    device's (backends.runtime_class; tests pass Runtime to run the portable backend on the CPU).
+    tp: state is rank tp.rank's shard (tp_load) of a model of the whole config cfg; the module is built
+    with its local config (tp_shard.local_config) and runs the sharded forward (Transformer's tp)."""
+    backend = backend or runtime_class(device, cfg, tp)
     layout = layout_for(backend, keep_quantized) if layout is None else layout
     if layout == "blocks" and backend.blocks_dtype is not None:
         dtype = backend.blocks_dtype
     with torch.device("meta"):
-        model = Transformer(cfg, backend.ops)
+        model = Transformer(cfg if tp is None else local_config(cfg, tp), backend.ops, tp)
     if layout == "blocks" and backend.dense_blocks:
         dense_as_blocks(model, state)
     place_quantized(model, state, backend, layout, device, dtype)
@@ -143,22 +148,29 @@ def assign(model: Transformer, state: dict, cfg: ModelConfig, device: str, dtype
     model.load_state_dict(state, assign=True, strict=True)
 
 
-def read_gguf_model(f: GGUFFile, layout: str, cfg: ModelConfig | None = None, dense_blocks: bool = False
-                    ) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
+def read_gguf_model(f: GGUFFile, layout: str, cfg: ModelConfig | None = None, dense_blocks: bool = False,
+                    tp: TensorParallel | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter]:
     """The file's config and tensors: quantized ones kept as their blocks unless layout is "dense"
     (for "blocks" the embedding too, as views of the file's mapping; with dense_blocks F32/F16/BF16
     linear weights too: Runtime.dense_blocks). The whole file is validated (validate.check_gguf) before
-    the first tensor is decoded; cfg: its result, when the caller has it."""
+    the first tensor is decoded; cfg: its result, when the caller has it. tp: only rank tp.rank's
+    shard (tp_load.gguf_shard)."""
     cfg = cfg or check_gguf(f)
     types = Counter(t.tensor_type.name for t in f.tensors.values())
     keep = frozenset() if layout == "dense" else QUANTIZED_TYPES | (DENSE_BLOCK_TYPES if dense_blocks else frozenset())
+    if tp is not None:
+        return cfg, gguf_shard(f, cfg, tp, keep, keep_embedding=layout == "blocks"), types
     return cfg, gguf_state_dict(f, cfg, keep, keep_embedding=layout == "blocks"), types
 
 
-def read_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
+def read_hf_folder(folder: Path, tp: TensorParallel | None = None
+                   ) -> tuple[ModelConfig, dict[str, torch.Tensor], Counter, Tokenizer]:
+    """tp: only rank tp.rank's shard (tp_load.hf_shard)."""
     cfg, keys = check_hf_folder(folder)
+    if tp is not None:
+        check_supported(cfg, tp.world)
     tok = load_hf_tokenizer(folder)
-    state = hf_state_dict(folder, keys, cfg)
+    state = hf_state_dict(folder, keys, cfg) if tp is None else hf_shard(folder, keys, cfg, tp)
     longrope = hf_rope_tensors(Fields(read_json(folder / "config.json"), "config.json"), cfg)  # LongRoPE divisors
     state |= {to_module_name(n): t for n, t in longrope.items()}
     types = Counter(t.qtype.name if isinstance(t, QuantizedTensor) else str(t.dtype).removeprefix("torch.")
@@ -177,29 +189,32 @@ def file_size(path: Path) -> int:
 
 def load_model(
     spec: str | None, device: str = "cpu", dtype: torch.dtype = torch.float32, keep_quantized: bool | None = None,
-    backend: type[Runtime] | None = None,
+    backend: type[Runtime] | None = None, tp: TensorParallel | None = None,
 ) -> LoadedModel:
     """spec: a GGUF path, a HF folder, a models.toml name, or None for the default model. The backend
     is picked here, once, from the device and the config (backends.runtime_class); quantized GGUF tensors are kept
     as it wants them (Runtime.quantized; keep_quantized overrides: layout_for), F32/F16/BF16 tensors
     are dense in dtype (on the CPU, beside kept blocks, fp32: its kernels compute in fp32). backend:
-    see build_model."""
+    see build_model. tp: load and run only rank tp.rank's shard (localllm/tp_shard.py; the config
+    returned is the file's whole one, the runtime's model.cfg the rank's local one)."""
     path = resolve_model(spec)
     if path.is_dir():
-        cfg, state, types, tok = read_hf_folder(path)
-        backend = backend or runtime_class(device, cfg)
+        cfg, state, types, tok = read_hf_folder(path, tp)
+        backend = backend or runtime_class(device, cfg, tp)
         layout = layout_for(backend, keep_quantized)
     else:
         f = open_gguf(path)
         cfg = check_gguf(f)  # once: the backend depends on it
-        backend = backend or runtime_class(device, cfg)
+        if tp is not None:
+            check_supported(cfg, tp.world)
+        backend = backend or runtime_class(device, cfg, tp)
         layout = layout_for(backend, keep_quantized)
         quantized = any(t.tensor_type in QUANTIZED_TYPES for t in f.tensors.values())
         if not quantized and layout == "blocks" and not backend.dense_blocks:
             layout = "dense"  # nothing to keep: a float file is dense on backends without dense blocks
-        cfg, state, types = read_gguf_model(f, layout, cfg, backend.dense_blocks)
+        cfg, state, types = read_gguf_model(f, layout, cfg, backend.dense_blocks, tp)
         tok = load_gguf_tokenizer(f.metadata)
-    runtime = build_model(cfg, state, device, dtype, layout=layout, backend=backend)
+    runtime = build_model(cfg, state, device, dtype, layout=layout, backend=backend, tp=tp)
     return LoadedModel(runtime, tok, cfg, path, types, file_size(path))
 
 

@@ -31,6 +31,9 @@ from .config import ModelConfig
 from .moe import MoE
 from .gemma4_moe import add_moe, moe_ffn
 from .rope import layer_ropes, llama3_rope_factors, rope_factors, rope_rotate, rope_table, rotary_dims
+from .parallel import TensorParallel
+from .tp_model import embed_rows, gather_logits, reduce_sum
+from .tp_shard import vocab_part
 
 __all__ = ["Linear", "QEmbedding", "Ops", "TORCH_OPS", "RMSNorm", "Attention", "Block", "Transformer",
            "rmsnorm", "project_qkv", "glu_input", "glu", "moe_mlp", "rope_rotate", "llama3_rope_factors"]
@@ -211,9 +214,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS, layer: int = 0):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS, layer: int = 0, tp: TensorParallel | None = None):
         super().__init__()
         self.cfg, self.ops = cfg, ops
+        self.tp = tp  # a shard of the layer (cfg its local config): attention and MLP outputs are partial sums
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.attn = Attention(cfg, ops, layer)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
@@ -248,10 +252,14 @@ class Block(nn.Module):
     def forward(self, x, layer, cache, start, cos, sin, mask, per_layer=None):
         """per_layer (B, T, P): this layer's per-layer input (Gemma 4 PLE), else None."""
         h = self.attn(self.attn_norm(x), layer, cache, start, cos, sin, mask)
+        if self.tp is not None:
+            h = reduce_sum(self.tp, h)
         if self.post_attention_norm is not None:
             h = self.post_attention_norm(h)
         x = x + h
         h = self.ffn(self.ffn_norm(x))
+        if self.tp is not None:
+            h = reduce_sum(self.tp, h)
         if self.cfg.moe_with_mlp:
             h = moe_ffn(self, x, h)
         if self.post_ffw_norm is not None:
@@ -266,12 +274,16 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS):
+    def __init__(self, cfg: ModelConfig, ops: Ops = TORCH_OPS, tp: TensorParallel | None = None):
+        """tp: this module is rank tp.rank's shard (cfg: tp_shard.local_config's; vocab_size the full V, of
+        which token_embd and output hold tp_shard.vocab_part's rows); None: the whole model."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.tp = cfg, tp
+        start, stop, _ = vocab_part(cfg.vocab_size, tp) if tp is not None else (0, cfg.vocab_size, 0)
+        rows = stop - start  # the embedding's and the head's vocabulary rows
         # _weight: no random init (on the meta device that init alone imports torch._dynamo: ~2 s of load)
-        self.token_embd = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim))
-        self.blk = nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.n_layers))
+        self.token_embd = nn.Embedding(rows, cfg.dim, _weight=torch.empty(rows, cfg.dim))
+        self.blk = nn.ModuleList(Block(cfg, ops, i, tp) for i in range(cfg.n_layers))
         if cfg.per_layer_dim:  # Gemma 4 PLE: per token, P values per layer, and their projection from x
             width = cfg.n_layers * cfg.per_layer_dim
             self.per_layer_token_embd = nn.Embedding(cfg.vocab_size, width, _weight=torch.empty(cfg.vocab_size, width))
@@ -279,7 +291,7 @@ class Transformer(nn.Module):
             self.per_layer_proj_norm = RMSNorm(cfg.per_layer_dim, cfg.norm_eps, ops)
         self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         if not cfg.tied_output:
-            self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
+            self.output = Linear(cfg.dim, rows, bias=False)
         # (R/2,) divisors of the global rope set's frequencies: ones, llama3 / linear / LongRoPE / YaRN
         # factors, or a GGUF rope_freqs tensor (rope.py).
         self.register_buffer("rope_freqs", rope_factors(cfg), persistent=True)
@@ -307,10 +319,11 @@ class Transformer(nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) -> the fp32 residual stream (B, T, C). Gemma scales by sqrt(C) in the
         embedding's dtype first, as transformers does (its normalizer is a tensor of that dtype)."""
-        x = self.token_embd(tokens)
+        tp = self.tp
+        x = self.token_embd(tokens) if tp is None else embed_rows(self.token_embd, tokens, tp, self.cfg.vocab_size)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
-        return x.float()
+        return x.float() if tp is None else tp.all_reduce(x.float())
 
     def layer_inputs(self, start: int, T: int, device, capacity: int | None = None) -> list[tuple]:
         """Per layer (cos, sin, mask) for T tokens at positions [start, start + T): its rope set
@@ -343,6 +356,8 @@ class Transformer(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The last residual (B, T, C) -> logits (B, T, V) fp32 (Gemma: soft-capped)."""
         logits = linear(self.output_norm(x), self.output_weight()).float()
+        if self.tp is not None:
+            logits = gather_logits(logits, self.tp, self.cfg.vocab_size)
         c = self.cfg.final_softcap
         return logits if c is None else torch.tanh(logits / c) * c
 

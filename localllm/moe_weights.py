@@ -26,6 +26,7 @@ import torch
 
 from .errors import LocalLLMError
 from .moe_mxfp4 import assemble_mxfp4, is_mxfp4, is_mxfp4_how
+from .tensor_names import legacy_expert, merge_legacy_shapes  # noqa: F401 (moved there, re-exported)
 
 # checkpoint key pattern ({i} layer, {e} expert) -> [(GGUF name, how)]
 HF_MOE_NAMES: dict[str, list[tuple[str, str]]] = {
@@ -169,34 +170,4 @@ def read_moe(source: MoESource) -> torch.Tensor:
 
 # ---- GGUF: the old one-tensor-per-expert layout (early Mixtral files: blk.N.ffn_gate.E.weight, ...)
 
-_LEGACY_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
-
-
-def legacy_expert(name: str) -> tuple[str, int] | None:
-    """blk.3.ffn_gate.5.weight -> ("blk.3.ffn_gate_exps.weight", 5); None for any other name."""
-    m = _LEGACY_EXPERT.match(name)
-    return (f"blk.{m.group(1)}.ffn_{m.group(2)}_exps.weight", int(m.group(3))) if m else None
-
-
-def merge_legacy_shapes(shapes: dict[str, tuple[int, ...]], types: dict[str, object],
-                        where: str) -> dict[str, tuple[int, ...]]:
-    """A GGUF file's name -> torch shape with per-expert tensors replaced by their stack (E, ...),
-    checked: experts 0..E-1, each once, of one shape and one type (their rows are concatenated)."""
-    out, groups = {}, {}
-    for name, shape in shapes.items():
-        hit = legacy_expert(name)
-        if hit is None:
-            out[name] = shape
-        else:
-            groups.setdefault(hit[0], {})[hit[1]] = name
-    for merged, experts in groups.items():
-        names = [experts.get(e) for e in range(len(experts))]
-        if None in names:
-            missing = next(e for e, n in enumerate(names) if n is None)
-            raise LocalLLMError(f"{where}: expert {missing} of {merged!r} is missing (per-expert tensors)")
-        if len({shapes[n] for n in names}) > 1 or len({types[n] for n in names}) > 1:
-            raise LocalLLMError(f"{where}: the per-expert tensors of {merged!r} differ in shape or type")
-        if merged in out:
-            raise LocalLLMError(f"{where}: {merged!r} is stored both stacked and per expert")
-        out[merged] = (len(names), *shapes[names[0]])
-    return out
+# legacy_expert, merge_legacy_shapes: localllm/tensor_names.py (torch-free, for check_gguf)

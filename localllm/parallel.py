@@ -1,7 +1,8 @@
 """Tensor parallelism's process group: which rank this process is, of how many, and the collectives a
 sharded forward needs (issue 23). torch.distributed does the work (NCCL on CUDA, gloo on the CPU);
 processes are started by torch's launcher (torchrun / torch.distributed.run), which sets the standard
-variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT that `from_launcher` reads.
+variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT that backends.launch.from_launcher
+reads (the process group's kind depends on the device: a backend's choice).
 
 The sharded model holds one TensorParallel, passed in when it is built (never set on it from outside);
 a model without one (tp None) is the whole model on one device.
@@ -67,21 +68,3 @@ class TensorParallel:
 def launched() -> bool:
     """True in a process that torch's launcher started (WORLD_SIZE set by torchrun)."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
-
-
-def from_launcher(device: str) -> TensorParallel | None:
-    """The TensorParallel of a process started by torchrun (None when not started so, or alone): joins the
-    default process group (NCCL for a CUDA device, gloo otherwise) and, on CUDA, takes GPU LOCAL_RANK."""
-    if not launched():
-        return None
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    if world == 1:
-        return None
-    os.environ.update(NO_MULTICAST)  # before NCCL reads its settings
-    cuda = torch.device(device).type == "cuda"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if cuda else "gloo")
-    return TensorParallel(rank, world)

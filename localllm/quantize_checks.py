@@ -70,10 +70,8 @@ def check_tensors(cfg: ModelConfig, tensors: Sequence[TensorInfo]) -> None:
     """Every tensor is one the model built from cfg has, with the shape it has there, and none is
     missing: a file that disagrees with its own config would be written, then refused by the loader.
     The oracle is the loader's own (validate.check_tensor_set)."""
-    from .hf_to_gguf import gguf_arch
-    from .moe_weights import merge_legacy_shapes
+    from .tensor_names import gguf_arch, gguf_to_ours, merge_legacy_shapes
     from .validate import check_tensor_set
-    from .weights import gguf_to_ours
 
     if not tensors:
         raise LocalLLMError("the input has no weights (a vocab-only file?): nothing to quantize")

@@ -15,17 +15,7 @@ import math
 import torch
 
 from .config import ModelConfig
-
-
-def rotary_dims(cfg: ModelConfig) -> int:
-    """R of the global rope set: the leading dims of each head that rope rotates (partial rotary:
-    Phi-4-mini; Gemma 4: its full layers' head dim)."""
-    return cfg.rotary_dim or cfg.head_dim_global or cfg.head_dim
-
-
-def local_rotary_dims(cfg: ModelConfig) -> int:
-    """R of the local (sliding layers') rope set: their head dim, Gemma 4's differing from the global one."""
-    return cfg.rotary_dim or cfg.head_dim
+from .rope_dims import local_rotary_dims, rotary_dims  # noqa: F401 (moved there, re-exported)
 
 
 # A divisor that makes a frequency 0 (llama.cpp's converter writes it into rope_freqs for Gemma 4's

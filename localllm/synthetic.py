@@ -7,6 +7,9 @@ quantize.quantize_tensor on the device, then through load.build_model's pass lik
 To keep building fast, each (shape, type) is quantized once from up to 256 random rows, and each
 tensor takes those rows rolled by a per-tensor offset and tiled (non-zero, and distinct per layer).
 write_synthetic_gguf writes the same weights as a GGUF file that llama.cpp loads (bench/vs_llamacpp_gpu.py).
+Tensor parallelism (tp): each rank generates only its shard's shapes (tp_shard.local_config), from its
+own seed: the ranks' weights are per-rank random, NOT slices of the TP=1 synthetic model (speed only;
+tests/test_tp.py proves correctness on files), and a 70B model never exists whole on one rank.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from .config import ModelConfig
 from .fused import FUSED_ARCHS
 from .load import build_model
 from .model import Transformer
+from .parallel import TensorParallel
+from .tp_shard import local_config
 from .rope import rope_factors
 from .runtime import Runtime
 from .weights import QuantizedTensor, gguf_name, ours_to_gguf
@@ -87,10 +92,16 @@ class RawSource:
         return base.repeat(reps, 1)[:rows].contiguous()
 
 
-def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) -> tuple[dict, Counter]:
-    """module name -> dense tensor or QuantizedTensor; and the weight types (name -> count)."""
+def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0, tp: TensorParallel | None = None,
+                    dense_dtype: torch.dtype | None = None) -> tuple[dict, Counter]:
+    """module name -> dense tensor or QuantizedTensor; and the weight types (name -> count). tp: rank
+    tp.rank's shard only (the module's docstring); dense_dtype: dense tensors cast to it as each is made
+    (None: fp32), so that only one fp32 tensor exists at a time."""
+    if tp is not None:
+        seed += tp.rank
     with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+        module = Transformer(cfg) if tp is None else Transformer(local_config(cfg, tp), tp=tp)
+        shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     gen = torch.Generator(device=device).manual_seed(seed)
     source = RawSource(device, gen)
     state, types = {}, Counter()
@@ -110,17 +121,20 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0) ->
         else:
             fan_in = shape[-1] if is_linear(name, shape) else 1
             state[name] = torch.randn(shape, generator=gen, device=device) / fan_in**0.5
+        if dense_dtype is not None and isinstance(state[name], torch.Tensor) and name != "rope_freqs":
+            state[name] = state[name].to(dense_dtype)
         types[qtype.name if qtype is not None else "dense"] += 1
     return state, types
 
 
 def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtype, seed: int = 0,
-                    keep_quantized: bool | None = None) -> tuple[Runtime, Counter]:
+                    keep_quantized: bool | None = None, tp: TensorParallel | None = None) -> tuple[Runtime, Counter]:
     """-> (the model on its device's backend, laid out as its GGUF file would load (load.build_model),
-    Counter of weight types). Dense weights take `dtype`."""
-    state, types = synthetic_state(cfg, wtype, device, seed)
+    Counter of weight types). Dense weights take `dtype`. tp: rank tp.rank's shard, per-rank random
+    (the module's docstring), its dense tensors made in dtype one at a time; cfg the whole model's."""
+    state, types = synthetic_state(cfg, wtype, device, seed, tp, None if tp is None else dtype)
     types[str(dtype).removeprefix("torch.")] = types.pop("dense")
-    return build_model(cfg, state, device, dtype, keep_quantized), types
+    return build_model(cfg, state, device, dtype, keep_quantized, tp=tp), types
 
 
 def fuse_rows(cfg: ModelConfig, state: dict) -> dict:

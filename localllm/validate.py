@@ -17,19 +17,21 @@ from dataclasses import replace
 from pathlib import Path
 
 
-from localllm.quantize.formats import SUPPORTED_TYPES
+from localllm.quantize.type_facts import SUPPORTED_TYPES
 
 from .config import ModelConfig, config_from_gguf, config_from_hf, hf_config_json
-from .config_phi3 import ROPE_FACTOR_TENSORS
 from .errors import LocalLLMError
 from .fused import file_shapes
 from .gemma4 import gemma4_config_from_gguf, gemma4_config_from_hf, gemma4_expected_shapes, ignored_tensors
 from .gguf_file import GGUFFile
-from .rope import rotary_dims
+from .rope_dims import ROPE_FACTOR_TENSORS, rotary_dims
 from .settings import DEFAULT_LIMITS, LoaderLimits
-from .moe_mxfp4 import DTYPE as MXFP4_DTYPE, check_quant_config, is_mxfp4
-from .moe_weights import assemble, merge_legacy_shapes
-from .weights import gguf_to_ours, hf_moe_headers, hf_tensor_headers
+from .tensor_names import gguf_to_ours, merge_legacy_shapes
+
+# MXFP4's name as check_hf_folder reports an assembled pair (moe_mxfp4.DTYPE; a test checks they agree).
+# The torch-using readers (moe_mxfp4, moe_weights, weights) are imported by check_hf_folder itself: a
+# GGUF's check imports no torch (`localllm quantize`'s torch-free path: commands/quantize_native.py).
+MXFP4_DTYPE = "MXFP4"
 
 # Hugging Face checkpoints: the dtypes we decode (safetensors' names).
 HF_DTYPES = frozenset({"F32", "F16", "BF16"})
@@ -158,6 +160,10 @@ def check_hf_tensors(cfg: ModelConfig, tensors: dict[str, tuple[tuple[int, ...],
 def check_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, tuple[Path, str]]]:
     """config.json and every tensor header of a safetensors folder, validated before any tensor is
     read -> (config, GGUF name -> (file, checkpoint key))."""
+    from .moe_mxfp4 import check_quant_config, is_mxfp4
+    from .moe_weights import assemble
+    from .weights import hf_moe_headers, hf_tensor_headers
+
     raw = hf_config_json(folder)
     gemma4 = isinstance(raw, dict) and raw.get("model_type") in ("gemma4", "gemma4_text")
     cfg = gemma4_config_from_hf(raw) if gemma4 else config_from_hf(raw)

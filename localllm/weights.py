@@ -26,6 +26,7 @@ from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors
 from .gguf_file import GGUFFile
 from .moe_mxfp4 import is_mxfp4, read_mxfp4_tensors
 from .moe_weights import MoESource, Part, hf_moe_parts, legacy_expert, read_moe
+from .tensor_names import GGUF_RENAMES, gguf_to_ours, ours_to_gguf  # noqa: F401 (moved there, re-exported)
 
 # Hugging Face parameter name (per layer: with {i}) -> GGUF / our name.
 HF_NAMES: dict[str, str] = {
@@ -90,31 +91,6 @@ _MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_ga
 
 
 # GGUF names llama.cpp gives a tensor our module holds under another GGUF name, per architecture:
-# gpt-oss's norm before the MLP is `post_attention_norm` there (HF's post_attention_layernorm), our
-# ffn_norm (model.Block's post_attention_norm is Gemma's norm of the attention output).
-GGUF_RENAMES = {"gpt-oss": {"post_attention_norm": "ffn_norm"}}
-
-
-def gguf_to_ours(arch: str, name: str) -> str:
-    """A GGUF file's tensor name -> the GGUF name our module uses (GGUF_RENAMES; most are the same)."""
-    renames = GGUF_RENAMES.get(arch)
-    if not renames:
-        return name
-    parts = name.split(".")
-    if len(parts) > 2 and parts[0] == "blk" and parts[2] in renames:
-        parts[2] = renames[parts[2]]
-    return ".".join(parts)
-
-
-def ours_to_gguf(arch: str, name: str) -> str:
-    """Inverse of gguf_to_ours: the name a file of `arch` gives our tensor (what the converter writes)."""
-    renames = {ours: theirs for theirs, ours in GGUF_RENAMES.get(arch, {}).items()}
-    parts = name.split(".")
-    if renames and len(parts) > 2 and parts[0] == "blk" and parts[2] in renames:
-        parts[2] = renames[parts[2]]
-    return ".".join(parts)
-
-
 def to_module_name(gguf_name: str) -> str:
     """blk.3.attn_q.weight -> blk.3.attn.attn_q.weight; rope_freqs.weight -> rope_freqs."""
     if gguf_name.removesuffix(".weight") in ROPE_BUFFERS:

@@ -21,14 +21,19 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from typing import TYPE_CHECKING
+
 import gguf
-import torch
 from rich.table import Table
 
-from .blocks import quantize_tensor
-from .decode import dequantize_torch
-from .formats import BLOCK_SIZES, SUPPORTED_TYPES, bits_per_weight
+from .type_facts import BLOCK_SIZES, SUPPORTED_TYPES, bits_per_weight
 from .presets import ModelShape, Preset, fallback, preset_types
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (and the encoders) are imported by the error measurement only: a plan is made without them
+# (`localllm quantize`'s torch-free preset path, commands/quantize_native.py).
 
 Q = gguf.GGMLQuantizationType
 
@@ -139,11 +144,18 @@ def total_bpw(rows: Sequence[PlanRow]) -> float:
 
 def sample_rows(n_rows: int, k: int) -> torch.Tensor:
     """Up to k row indices spread evenly over the tensor (first and last included)."""
+    import torch
+
     return torch.linspace(0, n_rows - 1, min(k, n_rows)).round().long().unique()
 
 
 def relative_rmse(w: torch.Tensor, target: Q, device: str = "cpu") -> float:
     """||decode(encode(w)) - w|| / ||w|| for w (rows, cols) float32."""
+    import torch
+
+    from .blocks import quantize_tensor
+    from .decode import dequantize_torch
+
     w = w.to(device=device, dtype=torch.float32)
     back = dequantize_torch(quantize_tensor(w, target), target).to(w.device)
     norm = torch.linalg.vector_norm(w).item()

@@ -37,9 +37,11 @@ def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
     from localllm.kernels.cpu import load_extension
+    from localllm.kernels.cpu_encode_lib import load_encoders
     from localllm.settings import DEFAULT_CPU
 
     load_extension(DEFAULT_CPU.cache_dir)
+    load_encoders(DEFAULT_CPU.cache_dir)  # quantize's torch-free encoders (commands/quantize_native.py)
 
 
 # The test files that take longest on CI's two cores (pytest --durations, most first). Under

@@ -204,3 +204,23 @@ def test_mxfp4_tiles_take_every_e8m0_byte():
     assert w.tiled and w.nbytes == (N + 7) // 8 * 8 * raw.shape[1]
     assert torch.equal(dequantize_rows(w, 0, N), ref)
     assert torch.equal(dequantize_rows(w, 13, 27), ref[13:27])
+
+
+def test_q6k_tiles_take_every_bit_pattern():
+    """Q6_K tiles hold the low nibbles, two 2-bit planes of the top bits, the file's int8 scales and
+    fp16 d (cpu_tiles.h: 224 bytes a tile-group, 7 bits a weight): random block bytes (every 6-bit
+    value, scales -128..127, both signs of d) decode to dequantize_torch's values bit for bit, and
+    products at 1, 3 and 19 rows of x equal the fp64 reference's."""
+    g = torch.Generator().manual_seed(6)
+    N, K = 61, 512
+    raw = torch.randint(0, 256, (N, K // 256 * 210), generator=g, dtype=torch.uint8)
+    d = (torch.rand(N, K // 256, generator=g) * 2 - 1).to(torch.float16)
+    raw.view(N, -1, 210)[:, :, 208:] = d.view(torch.uint8).view(N, -1, 2)
+    ref = dequantize_torch(raw, Q.Q6_K)
+    w = pack_for_cpu(BlockQWeight.from_blocks(raw, Q.Q6_K, torch.float32), kernels())
+    assert w.tiled and w.nbytes == (N + 7) // 8 * (K // 32) * 224
+    assert torch.equal(dequantize_rows(w, 0, N), ref)
+    assert torch.equal(dequantize_rows(w, 13, 27), ref[13:27])
+    for T in (1, 3, 19):
+        x = torch.randn(T, K, generator=g)
+        assert rel(qlinear(x, w), round_like_kernels(x).double() @ ref.double().T) < 2e-6

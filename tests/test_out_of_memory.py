@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import tiny_models as tm
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
-from localllm.commands import quantize_cmd
+from localllm.commands import quantize_cmd, quantize_native
 from localllm.errors import out_of_memory
 
 # torch 2.x's text for a CUDA allocation that failed (c10/cuda/CUDACachingAllocator.cpp), as an H100 printed it
@@ -40,9 +40,10 @@ def model(tmp_path_factory):
     return tm.write_gguf(tm.CASES["llama"], tmp_path_factory.mktemp("oom") / "llama-f32.gguf")
 
 
-def encode_then(fail):
-    """quantize_cmd.encode that encodes the first tensor, then fails: the writer has a partial file open."""
-    calls, real = [], quantize_cmd.encode
+def encode_then(fail, real):
+    """An encoder (real: quantize_cmd.encode, quantize_native.encode_tensor) that encodes the first tensor,
+    then fails: the writer has a partial file open."""
+    calls = []
 
     def encode(*args, **kwargs):
         calls.append(1)
@@ -56,7 +57,9 @@ def encode_then(fail):
     (numpy_alloc_fails, "out of memory on the CPU: try a smaller --ctx"),
 ])
 def test_out_of_memory_while_writing(model, tmp_path, monkeypatch, fail, needle):
-    monkeypatch.setattr(quantize_cmd, "encode", encode_then(fail))
+    # both writers: the torch path's and the torch-free preset path's (which a GGUF on the CPU takes)
+    monkeypatch.setattr(quantize_cmd, "encode", encode_then(fail, quantize_cmd.encode))
+    monkeypatch.setattr(quantize_native, "encode_tensor", encode_then(fail, quantize_native.encode_tensor))
     out = tmp_path / "out.gguf"
     result = invoke(model, out, "--type", "Q8_0", "--device", "cpu")
     assert_one_error(result, needle)
@@ -81,6 +84,7 @@ def test_other_runtime_errors_are_not_hidden(model, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
     monkeypatch.setattr(quantize_cmd, "encode", broken)
+    monkeypatch.setattr(quantize_native, "encode_tensor", broken)
     result = CliRunner().invoke(app, ["quantize", str(model), str(tmp_path / "out.gguf"), "--type", "Q8_0"])
     assert isinstance(result.exception, RuntimeError) and "shapes" in str(result.exception)
 

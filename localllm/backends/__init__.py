@@ -20,8 +20,12 @@ from ..config import ModelConfig
 from ..runtime import Runtime
 
 
-def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) -> type[Runtime]:
-    """The backend for a model of cfg on device (cfg None: a Llama-layer model)."""
+def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None, tp=None) -> type[Runtime]:
+    """The backend for a model of cfg on device (cfg None: a Llama-layer model). tp (a
+    parallel.TensorParallel): a shard whose layers all-reduce inside the forward: on the CPU the eager
+    runtime (the torch forward with the C++ products: the C++ decoder runs whole layers, with no place
+    for a collective); on CUDA CudaRuntime, whose decode graphs capture the collectives
+    (backends/cuda_tp.py), else the eager one."""
     kind = torch.device(device).type
     if kind == "cuda":
         from .cuda import CudaEagerRuntime, CudaRuntime, covers  # Triton is imported only where it runs
@@ -30,5 +34,5 @@ def runtime_class(device: str | torch.device, cfg: ModelConfig | None = None) ->
     if kind == "cpu":
         from .cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
 
-        return CpuRuntime if cpp_covers(cfg) else CpuEagerRuntime
+        return CpuRuntime if tp is None and cpp_covers(cfg) else CpuEagerRuntime
     return Runtime

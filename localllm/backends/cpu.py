@@ -227,7 +227,8 @@ class CpuRuntime(Runtime):
         return pack_for_cpu(BlockQWeight.from_blocks(blocks, qtype, dtype), load_extension(DEFAULT_CPU.cache_dir))
 
     def cpp_decoder(self, cache: KVCache, batch1: bool = True) -> CpuDecoder | None:
-        if not cache_fits(cache, batch1):
+        # a tensor-parallel shard (model.tp): whole C++ layers leave no place for the all-reduces
+        if not cache_fits(cache, batch1) or self.model.tp is not None:
             return None
         if not self.decoder_built:
             self.decoder, self.decoder_built = build_decoder(self.model), True

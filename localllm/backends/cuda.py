@@ -199,11 +199,21 @@ class CudaRuntime(Runtime):
         # new cache replaces them (and frees their graphs)
         self.decoders: dict[tuple[int, bool], GraphDecoder] = {}
         self.prefill_graph: PrefillGraph | None = None
+        # tensor parallelism (model.tp): the decode step's all-reduce (backends/cuda_tp.REDUCERS), picked
+        # by the first decoder ("auto": the one-shot kernel where it sets up and checks out, else NCCL)
+        # and kept for the others; set it before the first step to force one (bench/tp_speed.py)
+        self.all_reduce = "auto"
+
+    def _reducer_picked(self, dec: GraphDecoder) -> GraphDecoder:
+        if dec.reducer is not None:
+            self.all_reduce = dec.reducer.name
+        return dec
 
     def decoder(self, cache: KVCache, tokens: int = 1, greedy: bool = False) -> GraphDecoder:
         dec = self.decoders.get((tokens, greedy))
         if dec is None or dec.cache is not cache:
-            dec = self.decoders[(tokens, greedy)] = GraphDecoder(self.model, cache, tokens=tokens, greedy=greedy)
+            dec = GraphDecoder(self.model, cache, tokens=tokens, greedy=greedy, reducer=self.all_reduce)
+            self.decoders[(tokens, greedy)] = self._reducer_picked(dec)
         return dec
 
     def prefill(self, cache: KVCache, rows: list[list[int]], start: int = 0) -> torch.Tensor:
@@ -256,7 +266,7 @@ class CudaRuntime(Runtime):
         a graph per bucket of slot counts); the logits are the bucket's buffer, overwritten by its
         next step."""
         check_rows(slots, which, tokens)
-        return cuda_slots.decode_slots(self.model, slots, which, tokens)
+        return cuda_slots.decode_slots(self.model, slots, which, tokens, reducer=self.all_reduce)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)

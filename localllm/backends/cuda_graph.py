@@ -27,6 +27,13 @@ model. q|k|v and gate/up are fused once at load (backends/cuda.py's fuse), not h
 Qwen3): one kernel normalises, rotates and stores from the q|k|v accumulator (triton_norm_fused's
 norm_rope_store); post norms (Gemma): the product sums into a third accumulator (h_acc) that
 add_normed normalises into x.
+
+Tensor parallelism (model.tp set: the model is this rank's shard, localllm/parallel.py's layout): the o
+and down products add this rank's partial sums into the reducer's int64 accumulator, which the
+reducer sums over the ranks and adds to x before the next norm reads it (the post norms' h_acc is
+summed likewise); the embedding writes this rank's vocabulary rows and the reducer sets x to the sum;
+the head's logits of this rank's vocabulary rows are gathered into (rows, V) before the argmax. Each is
+a collective captured in the graph (backends/cuda_tp.py); integer sums keep every rank's x identical.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from ..cache import KVCache
 from ..model import Transformer
 from ..rope import rotary_dims
 from .cuda_moe import MoEDecode
+from .cuda_tp import gather_logits, make_reducer
 
 
 def int_dot(w) -> bool:
@@ -86,7 +94,7 @@ class GraphDecoder:
     decoding's ids."""
 
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1,
-                 greedy: bool = False, rows: int | None = None):
+                 greedy: bool = False, rows: int | None = None, reducer: str = "auto"):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
         # sequences x tokens each (rows given: cuda_slots.SlotDecoder's rows, any slots of the cache)
@@ -128,6 +136,26 @@ class GraphDecoder:
         self.expected_len = -1
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        # tensor parallelism: the rank's collectives (reducer: cuda_tp.REDUCERS, the runtime's choice)
+        self.tp = getattr(model, "tp", None)
+        self.reducer = None
+        if self.tp is not None:
+            assert not cfg.n_experts, "tensor parallelism shards dense layers only"
+            self.reducer = make_reducer(self.tp, rows, cfg.dim, dev, reducer)
+            # this rank's vocabulary rows: [rank k, rank k + its rows), k = ceil(V / N) (tp_shard.vocab_part:
+            # the last rank's part may be shorter; its logits are padded to k for the gather)
+            k = -(-cfg.vocab_size // self.tp.world)
+            self.vocab_first = min(cfg.vocab_size, self.tp.rank * k)
+            self.gathered = torch.empty(self.tp.world, rows, k, dtype=torch.float32, device=dev)
+
+    def _residual(self, a, w, x, **kw) -> torch.Tensor:
+        """x (the int64 residual) += W @ a (the o and down products): with tensor parallelism the
+        partial sums of this rank's input columns go to the reducer's accumulator, summed over the
+        ranks into x."""
+        if self.reducer is None:
+            return self._lin(a, w, residual=x, split=None, inplace=True, **kw)
+        self._lin(a, w, residual=self.reducer.take(), split=None, inplace=True, **kw)
+        return self.reducer.reduce(x)
 
     def _lin(self, x, w, norm=None, **kw) -> torch.Tensor:
         quantized = isinstance(w, QWeight)
@@ -179,9 +207,9 @@ class GraphDecoder:
         if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
             # the output projection's int8 input comes from the attention's combine kernel
             att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, **kw)
-            return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True, xq=xq)
+            return self._residual(att, a.attn_output.w, x, xq=xq)
         att = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw)
-        return self._lin(att, a.attn_output.w, residual=x, split=None, inplace=True)
+        return self._residual(att, a.attn_output.w, x)
 
     def _family_attention(self, x, q, kc, vc, L: LayerWeights) -> torch.Tensor:
         """The attention of a layer beyond the Llama layer: rope of its own set (kernels/triton_rope.py;
@@ -201,8 +229,10 @@ class GraphDecoder:
         else:
             att, kw = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, **kw), {}
         if L.blk.post_attention_norm is None:
-            return self._lin(att, a.attn_output.w, bias=bias, residual=x, split=None, inplace=True, **kw)
+            return self._residual(att, a.attn_output.w, x, bias=bias, **kw)
         self._lin(att, a.attn_output.w, bias=bias, residual=self.h_acc, split=None, inplace=True, **kw)
+        if self.reducer is not None:
+            self.reducer.all_reduce(self.h_acc)
         ffn = [L.gate_up] if L.gate_up is not None else []
         return self._add_normed(x, L.blk.post_attention_norm.weight, (L.blk.ffn_norm.weight, ffn))
 
@@ -255,21 +285,30 @@ class GraphDecoder:
             gate, up = (self._lin(x, m.w, norm=norm) for m in (b.ffn_gate, b.ffn_up))
             a = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
         if b.post_ffw_norm is None:
-            return self._lin(a, b.ffn_down.w, residual=x, split=None, inplace=True, **kw)
+            return self._residual(a, b.ffn_down.w, x, **kw)
         self._lin(a, b.ffn_down.w, residual=self.h_acc, split=None, inplace=True, **kw)
+        if self.reducer is not None:
+            self.reducer.all_reduce(self.h_acc)
         return self._add_normed(x, b.post_ffw_norm.weight, self._next_products(i + 1))
 
     def _step(self) -> torch.Tensor:
         """tokens (T,) at positions pos.. -> logits (T, V) fp32; advances pos. Static inputs only."""
         m = self.model
         x = self.x  # (T, C) the residual stream, int64 fixed point
-        embed_fixed(self.token, m.token_embd.weight, x, scale=self.cfg.embed_scale)
+        if self.reducer is None:
+            embed_fixed(self.token, m.token_embd.weight, x, scale=self.cfg.embed_scale)
+        else:  # this rank's vocabulary rows (other ids: zeros), summed over the ranks into x
+            embed_fixed(self.token, m.token_embd.weight, self.reducer.take(assign=True), scale=self.cfg.embed_scale,
+                        first=self.vocab_first)
+            self.reducer.reduce(x, assign=True)
         for i, L in enumerate(self.layers):
             x = self._attention(x, i, L)
             x = self._ffn(x, L, i)
         xq = self._take_xq()
         kw = {"xq": xq} if xq is not None else {"norm": (m.output_norm.weight, self.cfg.norm_eps)}
         logits = self._lin(x, m.output_weight(), out_dtype=torch.float32, **kw)
+        if self.tp is not None:  # (rows, V / N) of this rank's vocabulary rows -> (rows, V)
+            logits = gather_logits(self.tp, logits, self.gathered, self.cfg.vocab_size)
         if self.cfg.final_softcap is not None:  # Transformer.head's soft-cap
             c = self.cfg.final_softcap
             logits = torch.tanh(logits / c) * c

@@ -51,8 +51,8 @@ class SlotDecoder(GraphDecoder):
     """GraphDecoder over `rows` rows, each one token of any slot of `cache` (the slots' (L, n, Hkv, S, D)
     cache) at its own position."""
 
-    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True):
-        super().__init__(model, cache, use_graph=use_graph, rows=rows)
+    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True, reducer: str = "auto"):
+        super().__init__(model, cache, use_graph=use_graph, rows=rows, reducer=reducer)
         # positions (row 0) and slot indices (row 1) of the rows, int32: the graph's inputs with token
         self.meta = torch.zeros(2, rows, dtype=torch.int32, device=cache.k.device)
         self.pos, self.slot = self.meta[0], self.meta[1]
@@ -115,15 +115,16 @@ def decoders(slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
 
 @torch.inference_mode()
 def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: torch.Tensor,
-                 use_graph: bool = True) -> torch.Tensor:
+                 use_graph: bool = True, reducer: str = "auto") -> torch.Tensor:
     """slots.decode_slots' step (checked by the caller) -> logits (N, V) fp32 (a view of the bucket's
-    buffer, overwritten by the next step of that bucket); lengths advanced."""
+    buffer, overwritten by the next step of that bucket); lengths advanced. reducer: a tensor-parallel
+    model's all-reduce (cuda_tp.REDUCERS)."""
     if "cuda most rows" not in slots.tables:
         slots.tables["cuda most rows"] = most_rows(model)
     most = slots.tables["cuda most rows"]
     if most is not None and len(which) > most:  # passes of at most `most` rows, each its own copy
         ids = tokens.view(-1)
-        return torch.cat([decode_slots(model, slots, which[i:i + most], ids[i:i + most], use_graph).clone()
+        return torch.cat([decode_slots(model, slots, which[i:i + most], ids[i:i + most], use_graph, reducer).clone()
                           for i in range(0, len(which), most)])
     n = len(which)
     if n == 0:
@@ -132,7 +133,7 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
     rows = bucket(n)
     dec = found.get(rows)
     if dec is None:
-        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph)
+        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph, reducer)
     pad = rows - n  # padding rows repeat row 0
     ids = tokens.view(-1).to(device=dec.token.device, dtype=torch.long)
     if pad:

@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 
 from . import float_types, iq_types, k_types, legacy_types, mx_types
+from ..type_facts import BLOCK_SIZES, SUPPORTED_TYPES, UnsupportedTypeError, bits_per_weight, check_type
 from .layout import Field, Format, IntDot
 
 FORMATS: dict[gguf.GGMLQuantizationType, Format] = {
@@ -26,31 +27,16 @@ FORMATS: dict[gguf.GGMLQuantizationType, Format] = {
 }
 
 
-class UnsupportedTypeError(ValueError):
-    """A tensor type outside SUPPORTED_TYPES."""
-
-
-# Tensor types the runtime reads (issue: core runtime).
-SUPPORTED_TYPES = frozenset(FORMATS)
-
-# type -> (values per block, bytes per block).
-BLOCK_SIZES = {t: (f.block, f.nbytes) for t, f in FORMATS.items()}
-
-
-def check_type(qtype: gguf.GGMLQuantizationType) -> None:
-    if qtype not in SUPPORTED_TYPES:
-        raise UnsupportedTypeError(f"unsupported tensor type {qtype.name}")
+# The type facts (SUPPORTED_TYPES, BLOCK_SIZES, bits_per_weight) live in quantize/type_facts.py, torch-free;
+# FORMATS must describe exactly those types, with the gguf package's sizes.
+if set(FORMATS) != SUPPORTED_TYPES or any(BLOCK_SIZES[t] != (f.block, f.nbytes) for t, f in FORMATS.items()):
+    raise ImportError("quantize/formats' FORMATS and quantize/type_facts.py disagree")
 
 
 def format_of(qtype: gguf.GGMLQuantizationType) -> Format:
     """FORMATS[qtype], or UnsupportedTypeError."""
     check_type(qtype)
     return FORMATS[qtype]
-
-
-def bits_per_weight(qtype: gguf.GGMLQuantizationType) -> float:
-    """Stored bits per value, block scales included (Q4_K: 4.5, Q6_K: 6.5625)."""
-    return format_of(qtype).bits
 
 
 def dequantize(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:

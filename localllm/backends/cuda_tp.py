@@ -1,0 +1,197 @@
+"""Tensor parallelism in the CUDA decode step (issue 23): the collectives GraphDecoder captures.
+
+A rank's o and down products (their input columns are its part: localllm/parallel.py's layout) add
+their partial sums into the reducer's accumulator (take()), int64 fixed point like the residual stream
+x (kernels/triton_epilogue.FIXED_ONE); reduce() sums it over the ranks and adds it to x (the residual
+add), and the accumulator is zero again for its next product. The embedding lookup writes this rank's
+vocabulary rows into it (other ids: zeros) and the reduce SETS x to the sum. Integer sums are exact:
+every rank holds the same x bits, every run, whatever the collective's algorithm (no NCCL_ALGO /
+NCCL_PROTO to pin). The head's logits (rows, V/N) fp32 per rank are joined by an all-gather into
+(rows, V) in rank order.
+
+Two reducers, one picked at load for the process group (make_reducer), the same on every rank:
+  NcclReducer  torch.distributed.all_reduce of the accumulator (NCCL, int64 sum), then
+               kernels/triton_tp.add_fixed (the add, and the clear).
+  P2PReducer   accumulators in torch symmetric memory (peer-visible, no multicast:
+               TORCH_SYMM_MEM_DISABLE_MULTICAST stays set); kernels/triton_tp.reduce_p2p reads every
+               rank's part and adds them in one kernel (one flag barrier, no NCCL launch): for the decode
+               step's small messages (an 8B step has 65 all-reduces of 4096 values a row), where NCCL's
+               latency is most of the cost.
+Both are captured inside the decode graphs: every rank captures and replays the same sequence.
+P2PReducer's set-up checks itself on known values (exact sums, buffers cleared) on every rank; unless
+every rank's check passes, NCCL.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from localllm.kernels.triton_tp import PAD_SLOTS, add_fixed, reduce_p2p
+
+from ..parallel import TensorParallel
+
+REDUCERS = ("auto", "nccl", "p2p")  # make_reducer's choices ("auto": p2p where it sets up and checks out)
+
+
+class NcclReducer:
+    name = "nccl"
+
+    def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
+        self.tp = tp
+        self.red = torch.zeros(rows, cols, dtype=torch.int64, device=device)
+
+    def take(self, assign: bool = False) -> torch.Tensor:
+        """The (rows, cols) int64 accumulator (zero) the next reduce() sums: the product writes it first."""
+        return self.red
+
+    def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
+        """x (+)= the ranks' accumulators (take()'s) summed; the accumulator is zero again for the
+        next take() -> x."""
+        torch.distributed.all_reduce(self.red, group=self.tp.group)
+        return add_fixed(x, self.red, assign)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """t summed over the ranks in place (int64 accumulators beside red: Gemma's h_acc)."""
+        torch.distributed.all_reduce(t, group=self.tp.group)
+        return t
+
+    def check(self) -> None:
+        """Raise if a collective failed (NCCL reports its own errors)."""
+
+
+class P2PReducer(NcclReducer):
+    """Three (rows, cols) int64 buffers in symmetric memory: 0 for the embedding's reduction (assign),
+    1 and 2 in turn for the others, so that two reductions in a row never share one (a step of L
+    layers: 0, 1, 2, 1, 2, .., and the next step's 0; graph replays repeat the captured order) and each
+    reduction clears this rank's buffer of the one before (kernels/triton_tp.reduce_p2p)."""
+
+    name = "p2p"
+
+    def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
+        import torch.distributed._symmetric_memory as symm
+
+        self.tp = tp
+        group = tp.group or torch.distributed.group.WORLD
+        name = group.group_name
+        if hasattr(symm, "enable_symm_mem_for_group"):  # needed by older torch; deprecated (a no-op) later
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm.enable_symm_mem_for_group(name)
+        n = rows * cols
+        buf = symm.empty(3 * n, dtype=torch.int64, device=device)
+        self.handle = h = symm.rendezvous(buf, name)
+        if h.world_size != tp.world or h.rank != tp.rank:
+            raise RuntimeError("symmetric memory's ranks are not the process group's")
+        if getattr(h, "signal_pad_size", PAD_SLOTS * tp.world * 4) < PAD_SLOTS * tp.world * 4:
+            raise RuntimeError("signal pad too small")
+        buf.zero_()
+        self.bufs = buf.view(3, rows, cols)
+        # (3, world) device addresses of each rank's buffer j (rank order), and (world,) of the signal pads
+        base = torch.tensor(list(h.buffer_ptrs), dtype=torch.int64)
+        self.addresses = (base[None, :] + torch.arange(3)[:, None] * n * 8).to(device)
+        self.pads = torch.tensor(list(h.signal_pad_ptrs), dtype=torch.int64, device=device)
+        self.err = torch.zeros(1, dtype=torch.int32, device=device)
+        self.last: int | None = None  # the buffer of the previous reduction (cleared by the next)
+        self.cur = 0
+        torch.cuda.synchronize(device)
+        h.barrier()  # every rank's buffers are zero before any reads them
+
+    def take(self, assign: bool = False) -> torch.Tensor:
+        self.cur = next(j for j in ((0, 1, 2) if assign else (1, 2, 0)) if j != self.last)
+        return self.bufs[self.cur]
+
+    def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
+        prev = self.bufs[self.last] if self.last is not None else None
+        reduce_p2p(x, self.addresses[self.cur], self.pads, self.err, self.tp.rank, self.tp.world, assign, prev)
+        self.last = self.cur
+        return x
+
+    def reset(self) -> None:
+        """Every buffer zero on every rank, no reduction before (collective)."""
+        torch.cuda.synchronize(self.bufs.device)
+        self.handle.barrier()
+        self.bufs.zero_()
+        torch.cuda.synchronize(self.bufs.device)
+        self.handle.barrier()
+        self.last = None
+
+    def check(self) -> None:
+        if self.err.item():
+            raise RuntimeError("the one-shot all-reduce timed out waiting for a peer")
+
+
+def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
+    """A step's order of reductions (the embedding's assign, then 5 sums: every buffer taken twice and
+    cleared) on known values (rank-dependent, large and negative, every value of the buffer) gives
+    their exact sums, and leaves the buffers that the next reductions take zero."""
+    rows, cols = red.take().shape
+    dev = red.take().device
+    base = torch.arange(rows * cols, device=dev, dtype=torch.int64).view(rows, cols)
+    ok = True
+    for i, assign in enumerate([True, False, False, False, False, False]):
+        parts = [(base * (1 << 33) - (r + 1 + i) * (1 << 50)) * (1 if (r + i) % 2 else -1) for r in range(tp.world)]
+        buf = red.take(assign)
+        ok = ok and not buf.any()  # cleared by the reduction before, or never written
+        buf.copy_(parts[tp.rank])
+        x = torch.full((rows, cols), 7 + i, dtype=torch.int64, device=dev)
+        red.reduce(x, assign)
+        torch.cuda.synchronize(dev)
+        red.check()
+        ok = ok and torch.equal(x, sum(parts) + (0 if assign else 7 + i))
+    if isinstance(red, P2PReducer):
+        red.reset()
+    return ok
+
+
+def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "auto") -> NcclReducer:
+    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'auto' and 'p2p' set up
+    the one-shot kernel and check it (self_test) on every rank; unless every rank succeeds, NCCL
+    ('p2p' then raises). Collective: every rank calls it with the same arguments."""
+    if kind not in REDUCERS:
+        raise ValueError(f"all-reduce {kind!r}: one of {', '.join(REDUCERS)}")
+    nccl = NcclReducer(tp, rows, cols, device)
+    if kind == "nccl" or (kind == "auto" and torch.device(device).type != "cuda"):  # (gloo on the CPU: tests)
+        return nccl
+    fast = None
+    try:
+        fast = P2PReducer(tp, rows, cols, device)
+    except Exception:  # no peer access, no symmetric memory in this torch, ...: NCCL serves
+        pass
+    # every rank set up before any runs the kernel (a rank alone in it would wait for its peers), then
+    # every rank's check passed
+    if everyone(tp, fast is not None, device) and everyone(tp, passes(fast, tp), device):
+        return fast
+    if kind == "p2p":
+        raise RuntimeError("the one-shot all-reduce (symmetric memory) did not set up on every rank")
+    return nccl
+
+
+def passes(red: P2PReducer, tp: TensorParallel) -> bool:
+    """self_test, False where it raises (a timed-out wait)."""
+    try:
+        return self_test(red, tp)
+    except Exception:
+        return False
+
+
+def everyone(tp: TensorParallel, ok: bool, device) -> bool:
+    """ok on every rank (collective)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=tp.group)
+    return flag.item() == 1
+
+
+def gather_logits(tp: TensorParallel, local: torch.Tensor, out: torch.Tensor, vocab: int) -> torch.Tensor:
+    """local (rows, n) fp32, this rank's vocabulary rows [rank k, rank k + n) (n <= k: the last rank's part
+    may be shorter) -> (rows, vocab): the ranks' parts in rank order, padding trimmed. out: (world, rows,
+    k) fp32 scratch for the all-gather."""
+    world, rows, k = out.shape
+    if local.shape[-1] < k:
+        local = F.pad(local, (0, k - local.shape[-1]))
+    dist = torch.distributed
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # (the newer name first)
+    gather(out.view(world * rows, k), local.contiguous(), group=tp.group)  # the parts stacked on dim 0
+    return out.permute(1, 0, 2).reshape(rows, world * k)[:, :vocab]
