@@ -15,7 +15,9 @@ sums, the int64 fixed-point accumulators), so no kernel needs a mask and no othe
 Batch invariance: a row's logits are the same bits whatever B and the other rows are: the attention
 and rope kernels work per row; the integer-dot and float-decoding products compute each row's sum the
 same whatever rows share a program (triton_epilogue.rows_per_program: up to 8 rows share a weight tile,
-larger buckets in groups of 8), with their K split chosen from the weight's shape only. Dense (bf16)
+larger buckets in groups of 8; buckets of triton_mma.MMA_ROWS (16) rows or more take Q8_0 / Q4_0 / Q4_K /
+Q6_K products on tensor cores, kernels/triton_mma.py, whose sums are the dp4a kernels' bits), with
+their K split chosen from the weight's shape only. Dense (bf16)
 weights take the tensor-core kernel up to triton_gemv.DENSE_ROWS (16) rows and another kernel past
 that, so a model with dense products runs a step of more slots as several passes of at most 16.
 

@@ -1,0 +1,71 @@
+"""The tensor-core products (kernels/triton_mma.py) on the GPU: real int8 MMA and the compiler's FMA
+contraction. For each type, llama-3.1-8b-like shapes and 16 / 64 x rows: the decode step's use
+(+= into an int64 fixed-point accumulator, K split as auto_split splits it) and the head's (fp32
+logits, bf16 rounding) are bit for bit the dp4a kernel's (gemv_q8 with mma=False: what a slot decoded
+alone runs), each row is the bits of that row's one-row product, and the result is within fp32
+summation order of the fp64 product of the dequantized weights with the int8 activations' values.
+(Slots decoded in a bucket of 16 against each decoded alone, through the whole model:
+tests/gpu/test_gpu_slot_graphs.py.)"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+Q = gguf.GGMLQuantizationType
+SHAPES = [(1024, 4096), (4096, 14336), (6144, 4096)]  # (N, K): k / v, down, q|k|v
+
+
+# each type's block bytes and the offsets of its fp16 scales in a block (d; Q4_K's d, dmin)
+SCALES = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_K: [0, 2], Q.Q6_K: [208]}
+
+
+def weight(qtype, n: int, k: int, seed: int):
+    """Random GGUF rows (quantizing 8B-sized rows on the CPU takes minutes): random bytes, the fp16
+    scales set to small finite values -> (raw uint8 (N, row bytes), block-major QWeight on the GPU)."""
+    from localllm.kernels.qweight import QWeight
+    from localllm.quantize.formats import FORMATS
+
+    fmt = FORMATS[qtype]
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n, k // fmt.block, fmt.nbytes), generator=g, dtype=torch.uint8)
+    for off in SCALES[qtype]:
+        d = (torch.rand(n, k // fmt.block, generator=g) * 1e-3).half()
+        raw[:, :, off:off + 2] = d.view(torch.uint8).view(n, k // fmt.block, 2)
+    raw = raw.reshape(n, -1)
+    return raw, QWeight.from_raw(raw.cuda(), qtype).to_blocks()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_bits_equal_dp4a(qtype, shape):
+    from localllm.kernels import triton_q8
+    from localllm.kernels.triton_epilogue import from_fixed, to_fixed
+    from localllm.quantize import dequantize_torch
+    from localllm.quantize.act import dequantize_act
+
+    n, k = shape
+    raw, qw = weight(qtype, n, k, 5)
+    ref = dequantize_torch(raw, qtype).double().cuda()
+    for m in (16, 64):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m), dtype=torch.float32).cuda()
+        xa = triton_q8.quantize_act(x)
+        res = to_fixed(torch.randn(m, n, device="cuda"))
+        got, want = res.clone(), res.clone()
+        triton_q8.gemv_q8(xa, qw, residual=got, inplace=True, split=None, act_dtype=torch.bfloat16)
+        triton_q8.gemv_q8(xa, qw, residual=want, inplace=True, split=None, act_dtype=torch.bfloat16, mma=False)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), f"m={m}: {(got != want).sum().item()} of {got.numel()} differ"
+        for r in (0, m // 2, m - 1):
+            alone = res[r:r + 1].clone()
+            triton_q8.gemv_q8(tuple(t[r:r + 1] for t in xa), qw, residual=alone, inplace=True, split=None,
+                              act_dtype=torch.bfloat16)
+            assert torch.equal(alone, got[r:r + 1])
+        xv = dequantize_act(xa[0], xa[1]).double()
+        y = xv @ ref.T
+        err = ((from_fixed(got - res).double() - y).norm() / y.norm()).item()
+        assert err < 1e-6
+        logits = triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32)
+        assert torch.equal(logits, triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32,
+                                                     mma=False))
