@@ -39,7 +39,7 @@ MMA_FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
 MMA_TYPES = frozenset(MMA_FMT)
 UNIT = {t: FORMATS[t].int_dot.unit for t in MMA_TYPES}
 # (BM x rows, BN weight rows, warps, stages) per type; bench/mma_products.py sweeps them on the GPU.
-CONFIGS = {Q.Q8_0: (64, 64, 4, 3), Q.Q4_0: (64, 64, 4, 3), Q.Q4_K: (64, 64, 4, 3), Q.Q6_K: (64, 64, 4, 2)}
+CONFIGS = {Q.Q8_0: (64, 64, 4, 3), Q.Q4_0: (64, 64, 4, 3), Q.Q4_K: (64, 64, 4, 2), Q.Q6_K: (64, 64, 4, 2)}  # H100 sweep, 2026-11-27
 if INTERPRET:  # few, large programs
     CONFIGS = {t: (16, 64, 4, 1) for t in CONFIGS}
 
