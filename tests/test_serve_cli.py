@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import assert_one_error
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(default_path, port):

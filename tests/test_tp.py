@@ -6,7 +6,6 @@ within fp32 rounding of the sums' order, and the same 16 greedy ids."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -29,6 +28,7 @@ from localllm.tp_shard import (COLS, RANK0, ROWS, WHOLE, byte_range, check_suppo
                                split_of, vocab_part)
 from localllm.validate import check_gguf, check_hf_folder
 from localllm.weights import QuantizedTensor, gguf_state_dict, hf_state_dict
+from ports import free_port
 
 Q = gguf.GGMLQuantizationType
 WORKER = Path(__file__).with_name("tp_worker.py")
@@ -69,10 +69,15 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {name: write_model(folder, name, spec, q) for name, spec, q in MODELS + [b[:3] for b in BAD]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def prompt_and_greedy(rt) -> tuple[torch.Tensor, list[int]]:
+    """PROMPT's logits (T, V) in one pass, then STEPS greedy ids decoded one at a time."""
+    cache = rt.new_cache(len(PROMPT) + STEPS + 1)
+    logits = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
+    out, tok = [], logits[-1].argmax()
+    for _ in range(STEPS):
+        out.append(int(tok))
+        tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
+    return logits, out
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +99,7 @@ def oracle(path: Path) -> dict:
     """TP=1 on the same file with the same runtime (the CPU's eager one: the torch forward, C++ products)."""
     lm = load_model(str(path), "cpu", backend=CpuEagerRuntime)
     rt = lm.runtime
-    cache = rt.new_cache(len(PROMPT) + STEPS + 1)
-    logits = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
-    out, tok = [], logits[-1].argmax()
-    for _ in range(STEPS):
-        out.append(int(tok))
-        tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
+    logits, out = prompt_and_greedy(rt)
     return {"logits": logits, "greedy": out, "cfg": lm.config, "slots": slot_logits(rt, PROMPT, "cpu")}
 
 
@@ -305,14 +305,7 @@ def test_uneven_vocabulary_five_ranks(tmp_path):
     results = [None] * world
 
     def rank_main(r: int) -> None:
-        rt = runtimes[r]
-        cache = rt.new_cache(len(PROMPT) + STEPS + 1)
-        logits = rt.forward(torch.tensor([PROMPT]), cache, 0)[0].clone()
-        out, tok = [], logits[-1].argmax()
-        for _ in range(STEPS):
-            out.append(int(tok))
-            tok = rt.decode(cache, tok.view(1)).argmax(-1)[0]
-        results[r] = logits, out
+        results[r] = prompt_and_greedy(runtimes[r])
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:

@@ -8,22 +8,16 @@ within the rounding of the products' per-part sums; the greedy graph's ids are T
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 
 WORKER = Path(__file__).with_name("tp_graph_worker.py")
 TYPES = ["Q8_0"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

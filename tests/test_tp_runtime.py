@@ -7,7 +7,6 @@ fails still ends its workers; `localllm complete --tp 2 --device cpu` end to end
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from localllm.load import load_model
 WORKER = Path(__file__).with_name("tp_runtime_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 from tp_runtime_worker import scenarios  # noqa: E402
+from ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +30,6 @@ def files(tmp_path_factory) -> tuple[Path, Path]:
     target = tm.write_gguf(tm.TinySpec("llama", seed=11), folder / "target.gguf")
     draft = tm.write_gguf(tm.TinySpec("llama", n_layers=1, seed=12), folder / "draft.gguf")
     return target, draft
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

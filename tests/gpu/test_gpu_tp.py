@@ -12,7 +12,6 @@ Needs 2 CUDA devices (skipped otherwise)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 from .gpu_helpers import random_ids, rel
+from ports import free_port
 
 WORKER = Path(__file__).resolve().parent.parent / "tp_worker.py"
 CASES = [("llama-3.2-1b", 4), ("llama-3.1-8b", 2)]  # (preset, layers kept)
@@ -28,12 +28,6 @@ TYPES = ["BF16", "Q4_K_M"]
 PROMPT, STEPS, BOUND = 14, 64, 3e-2
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @torch.inference_mode()
