@@ -14,7 +14,8 @@ import os
 import sys
 
 from localllm.errors import LocalLLMError
-from localllm.parallel import NO_MULTICAST, TensorParallel, from_launcher, launched
+from localllm.backends.launch import from_launcher
+from localllm.parallel import NO_MULTICAST, TensorParallel, launched
 from localllm.tp_runtime import close, follow, lead
 
 

@@ -95,7 +95,7 @@ def gpu_layers_notice(n_gpu_layers: int | None, device: str | torch.device) -> s
 
 def rank_device(dev: str, tp) -> str:
     """A tensor-parallel rank's device (tp: parallel.TensorParallel or None): its own GPU on CUDA (the
-    one parallel.from_launcher set current), else dev."""
+    one backends.launch.from_launcher set current), else dev."""
     if tp is not None and dev == "cuda":
         return f"cuda:{torch.cuda.current_device()}"
     return dev
