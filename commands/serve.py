@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from localllm.chat_template import resolve_template
@@ -32,6 +33,19 @@ def check_serve_options(parallel: int, port: int, api_key: str | None) -> None:
         raise LocalLLMError("--api-key is empty")
 
 
+def warm_up(engine: Engine, notify) -> int:
+    """Before listening: the runtime prepares what the slots' first steps would (CUDA: each batch bucket's
+    decode graph, the prompt kernels), so the first requests do not wait for it -> graphs captured."""
+    rt = engine.runtime
+    if rt.warms_up:
+        notify(f"warming up {engine.parallel} slots ...")
+    t0 = time.perf_counter()
+    captured = rt.warm_up_slots(engine.slots)
+    if rt.warms_up:
+        notify(f"warmed up in {time.perf_counter() - t0:.1f} s ({captured} decode graphs)")
+    return captured
+
+
 def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api_key: str | None = None,
                  chat_template: str | None = None, limits: ServeSettings = DEFAULT_SERVE,
                  defaults: SamplingSettings = DEFAULT_SAMPLING, notify=lambda text: None,
@@ -47,5 +61,7 @@ def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api
     speculation = None if drafter is None else Speculation(drafter, draft, limits.speculate_max_slots, parallel,
                                                            capacity)
     engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, capacity, limits.max_queue,
-                    per_step, limits.prefill_share_min, speculation=speculation).start()
+                    per_step, limits.prefill_share_min, speculation=speculation)
+    warm_up(engine, notify)
+    engine.start()
     return Served(engine, lm.tokenizer, template, model_names(spec, lm.path), api_key, limits, defaults)

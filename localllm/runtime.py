@@ -35,6 +35,8 @@ class Runtime:
     # Prompts cost in proportion to their ids even when several share a pass (compute-bound products):
     # `serve` then prefills fewer ids per engine step (settings.ServeSettings.prefill_tokens_compute_bound).
     prompts_compute_bound: bool = False
+    # warm_up_slots prepares something (CUDA: graphs, kernel compilation): `serve` says so while it runs
+    warms_up: bool = False
 
     def __init__(self, model: Transformer):
         self.model = model
@@ -128,6 +130,11 @@ class Runtime:
         batched pass -> logits (sum(len), V) fp32, the slots' rows in the order of `which`; lengths[s] +=
         len(rows[i]) (`serve`'s speculative decoding: each slot's last id and drafts; slots.verify_slots)."""
         return slot_steps.verify_slots(self.model, slots, which, rows)
+
+    def warm_up_slots(self, slots: Slots) -> int:
+        """Prepare now what the slots' first steps would prepare on first use (`serve`'s start-up, before
+        it listens), every slot left empty -> the graphs captured. Portable backend: nothing to prepare."""
+        return 0
 
     def copy_prefix(self, slots: Slots, src: int, dst: int, n: int) -> None:
         """Rows [0, n) of slot src into slot dst; dst then holds n positions."""

@@ -7,6 +7,9 @@ quantize.quantize_tensor on the device, then through load.build_model's pass lik
 To keep building fast, each (shape, type) is quantized once from up to 256 random rows, and each
 tensor takes those rows rolled by a per-tensor offset and tiled (non-zero, and distinct per layer).
 write_synthetic_gguf writes the same weights as a GGUF file that llama.cpp loads (bench/vs_llamacpp_gpu.py).
+Speed runs (random_blocks=True): quantized weights are random valid blocks instead (RandomBlocks: random
+bytes with sane fp16 scales, made on the device at once), not quantized random floats: quantizing even
+256 rows of 14336 columns to Q4_K takes a minute or more on a CPU, and speed does not depend on the values.
 Tensor parallelism (tp): each rank generates only its shard's shapes (tp_shard.local_config), from its
 own seed: the ranks' weights are per-rank random, NOT slices of the TP=1 synthetic model (speed only;
 tests/test_tp.py proves correctness on files), and a 70B model never exists whole on one rank.
@@ -92,18 +95,64 @@ class RawSource:
         return base.repeat(reps, 1)[:rows].contiguous()
 
 
+# the block types random_blocks makes: every scale of theirs is an fp16 field (MXFP4's E8M0 byte is not)
+RANDOM_BLOCK_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                                Q.IQ4_NL, Q.IQ4_XS})
+
+
+def unit_rms(qtype: Q) -> float:
+    """Root mean square of the values random blocks decode to with every fp16 scale 1 (4096 blocks)."""
+    from localllm.quantize.formats import FORMATS
+
+    fmt = FORMATS[qtype]
+    raw = torch.randint(0, 256, (4096, fmt.nbytes), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    one = torch.ones(4096, 1, dtype=torch.float16).view(torch.uint8)
+    for f in fmt.fields:
+        if f.dtype == torch.float16:
+            raw[:, f.offset:f.offset + 2] = one
+    return float(fmt.decode(raw).double().pow(2).mean().sqrt())
+
+
+class RandomBlocks:
+    """Random valid blocks (RawSource's interface): random bytes, each block's fp16 scales (d, dmin, m) one
+    random value s = +-U(0.5, 1.5) / (sqrt(K) * unit_rms) (sign random per block: zero-mean weights), so
+    a row's product has the scale of randn(K) / sqrt(K) rows'. Made on the device in one pass a tensor."""
+
+    def __init__(self, device, gen: torch.Generator):
+        self.device, self.gen, self.rms = device, gen, {}
+
+    def get(self, rows: int, cols: int, qtype: Q) -> torch.Tensor:
+        from localllm.quantize.formats import FORMATS
+
+        if qtype not in RANDOM_BLOCK_TYPES:
+            raise ValueError(f"random blocks of {qtype.name}: only {', '.join(sorted(t.name for t in RANDOM_BLOCK_TYPES))}")
+        if qtype not in self.rms:
+            self.rms[qtype] = unit_rms(qtype)
+        fmt = FORMATS[qtype]
+        nb = cols // fmt.block
+        raw = torch.randint(0, 256, (rows, nb, fmt.nbytes), generator=self.gen, device=self.device, dtype=torch.uint8)
+        s = torch.rand(rows, nb, 1, generator=self.gen, device=self.device) + 0.5
+        sign = torch.randint(0, 2, (rows, nb, 1), generator=self.gen, device=self.device) * 2 - 1
+        s = (s * sign / (cols**0.5 * self.rms[qtype])).half().view(torch.uint8)  # (rows, nb, 2)
+        for f in fmt.fields:
+            if f.dtype == torch.float16:
+                raw[:, :, f.offset:f.offset + 2] = s
+        return raw.view(rows, nb * fmt.nbytes)
+
+
 def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0, tp: TensorParallel | None = None,
-                    dense_dtype: torch.dtype | None = None) -> tuple[dict, Counter]:
+                    dense_dtype: torch.dtype | None = None, random_blocks: bool = False) -> tuple[dict, Counter]:
     """module name -> dense tensor or QuantizedTensor; and the weight types (name -> count). tp: rank
     tp.rank's shard only (the module's docstring); dense_dtype: dense tensors cast to it as each is made
-    (None: fp32), so that only one fp32 tensor exists at a time."""
+    (None: fp32), so that only one fp32 tensor exists at a time. random_blocks: quantized weights are
+    RandomBlocks' (speed runs: no quantizing), else quantized random rows (RawSource)."""
     if tp is not None:
         seed += tp.rank
     with torch.device("meta"):
         module = Transformer(cfg) if tp is None else Transformer(local_config(cfg, tp), tp=tp)
         shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     gen = torch.Generator(device=device).manual_seed(seed)
-    source = RawSource(device, gen)
+    source = RandomBlocks(device, gen) if random_blocks else RawSource(device, gen)
     state, types = {}, Counter()
     for name, shape in shapes.items():
         gguf_name = name.replace(".attn.", ".")
@@ -128,11 +177,13 @@ def synthetic_state(cfg: ModelConfig, wtype: str, device: str, seed: int = 0, tp
 
 
 def synthetic_model(cfg: ModelConfig, wtype: str, device: str, dtype: torch.dtype, seed: int = 0,
-                    keep_quantized: bool | None = None, tp: TensorParallel | None = None) -> tuple[Runtime, Counter]:
+                    keep_quantized: bool | None = None, tp: TensorParallel | None = None,
+                    random_blocks: bool = False) -> tuple[Runtime, Counter]:
     """-> (the model on its device's backend, laid out as its GGUF file would load (load.build_model),
     Counter of weight types). Dense weights take `dtype`. tp: rank tp.rank's shard, per-rank random
-    (the module's docstring), its dense tensors made in dtype one at a time; cfg the whole model's."""
-    state, types = synthetic_state(cfg, wtype, device, seed, tp, None if tp is None else dtype)
+    (the module's docstring), its dense tensors made in dtype one at a time; cfg the whole model's.
+    random_blocks: synthetic_state's."""
+    state, types = synthetic_state(cfg, wtype, device, seed, tp, None if tp is None else dtype, random_blocks)
     types[str(dtype).removeprefix("torch.")] = types.pop("dense")
     return build_model(cfg, state, device, dtype, keep_quantized, tp=tp), types
 
@@ -160,7 +211,8 @@ def fuse_rows(cfg: ModelConfig, state: dict) -> dict:
 
 
 def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dict, device: str = "cpu",
-                         seed: int = 0, progress: bool = False, quantized_embedding: bool = False) -> Path:
+                         seed: int = 0, progress: bool = False, quantized_embedding: bool = False,
+                         random_blocks: bool = False) -> Path:
     """synthetic_state's weights as a GGUF file: wtype a file type (F16, BF16, Q8_0, Q4_0, Q4_K_M...).
 
     Written as convert_hf_to_gguf + llama-quantize lay a file out: the architecture keys of
@@ -169,7 +221,8 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     as their blocks; the token embedding stays dense as synthetic_model keeps it (llama-quantize would
     quantize it). tokenizer: the tokenizer.* keys (name -> MetaValue) of a vocabulary of cfg.vocab_size
     tokens, e.g. quantize_cmd.read_gguf_metadata(vocab.gguf, keep=lambda k: k.startswith("tokenizer.")).
-    One tensor at a time reaches host memory; the file appears under OUT only when complete."""
+    One tensor at a time reaches host memory; the file appears under OUT only when complete.
+    random_blocks: synthetic_state's (speed comparisons: a Q4_K_M file of the 8B shape in seconds)."""
     from localllm.quantize.presets import find_preset
     from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
@@ -189,7 +242,7 @@ def write_synthetic_gguf(cfg: ModelConfig, wtype: str, out: Path, tokenizer: dic
     meta[gguf.Keys.General.NAME] = MetaValue(f"synthetic {Path(out).stem}", gguf.GGUFValueType.STRING)
     meta[gguf.Keys.General.FILE_TYPE] = MetaValue(int(preset.file_type), gguf.GGUFValueType.UINT32)
     meta[gguf.Keys.General.QUANTIZATION_VERSION] = MetaValue(gguf.GGML_QUANT_VERSION, gguf.GGUFValueType.UINT32)
-    state, _ = synthetic_state(cfg, wtype, device, seed)
+    state, _ = synthetic_state(cfg, wtype, device, seed, random_blocks=random_blocks)
     if quantized_embedding:  # as llama-quantize stores it (the CPU's one-call decoder reads its blocks)
         state = quantize_embedding(state, wtype)
     if cfg.rope_scaling is None or cfg.rope_scaling.kind != "llama3":

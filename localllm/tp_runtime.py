@@ -42,7 +42,7 @@ from .slots import Slots
 # Runtime methods that touch the model or its caches: forwarded to the workers, in call order.
 STEPS = frozenset({
     "forward", "prefill", "decode", "greedy_step", "verify", "warm_verify", "new_cache", "new_slots",
-    "prefill_slot", "prefill_slots", "decode_slots", "verify_slots", "copy_prefix", "sync",
+    "prefill_slot", "prefill_slots", "decode_slots", "verify_slots", "copy_prefix", "sync", "warm_up_slots",
 })
 # Runtime methods that read nothing of the model's state a worker must share (tests/test_tp_runtime.py
 # checks that every other Runtime method is a STEP).

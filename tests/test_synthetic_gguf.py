@@ -149,3 +149,15 @@ def quantized_shape(name: str, cfg) -> tuple[int, ...]:
     from localllm.validate import expected_shapes
 
     return tuple(expected_shapes(cfg)[name])
+
+
+def test_random_blocks_file_holds_synthetic_states_blocks(tmp_path, tokenizer):
+    """write_synthetic_gguf(random_blocks=True) (bench/tp_vs_llamacpp.py's files): the state's random
+    blocks byte for byte, as the quantized path's are."""
+    path = write_synthetic_gguf(TINY, "Q4_K_M", tmp_path / "r.gguf", tokenizer, random_blocks=True)
+    _, got, _ = read_gguf_model(open_gguf(path), "blocks")
+    want, _ = synthetic_state(TINY, "Q4_K_M", "cpu", random_blocks=True)
+    quantized = [n for n, w in want.items() if isinstance(w, QuantizedTensor)]
+    assert len(quantized) > 10
+    for name in quantized:
+        assert got[name].qtype == want[name].qtype and torch.equal(got[name].data, want[name].data), name

@@ -153,3 +153,24 @@ def test_attention_and_rope_rows_read_their_own_slot_and_position(gqa):
         one = rope_store(qkv[r:r + 1], k3[s], v3[s], torch.tensor([p], dtype=torch.int32), freq, H, HKV, D)
         assert torch.equal(one, qr[r * H:(r + 1) * H]), r
     assert torch.equal(k2, k3) and torch.equal(v2, v3)  # each row's k, v at (slot, position), nothing else
+
+
+def test_warm_up_runs_every_bucket_and_leaves_the_slots_as_they_were(monkeypatch):
+    """serve's start-up warm-up (cuda_slots.warm_up, eager here: no graphs): a step of 1, 2 and 4 slots
+    makes the decoders of buckets 1, 2 and 4; lengths are restored, and the next step's rows are the bits
+    of the same step without the warm-up (the rows it wrote are overwritten)."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(SMALL, "Q8_0", "cpu", seed=5)
+    fast = graph_model(state, SMALL)
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(0, SMALL.vocab_size, (CAP,), generator=g).tolist() for _ in PROMPTS]
+    which = [2, 0, 3]
+    tokens = torch.tensor([seqs[s][PROMPTS[s]] for s in which])
+    with torch.inference_mode():
+        slots = prefilled(fast, SMALL, seqs)
+        cold = copy(slots)
+        assert cuda_slots.warm_up(fast, slots, use_graph=False) == 0  # (eager: nothing captured)
+        assert set(slots.tables[("cuda", False)]) == {1, 2, 4} and slots.lengths == PROMPTS
+        warm = cuda_slots.decode_slots(fast, slots, which, tokens, use_graph=False).clone()
+        want = cuda_slots.decode_slots(fast, cold, which, tokens, use_graph=False)
+    assert torch.equal(warm, want)

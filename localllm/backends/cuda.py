@@ -192,6 +192,7 @@ class CudaRuntime(Runtime):
     ops = CUDA_OPS
     quantized = "qweight"
     prepare = staticmethod(fuse)
+    warms_up = True
 
     def __init__(self, model: Transformer):
         super().__init__(model)
@@ -267,6 +268,21 @@ class CudaRuntime(Runtime):
         next step."""
         check_rows(slots, which, tokens)
         return cuda_slots.decode_slots(self.model, slots, which, tokens, reducer=self.all_reduce)
+
+    @torch.inference_mode()
+    def warm_up_slots(self, slots: Slots) -> int:
+        """The decode graph of every bucket of slot counts up to the slots' number (cuda_slots.warm_up:
+        a fresh server's first concurrent requests otherwise wait for each bucket's kernel compilation
+        and capture), and one batched prefill of every slot (the prompt kernels) -> graphs captured.
+        Every slot is left empty (length 0; the rows written are overwritten by the first prompts)."""
+        n = len(slots.lengths)
+        if slots.capacity < 8:
+            return 0
+        self.prefill_slots(slots, list(range(n)), [[1] * 4] * n, [0] * n)
+        captured = cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce)
+        slots.lengths[:] = [0] * n
+        self.sync()
+        return captured
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -143,3 +143,23 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
     for s in which:
         slots.lengths[s] += 1
     return logits
+
+
+@torch.inference_mode()
+def warm_up(model: Transformer, slots: Slots, use_graph: bool = True, reducer: str = "auto") -> int:
+    """Run one step of 1, 2, 4, .. slots, every bucket (and pass size) a step of up to all the slots can
+    take, so each decoder's graph is captured now -> graphs captured. Slots' lengths are restored; the
+    rows written (at each slot's current position) are overwritten by its next step or prompt."""
+    n = len(slots.lengths)
+    before = list(slots.lengths)
+    if any(length >= slots.capacity for length in before):
+        return 0
+    captured = 0
+    dev = model.token_embd.weight.device
+    for b in sorted({bucket(k) for k in range(1, n + 1)}):
+        k = min(b, n)  # a step of k slots runs bucket b (dense weights: passes of most_rows' size)
+        known = {id(d) for d in decoders(slots, use_graph).values()}
+        decode_slots(model, slots, list(range(k)), torch.ones(k, dtype=torch.long, device=dev), use_graph, reducer)
+        slots.lengths[:] = before
+        captured += sum(d.captures for d in decoders(slots, use_graph).values() if id(d) not in known)
+    return captured

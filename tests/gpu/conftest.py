@@ -30,7 +30,9 @@ def pytest_collection_modifyitems(config, items):
 class SyntheticFiles:
     """.gguf(preset, wtype, layers=None) -> a GGUF file of that shape preset's random weights (the
     vocabulary of tests/data/vocab's llama-spm file, 32000 tokens; `layers` cuts the layer count to
-    keep large shapes quick), written on the GPU once per session."""
+    keep large shapes quick), written on the GPU once per session. random_blocks: quantized weights are
+    random valid blocks (synthetic.RandomBlocks: seconds, where quantizing an 8B shape's rows took 1-2
+    minutes a file), for tests comparing two of our paths on one file (TP=2 against TP=1)."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -45,18 +47,20 @@ class SyntheticFiles:
             self._tokenizer = read_gguf_metadata(VOCAB, keep=lambda key: key.startswith("tokenizer."))
         return self._tokenizer
 
-    def gguf(self, preset: str, wtype: str, layers: int | None = None) -> Path:
+    def gguf(self, preset: str, wtype: str, layers: int | None = None, random_blocks: bool = False) -> Path:
         from localllm.registry import shape_preset
         from localllm.synthetic import write_synthetic_gguf
 
-        key = (preset, wtype.upper(), layers)
+        key = (preset, wtype.upper(), layers, random_blocks)
         if key not in self._made:
             tok = self.tokenizer()
             cfg = replace(shape_preset(preset), vocab_size=len(tok["tokenizer.ggml.tokens"].value))
             if layers is not None:
                 cfg = replace(cfg, n_layers=layers)
-            path = self.root / f"{preset}-{layers or cfg.n_layers}L-{wtype.upper()}.gguf"
-            self._made[key] = write_synthetic_gguf(cfg, wtype.upper(), path, tok, device="cuda", seed=3)
+            tail = "-random" if random_blocks else ""
+            path = self.root / f"{preset}-{layers or cfg.n_layers}L-{wtype.upper()}{tail}.gguf"
+            self._made[key] = write_synthetic_gguf(cfg, wtype.upper(), path, tok, device="cuda", seed=3,
+                                                   random_blocks=random_blocks)
         return self._made[key]
 
 

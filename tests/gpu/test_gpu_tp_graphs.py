@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
 def results(synthetic_files, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("tp")
     draft = synthetic_files.gguf("llama-3.2-1b", "bf16", layers=2)
-    cases = [{"name": n, "path": str(synthetic_files.gguf(p, w, layers=k)), "draft": str(draft)}
+    cases = [{"name": n, "path": str(synthetic_files.gguf(p, w, layers=k, random_blocks=True)), "draft": str(draft)}
              for n, (p, w, k) in zip(NAMES, CASES)]
     torch.cuda.empty_cache()
     spec = out / "cases.json"
