@@ -75,3 +75,20 @@ def test_dense_greedy_64_equals_reference(files, kind):
     ref = load_model(str(files[kind]), "cpu", torch.float32, backend=Runtime)
     ids = lm.tokenizer.encode("Once upon a time", add_bos=True, parse_special=False)
     assert greedy(lm, ids, 64) == greedy(ref, ids, 64)
+
+
+def test_float16_folder_holds_the_f16_files_rows_in_its_layout(files):
+    """A float16 folder and the F16 GGUF of the same weights (issue 20, folder as fast as file): every
+    linear weight and the embedding the same BlockQWeight (type, shape, layout, the same bytes), so the
+    same C++ kernels read the same rows (the prompt GEMM, the decoder's streams)."""
+    def weights(path):
+        m = load_model(str(path), "cpu").model
+        return {n: m_.w for n, m_ in m.named_modules() if isinstance(m_, Linear)} | {"token_embd": m.token_embd.weight}
+
+    folder, file = weights(files["hf-float16"]), weights(files["F16"])
+    assert folder.keys() == file.keys() and len(folder) > 1
+    for name, w in folder.items():
+        f = file[name]
+        assert (w.qtype, w.shape, w.tiled, sorted(w.parts)) == (f.qtype, f.shape, f.tiled, sorted(f.parts)), name
+        assert w.data.is_contiguous() and w.ext is not None and w.ext is f.ext, name
+        assert torch.equal(w.data, f.data), name
