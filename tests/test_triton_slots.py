@@ -56,18 +56,24 @@ def copy(slots: slot_steps.Slots) -> slot_steps.Slots:
     return slot_steps.Slots(KVCache(slots.cache.k.clone(), slots.cache.v.clone(), 0), list(slots.lengths))
 
 
+def three_slot_step(cfg, wtype: str, monkeypatch):
+    """A synthetic model of cfg as the graph decoder's, random sequences per slot, and one step's inputs:
+    slots 2, 0, 3 (slot 1 not in it) at their PROMPTS positions -> (state, model, seqs, which, tokens)."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    state, _ = synthetic.synthetic_state(cfg, wtype, "cpu", seed=5)
+    fast = graph_model(state, cfg)
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(0, cfg.vocab_size, (CAP,), generator=g).tolist() for _ in PROMPTS]
+    which = [2, 0, 3]
+    return state, fast, seqs, which, torch.tensor([seqs[s][PROMPTS[s]] for s in which])
+
+
 @pytest.mark.parametrize("cfg,wtype", [(SMALL, "Q8_0"), (SMALL, "f32"), (SMALL_GEMMA, "Q8_0")], ids=["llama-q8", "llama-f32",
                                                                                             "gemma-q8"])
 def test_slot_rows_equal_each_slot_alone(cfg, wtype, monkeypatch):
     """A step of 3 slots (bucket 4: one padding row) at positions 1, 4, 3; slot 1 not in it."""
-    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(cfg, wtype, "cpu", seed=5)
-    fast = graph_model(state, cfg)
+    state, fast, seqs, which, tokens = three_slot_step(cfg, wtype, monkeypatch)
     ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
-    g = torch.Generator().manual_seed(6)
-    seqs = [torch.randint(0, cfg.vocab_size, (CAP,), generator=g).tolist() for _ in PROMPTS]
-    which = [2, 0, 3]
-    tokens = torch.tensor([seqs[s][PROMPTS[s]] for s in which])
     with torch.inference_mode():
         slots = prefilled(fast, cfg, seqs)
         before = copy(slots)
@@ -159,13 +165,7 @@ def test_warm_up_runs_every_bucket_and_leaves_the_slots_as_they_were(monkeypatch
     """serve's start-up warm-up (cuda_slots.warm_up, eager here: no graphs): a step of 1, 2 and 4 slots
     makes the decoders of buckets 1, 2 and 4; lengths are restored, and the next step's rows are the bits
     of the same step without the warm-up (the rows it wrote are overwritten)."""
-    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
-    state, _ = synthetic.synthetic_state(SMALL, "Q8_0", "cpu", seed=5)
-    fast = graph_model(state, SMALL)
-    g = torch.Generator().manual_seed(6)
-    seqs = [torch.randint(0, SMALL.vocab_size, (CAP,), generator=g).tolist() for _ in PROMPTS]
-    which = [2, 0, 3]
-    tokens = torch.tensor([seqs[s][PROMPTS[s]] for s in which])
+    _, fast, seqs, which, tokens = three_slot_step(SMALL, "Q8_0", monkeypatch)
     with torch.inference_mode():
         slots = prefilled(fast, SMALL, seqs)
         cold = copy(slots)
