@@ -58,11 +58,15 @@ class TensorParallel:
         torch.distributed.all_reduce(x, group=self.group)
         return x
 
-    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., n) on every rank -> (..., N * n), the ranks' parts in rank order, on every rank."""
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        torch.distributed.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+    def gather_last(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(R, .., n) on every rank -> (R, .., N * n), the ranks' parts in rank order, on every rank. out:
+        (N, R, .., n) scratch for the all-gather (a CUDA graph's fixed buffer), else allocated. The
+        concatenated form: the one gloo takes, and one collective into one buffer under graph capture."""
+        dist = torch.distributed
+        out = torch.empty((self.world, *x.shape), dtype=x.dtype, device=x.device) if out is None else out
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # (the newer name first)
+        gather(out.view(self.world * x.shape[0], *x.shape[1:]), x.contiguous(), group=self.group)  # parts on dim 0
+        return out.movedim(0, -2).reshape(*x.shape[:-1], self.world * x.shape[-1])
 
 
 def launched() -> bool:

@@ -35,9 +35,11 @@ def embed_rows(embedding, tokens: torch.Tensor, tp: TensorParallel, vocab: int) 
     return x * mine.unsqueeze(-1).to(x.dtype)
 
 
-def gather_logits(logits: torch.Tensor, tp: TensorParallel, vocab: int) -> torch.Tensor:
-    """logits (..., stop - start) of this rank's rows -> (..., V) in vocabulary order, on every rank."""
+def gather_logits(logits: torch.Tensor, tp: TensorParallel, vocab: int, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """logits (..., stop - start) of this rank's rows -> (..., V) in vocabulary order, on every rank.
+    out: TensorParallel.gather_last's scratch, (N, .., k) (the CUDA graph decoder's fixed buffer)."""
     _, _, k = vocab_part(vocab, tp)
     if logits.shape[-1] < k:
         logits = F.pad(logits, (0, k - logits.shape[-1]))
-    return tp.gather_last(logits)[..., :vocab]
+    return tp.gather_last(logits, out)[..., :vocab]

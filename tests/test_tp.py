@@ -286,7 +286,7 @@ class ThreadTP(TensorParallel):
         x.copy_(total)
         return x
 
-    def gather_last(self, x: torch.Tensor) -> torch.Tensor:
+    def gather_last(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return torch.cat(self._exchange(x), dim=-1)
 
 

@@ -55,7 +55,8 @@ from ..cache import KVCache
 from ..model import Transformer
 from ..rope import rotary_dims
 from .cuda_moe import MoEDecode
-from .cuda_tp import gather_logits, make_reducer
+from ..tp_model import gather_logits
+from .cuda_tp import make_reducer
 
 
 def int_dot(w) -> bool:
@@ -308,7 +309,7 @@ class GraphDecoder:
         kw = {"xq": xq} if xq is not None else {"norm": (m.output_norm.weight, self.cfg.norm_eps)}
         logits = self._lin(x, m.output_weight(), out_dtype=torch.float32, **kw)
         if self.tp is not None:  # (rows, V / N) of this rank's vocabulary rows -> (rows, V)
-            logits = gather_logits(self.tp, logits, self.gathered, self.cfg.vocab_size)
+            logits = gather_logits(logits, self.tp, self.cfg.vocab_size, self.gathered)
         if self.cfg.final_softcap is not None:  # Transformer.head's soft-cap
             c = self.cfg.final_softcap
             logits = torch.tanh(logits / c) * c

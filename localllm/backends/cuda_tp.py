@@ -7,7 +7,7 @@ add), and the accumulator is zero again for its next product. The embedding look
 vocabulary rows into it (other ids: zeros) and the reduce SETS x to the sum. Integer sums are exact:
 every rank holds the same x bits, every run, whatever the collective's algorithm (no NCCL_ALGO /
 NCCL_PROTO to pin). The head's logits (rows, V/N) fp32 per rank are joined by an all-gather into
-(rows, V) in rank order.
+(rows, V) in rank order (tp_model.gather_logits, into the decoder's fixed buffer).
 
 Two reducers, one picked at load for the process group (make_reducer), the same on every rank:
   NcclReducer  torch.distributed.all_reduce of the accumulator (NCCL, int64 sum), then
@@ -27,7 +27,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from localllm.kernels.triton_tp import PAD_SLOTS, add_fixed, reduce_p2p
 
@@ -182,16 +181,3 @@ def everyone(tp: TensorParallel, ok: bool, device) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=tp.group)
     return flag.item() == 1
-
-
-def gather_logits(tp: TensorParallel, local: torch.Tensor, out: torch.Tensor, vocab: int) -> torch.Tensor:
-    """local (rows, n) fp32, this rank's vocabulary rows [rank k, rank k + n) (n <= k: the last rank's part
-    may be shorter) -> (rows, vocab): the ranks' parts in rank order, padding trimmed. out: (world, rows,
-    k) fp32 scratch for the all-gather."""
-    world, rows, k = out.shape
-    if local.shape[-1] < k:
-        local = F.pad(local, (0, k - local.shape[-1]))
-    dist = torch.distributed
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # (the newer name first)
-    gather(out.view(world * rows, k), local.contiguous(), group=tp.group)  # the parts stacked on dim 0
-    return out.permute(1, 0, 2).reshape(rows, world * k)[:, :vocab]
