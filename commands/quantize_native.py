@@ -32,6 +32,7 @@ import numpy as np
 from localllm.errors import LocalLLMError
 from localllm.quantize.plan import Override, PlanError, PlanRow, TensorInfo, parse_override, preset_plan
 from localllm.quantize.presets import PRESETS, ModelShape, Preset, find_preset
+from localllm.quantize.type_facts import encode_threads
 from localllm.quantize.writer import MetaValue, TensorSlot, write_gguf
 
 Q = gguf.GGMLQuantizationType
@@ -43,9 +44,6 @@ NOT_COPIED = {gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUN
               gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT}
 UNQUANTIZED = {Q.F32, Q.F16, Q.BF16}
 DENSE = (Q.F32, Q.F16, Q.BF16)
-# `quantize` encodes a whole tensor on all threads from this much work on (values; a K-quant value counts
-# 8), on one thread below it: quantize.blocks.PARALLEL_MIN_WORK (a test checks they agree).
-PARALLEL_MIN_WORK = 1 << 22
 
 
 @dataclass
@@ -171,12 +169,11 @@ def encode_tensor(row: PlanRow, t: gguf.ReaderTensor, lib, threads: int) -> np.n
         return x.astype(np.float16)
     if row.target == Q.BF16:
         return gguf.quants.quantize(x.astype(np.float32), Q.BF16)
-    work = math.prod(row.shape) * (8 if row.target in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K) else 1)
     try:
         from localllm.kernels.cpu_encode_lib import encode
 
         return encode(lib, x, int(row.target), gguf.GGML_QUANT_SIZES[row.target][1],
-                      threads if work >= PARALLEL_MIN_WORK else 1)
+                      encode_threads(math.prod(row.shape), row.target, threads))
     except ValueError:  # non-finite values
         raise LocalLLMError(f"cannot quantize tensor {row.name!r} to {row.target.name}: "
                             f"cannot quantize non-finite values to {row.target.name}") from None

@@ -14,6 +14,7 @@ import torch
 
 from . import simple_search
 from .formats import FORMATS, format_of
+from .type_facts import CPP_K_TYPES, encode_threads
 
 Q = gguf.GGMLQuantizationType
 
@@ -24,27 +25,16 @@ BLOCK_ENCODERS = {t: f.encode for t, f in FORMATS.items() if not f.dense}
 
 # The K-quants take the imatrix itself; the 32-value formats take llama.cpp's per-row weights.
 K_QUANTS = frozenset(t for t, f in FORMATS.items() if f.imatrix)
-# The types kernels/cpu_kencode.cpp encodes (quantize_tensor's ext).
-CPP_K_TYPES = frozenset((Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
-
 # Types whose encoder (with or without an importance) also runs in C++ (kernels/cpu_encode.cpp, same bytes).
 SIMPLE_CPP = frozenset((Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1))
 
 # Rows encoded together: bounds the working memory of the searches (a few dozen copies of a chunk).
 CHUNK_VALUES = 1 << 22
 
-# `quantize` writes a tensor with the C++ encoders on all torch threads from this much work on (values;
-# a K-quant value counts 8: its search costs ~4-8x a 32-value type's rule), on one thread below it: a Q8_0
-# matrix of 1M values is ~6 ms of work, less than what a parallel region costs on a busy machine (a
-# worker waiting for a time slice; measured on the 2-core CI machine: docs/PERFORMANCE.md, h23-qstart).
-# (--target-*'s sampled rows keep all threads: quantize_tensor's default.)
-PARALLEL_MIN_WORK = 1 << 22
-
-
 def write_threads(values: int, qtype: Q) -> int:
-    """The C++ encoders' threads for a whole tensor of `values` values written to qtype (PARALLEL_MIN_WORK)."""
-    work = values * (8 if qtype in CPP_K_TYPES else 1)
-    return torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+    """The C++ encoders' threads for a whole tensor of `values` values written to qtype: all torch threads
+    from type_facts.PARALLEL_MIN_WORK on."""
+    return encode_threads(values, qtype, torch.get_num_threads())
 
 
 def quantize_tensor(w: torch.Tensor, qtype: Q, importance: torch.Tensor | None = None, ext=None,

@@ -36,3 +36,21 @@ def bits_per_weight(qtype: gguf.GGMLQuantizationType) -> float:
     check_type(qtype)
     block, nbytes = BLOCK_SIZES[qtype]
     return nbytes * 8 / block
+
+
+# The types kernels/cpu_kencode.cpp encodes (quantize.blocks.quantize_tensor's ext).
+CPP_K_TYPES = frozenset((Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
+
+# `quantize` writes a tensor with the C++ encoders on all threads from this much work on (values;
+# a K-quant value counts 8: its search costs ~4-8x a 32-value type's rule), on one thread below it: a Q8_0
+# matrix of 1M values is ~6 ms of work, less than what a parallel region costs on a busy machine (a
+# worker waiting for a time slice; measured on the 2-core CI machine: docs/PERFORMANCE.md, h23-qstart).
+# (--target-*'s sampled rows keep all threads: quantize_tensor's default.)
+PARALLEL_MIN_WORK = 1 << 22
+
+
+def encode_threads(values: int, qtype: gguf.GGMLQuantizationType, threads: int) -> int:
+    """The C++ encoders' threads for a whole tensor of `values` values written to qtype: `threads`, or 1
+    below PARALLEL_MIN_WORK (both quantize paths: quantize.blocks.write_threads, commands/quantize_native)."""
+    work = values * (8 if qtype in CPP_K_TYPES else 1)
+    return threads if work >= PARALLEL_MIN_WORK else 1

@@ -19,7 +19,7 @@ import pytest
 
 import tiny_models as tm
 from localllm.commands.quantize_cmd import quantize_model
-from localllm.commands.quantize_native import PARALLEL_MIN_WORK, quantize_native
+from localllm.commands.quantize_native import quantize_native
 from localllm.errors import LocalLLMError
 from localllm.kernels import cpu_encode_lib
 from localllm.quantize import blocks
@@ -83,7 +83,17 @@ def test_non_finite_refused(tmp_path):
 
 
 def test_thread_rule_is_the_torch_paths():
-    assert PARALLEL_MIN_WORK == blocks.PARALLEL_MIN_WORK
+    """One rule (type_facts.encode_threads) for both paths: all threads from PARALLEL_MIN_WORK on, a
+    K-quant value counting 8."""
+    import torch
+
+    from localllm.quantize.type_facts import PARALLEL_MIN_WORK, encode_threads
+
+    n = torch.get_num_threads()
+    for values, qtype in [(PARALLEL_MIN_WORK, Q.Q8_0), (PARALLEL_MIN_WORK - 1, Q.Q8_0),
+                          (PARALLEL_MIN_WORK // 8, Q.Q4_K), (PARALLEL_MIN_WORK // 8 - 1, Q.Q4_K)]:
+        assert blocks.write_threads(values, qtype) == encode_threads(values, qtype, n)
+    assert encode_threads(PARALLEL_MIN_WORK - 1, Q.Q8_0, 7) == 1 and encode_threads(PARALLEL_MIN_WORK // 8, Q.Q4_K, 7) == 7
 
 
 def test_cli_imports_no_torch(inputs, tmp_path):
