@@ -18,22 +18,13 @@ SHAPES = [(1024, 4096), (4096, 14336), (6144, 4096)]  # (N, K): k / v, down, q|k
 
 
 # each type's block bytes and the offsets of its fp16 scales in a block (d; Q4_K's d, dmin)
-SCALES = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_K: [0, 2], Q.Q6_K: [208]}
-
-
 def weight(qtype, n: int, k: int, seed: int):
-    """Random GGUF rows (quantizing 8B-sized rows on the CPU takes minutes): random bytes, the fp16
-    scales set to small finite values -> (raw uint8 (N, row bytes), block-major QWeight on the GPU)."""
+    """Random GGUF rows (quantizing 8B-sized rows on the CPU takes minutes): synthetic.RandomBlocks' valid
+    random blocks -> (raw uint8 (N, row bytes), block-major QWeight on the GPU)."""
     from localllm.kernels.qweight import QWeight
-    from localllm.quantize.formats import FORMATS
+    from localllm.synthetic import RandomBlocks
 
-    fmt = FORMATS[qtype]
-    g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (n, k // fmt.block, fmt.nbytes), generator=g, dtype=torch.uint8)
-    for off in SCALES[qtype]:
-        d = (torch.rand(n, k // fmt.block, generator=g) * 1e-3).half()
-        raw[:, :, off:off + 2] = d.view(torch.uint8).view(n, k // fmt.block, 2)
-    raw = raw.reshape(n, -1)
+    raw = RandomBlocks("cpu", torch.Generator().manual_seed(seed)).get(n, k, qtype)
     return raw, QWeight.from_raw(raw.cuda(), qtype).to_blocks()
 
 
