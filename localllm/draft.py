@@ -205,10 +205,15 @@ def open_drafter(
         if draft.cfg.vocab_size != target.cfg.vocab_size:
             raise LocalLLMError(f"the draft model {ds.draft} does not share the target's vocabulary: its output has "
                                 f"{draft.cfg.vocab_size} logits, the target's {target.cfg.vocab_size}")
-    # its own random stream: draws correlated with the target's acceptance tests would bias the output
-    seed = None if sampling.seed is None else (sampling.seed + 1) % 2**63
     cost = step_bytes(draft.model) / step_bytes(target.model)
-    return ModelDrafter(draft, Sampler(replace(sampling, seed=seed), device), ds.min_p, cost)
+    return ModelDrafter(draft, draft_sampler(sampling, device), ds.min_p, cost)
+
+
+def draft_sampler(sampling: SamplingSettings, device) -> Sampler:
+    """The draft model's sampler for a request sampled with `sampling`: its own random stream (seed + 1):
+    draws correlated with the target's acceptance tests would bias the output."""
+    seed = None if sampling.seed is None else (sampling.seed + 1) % 2**63
+    return Sampler(replace(sampling, seed=seed), device)
 
 
 def step_bytes(model: Transformer) -> int:

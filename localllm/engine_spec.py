@@ -19,12 +19,12 @@ round first feeds it what it lacks of seq (the common prefix kept: the prefix ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from .chat import common_prefix
-from .draft import LookupDrafter, ModelDrafter, lookup_ids
+from .draft import LookupDrafter, ModelDrafter, draft_sampler, lookup_ids
 from .runtime import Runtime
 from .sampling import Sampler, draw
 from .settings import DraftSettings
@@ -64,12 +64,10 @@ class Speculation:
         return AdaptiveK(self.cost, ds.most_k, ds.acceptance_memory, ds.start_acceptance, fixed=ds.max_draft)
 
     def draft_sampler(self, sampler: Sampler) -> Sampler | None:
-        """A sampled request's draft-model sampler: its own random stream (speculative.open_drafter's rule)."""
+        """A sampled request's draft-model sampler (draft.draft_sampler: its own random stream)."""
         if self.rt is None:
             return None
-        s = sampler.settings
-        seed = None if s.seed is None else (s.seed + 1) % 2**63
-        return Sampler(replace(s, seed=seed), self.rt.device)
+        return draft_sampler(sampler.settings, self.rt.device)
 
     def propose(self, items: list[Draft]) -> list[tuple[list[int], torch.Tensor | None]]:
         """Each item's drafts and their distributions (n, V) (None: one-hot at the ids)."""
