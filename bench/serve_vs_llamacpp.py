@@ -54,6 +54,7 @@ bool llama_ui_use_gzip() { return false; }
     "CMakeLists.txt": """add_library(llama-ui STATIC ui.cpp)
 target_include_directories(llama-ui PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 add_custom_target(llama-ui-assets)
+set_target_properties(llama-ui PROPERTIES POSITION_INDEPENDENT_CODE ON)
 """,
 }
 

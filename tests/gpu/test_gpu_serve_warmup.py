@@ -33,7 +33,9 @@ def test_burst_after_warm_up_captures_nothing(synthetic_files, wtype):
     served = build_served(lm, None, PARALLEL, 256, notify=lines.append)
     engine = served.engine
     try:
-        assert lines[0] == f"warming up {PARALLEL} slots ..." and lines[1].startswith("warmed up in ")
+        # other notices may come first (a model without a chat template says so)
+        start = lines.index(f"warming up {PARALLEL} slots ...")
+        assert lines[start + 1].startswith("warmed up in "), lines
         warm = captures(engine.slots)
         # quantized products: one graph per bucket 1..16; bf16 (passes of at most 16 rows): the same buckets
         assert set(warm) == {1, 2, 4, 8, 16} and set(warm.values()) == {1}, warm

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 G
 
 
 def cli(*args, stdin: str = "") -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
     return subprocess.run([sys.executable, "-m", "localllm.cli", *map(str, args)], input=stdin, capture_output=True,
                           text=True, env=env, timeout=600)
 
