@@ -83,7 +83,9 @@ def llama_bench(exe: Path, path: Path, mode: str, n: int, reps: int, timeout: fl
         return {"error": f"timed out after {timeout:.0f} s"}
     log(f"llama-bench -sm {mode} {path.name}: {time.perf_counter() - t0:.1f} s")
     if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or ["(no output)"])[-1]}
+        lines = out.stderr.strip().splitlines() or ["(no output)"]
+        said = [ln for ln in lines if "error" in ln.lower() or "fail" in ln.lower()]  # the cause is rarely last
+        return {"error": " | ".join(dict.fromkeys(said[-3:] + lines[-1:]))}
     try:
         rec = json.loads(out.stdout[out.stdout.index("["):])[0]
     except (ValueError, IndexError) as e:
