@@ -7,7 +7,7 @@ values at 2.0-2.7 TB/s on an H100 (bench/qgemm.py, docs/PERFORMANCE.md).
 Each program decodes 128 values of BN rows as two (BN, 64) tiles, lo and hi, in the order the bytes
 hold them (a byte's low and high nibbles, Q4_K's two sub-blocks of a chunk), with their columns
 clo, chi. The values are quantize.dequantize_torch's (fp32, then rounded to the output dtype), bit for
-bit. (A GEMM decoding these tiles inside its K loop ran at 5-11% of the bf16 peak: the changelog entry.)
+bit. kernels/triton_qgemm.py decodes the same tiles inside its GEMM's K loop (block_tile, shared).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .qweight import QWeight
-from .triton_gemv import e2m1_value, iq4_value
+from .triton_gemv import e2m1_value, int_f32, iq4_value
 
 Q8_0, Q4_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS = 0, 1, 2, 3, 4, 5, 6
 FMT = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_K": Q4_K, "Q6_K": Q6_K, "MXFP4": MXFP4, "IQ4_NL": IQ4_NL, "IQ4_XS": IQ4_XS}
@@ -34,17 +34,22 @@ def _at(P, U, S, u, r, e):
 
 
 @triton.jit
-def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, r, rmask, step, n_units):
+def block_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, r, rmask, step,
+               n_units):
     """Rows r (BN, 1) at K step `step` -> lo, hi (BN, 64) fp32 values and their columns clo, chi (1, 64).
-    Every index is computed on the 2-D tile itself (a reshape of 3-D tiles cost the kernels 10x)."""
+    Every index is computed on the 2-D tile itself (a reshape of 3-D tiles cost the kernels 10x); integers
+    become floats by the exact 2^23 bit trick (triton_gemv.int_f32: an int->float conversion issues at an
+    eighth of the float rate, which the GEMM of kernels/triton_qgemm.py, decoding this tile in its K loop,
+    cannot afford)."""
     c = tl.arange(0, 64)[None, :]
     if FMT == 0:  # Q8_0: blocks 4 step + {0, 1} (lo) and {2, 3} (hi); x = d q
         u = 4 * step + c // 32
         e = c % 32
         m_lo = rmask & (u < n_units)
         m_hi = rmask & (u + 2 < n_units)
-        q_lo = tl.load(_at(P0, U0, S0, u, r, e), mask=m_lo, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-        q_hi = tl.load(_at(P0, U0, S0, u + 2, r, e), mask=m_hi, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        # the int8 bits b as uint8: q = (b ^ 0x80) - 128
+        q_lo = int_f32(tl.load(_at(P0, U0, S0, u, r, e), mask=m_lo, other=0).to(tl.int32) ^ 0x80, 128.0)
+        q_hi = int_f32(tl.load(_at(P0, U0, S0, u + 2, r, e), mask=m_hi, other=0).to(tl.int32) ^ 0x80, 128.0)
         lo = q_lo * tl.load(_at(P1, U1, S1, u, r, 0), mask=m_lo, other=0.0).to(tl.float32)
         hi = q_hi * tl.load(_at(P1, U1, S1, u + 2, r, 0), mask=m_hi, other=0.0).to(tl.float32)
         clo = 32 * u + e
@@ -58,8 +63,8 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
         b = tl.load(_at(P0, U0, S0, u, r, e), mask=m, other=0).to(tl.int32)
         if FMT == 1:
             d = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0.0).to(tl.float32)
-            lo = d * ((b & 15) - 8).to(tl.float32)
-            hi = d * ((b >> 4) - 8).to(tl.float32)
+            lo = d * int_f32(b & 15, 8.0)
+            hi = d * int_f32(b >> 4, 8.0)
         elif FMT == 4:
             x = tl.load(_at(P1, U1, S1, u, r, 0), mask=m, other=0).to(tl.int32)
             d = tl.where(x < 2, 0x00200000 << tl.minimum(x, 1), (x - 1) << 23).to(tl.float32, bitcast=True)
@@ -72,7 +77,7 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
                 sh = tl.load(_at(P2, U2, S2, u // 4, r, 0), mask=m, other=0).to(tl.int32)
                 sl = tl.load(_at(P3, U3, S3, u // 2, r, 0), mask=m, other=0).to(tl.int32)
                 sc = ((sl >> (4 * (u % 2))) & 15) | (((sh >> (2 * (u % 4))) & 3) << 4)
-                d = tl.load(_at(P1, U1, S1, u // 8, r, 0), mask=m, other=0.0).to(tl.float32) * (sc - 32).to(tl.float32)
+                d = tl.load(_at(P1, U1, S1, u // 8, r, 0), mask=m, other=0.0).to(tl.float32) * int_f32(sc, 32.0)
             lo = d * iq4_value(b & 15)
             hi = d * iq4_value(b >> 4)
         clo = 32 * u + e
@@ -84,12 +89,12 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
         b = tl.load(_at(P0, U0, S0, u, r, e), mask=m, other=0).to(tl.int32)
         d = tl.load(_at(P1, U1, S1, u // 4, r, 0), mask=m, other=0.0).to(tl.float32)
         dmin = tl.load(_at(P2, U2, S2, u // 4, r, 0), mask=m, other=0.0).to(tl.float32)
-        sc_lo = tl.load(_at(P3, U3, S3, 2 * u, r, 0), mask=m, other=0).to(tl.float32)
-        sc_hi = tl.load(_at(P3, U3, S3, 2 * u + 1, r, 0), mask=m, other=0).to(tl.float32)
-        mn_lo = tl.load(_at(P4, U4, S4, 2 * u, r, 0), mask=m, other=0).to(tl.float32)
-        mn_hi = tl.load(_at(P4, U4, S4, 2 * u + 1, r, 0), mask=m, other=0).to(tl.float32)
-        lo = (d * sc_lo) * (b & 15).to(tl.float32) - dmin * mn_lo
-        hi = (d * sc_hi) * (b >> 4).to(tl.float32) - dmin * mn_hi
+        sc_lo = int_f32(tl.load(_at(P3, U3, S3, 2 * u, r, 0), mask=m, other=0).to(tl.int32), 0.0)
+        sc_hi = int_f32(tl.load(_at(P3, U3, S3, 2 * u + 1, r, 0), mask=m, other=0).to(tl.int32), 0.0)
+        mn_lo = int_f32(tl.load(_at(P4, U4, S4, 2 * u, r, 0), mask=m, other=0).to(tl.int32), 0.0)
+        mn_hi = int_f32(tl.load(_at(P4, U4, S4, 2 * u + 1, r, 0), mask=m, other=0).to(tl.int32), 0.0)
+        lo = (d * sc_lo) * int_f32(b & 15, 0.0) - dmin * mn_lo
+        hi = (d * sc_hi) * int_f32(b >> 4, 0.0) - dmin * mn_hi
         clo = 64 * u + e
         chi = clo + 32
     else:  # Q6_K half u = step: ql byte 32a + l: values 32a + l (low nibble), 64 + 32a + l (high); qh byte l:
@@ -104,10 +109,10 @@ def _tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
         q_hi = (ql >> 4) | (((qh >> (2 * a + 4)) & 3) << 4)
         d = tl.load(_at(P1, U1, S1, u // 2, r, 0), mask=m, other=0.0).to(tl.float32)
         g = 8 * u + 2 * a + l // 16
-        sc_lo = tl.load(_at(P3, U3, S3, g, r, 0), mask=m, other=0).to(tl.float32)
-        sc_hi = tl.load(_at(P3, U3, S3, g + 4, r, 0), mask=m, other=0).to(tl.float32)
-        lo = (d * sc_lo) * (q_lo - 32).to(tl.float32)
-        hi = (d * sc_hi) * (q_hi - 32).to(tl.float32)
+        sc_lo = int_f32(tl.load(_at(P3, U3, S3, g, r, 0), mask=m, other=0).to(tl.int32) + 128, 128.0)  # int8
+        sc_hi = int_f32(tl.load(_at(P3, U3, S3, g + 4, r, 0), mask=m, other=0).to(tl.int32) + 128, 128.0)
+        lo = (d * sc_lo) * int_f32(q_lo, 32.0)
+        hi = (d * sc_hi) * int_f32(q_hi, 32.0)
         clo = 128 * u + c
         chi = clo + 64
     return lo, hi, clo, chi
@@ -120,7 +125,7 @@ def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     r = rn[:, None]
     rmask = r < N
-    lo, hi, clo, chi = _tile(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, r, rmask,
+    lo, hi, clo, chi = block_tile(FMT, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2, S3, S4, r, rmask,
                              tl.program_id(1), n_units)
     row = out_ptr + r.to(tl.int64) * K
     ty = out_ptr.dtype.element_ty

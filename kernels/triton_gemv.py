@@ -17,7 +17,7 @@ Outputs are rounded as the torch modules round them (F.linear, F.silu in the act
 the epilogue and split K are kernels/triton_epilogue.py's. A program takes up to
 triton_epilogue.MAX_ROWS x rows, decoding each weight tile once for all of them, and computes each
 row exactly as a one-row program does (speculative decoding's verify pass). Dense weights with few x rows take kernels/triton_dense.py.
-Speed: quants become floats by the 2^23 bit trick (_f32)
+Speed: quants become floats by the 2^23 bit trick (int_f32)
 rather than int->float conversions, and every load of a tile shares one register layout.
 """
 
@@ -52,7 +52,7 @@ if INTERPRET:  # the interpreter pays per program, not per element: few large pr
 
 
 @triton.jit
-def _f32(q, bias: tl.constexpr):
+def int_f32(q, bias: tl.constexpr):
     """Exact float(q) - bias for int32 0 <= q < 2^23, without the slow int->float conversion:
     the bits 0x4B000000 | q are the float 2^23 + q."""
     return (q | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
@@ -66,7 +66,7 @@ def e2m1_value(q):
     m = q & 7
     mag = tl.where(m < 2, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0))
     v = tl.where(q >= 8, -mag, mag)
-    return _f32(v + 12, 12.0)
+    return int_f32(v + 12, 12.0)
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def iq4_value(q):
     128: a positive int64); the value is u - 127."""
     word = tl.where(q < 8, 0x75695c4e3e2c1700, 0x7058443425180c00).to(tl.int64)
     u = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32) + (q & 8) * 16
-    return _f32(u, 127.0)
+    return int_f32(u, 127.0)
 
 
 @triton.jit
@@ -100,8 +100,8 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
         d = tl.load(P1 + r * S1 + gg, mask=mask, other=0.0).to(tl.float32)
         blo = tl.load(P0 + r * S0 + 32 * gg + ww, mask=mask, other=0).to(tl.int32)
         bhi = tl.load(P0 + r * S0 + 32 * gg + 16 + ww, mask=mask, other=0).to(tl.int32)
-        lo = _f32(blo ^ 0x80, 128.0) * d
-        hi = _f32(bhi ^ 0x80, 128.0) * d
+        lo = int_f32(blo ^ 0x80, 128.0) * d
+        hi = int_f32(bhi ^ 0x80, 128.0) * d
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     elif FMT == 2 or FMT == 3:  # Q4_0: x = d * (q - 8); Q4_1: x = d * q + m
@@ -110,12 +110,12 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
         # High nibbles stay in place (16 q) and meet d / 16: the same products, one shift fewer.
         d16 = d * 0.0625
         if FMT == 2:
-            lo = d * _f32(qs & 15, 8.0)
-            hi = d16 * _f32(qs & 0xF0, 128.0)
+            lo = d * int_f32(qs & 15, 8.0)
+            hi = d16 * int_f32(qs & 0xF0, 128.0)
         else:
             m = tl.load(P2 + r * S2 + gg, mask=mask, other=0.0).to(tl.float32)
-            lo = d * _f32(qs & 15, 0.0) + m
-            hi = d16 * _f32(qs & 0xF0, 0.0) + m
+            lo = d * int_f32(qs & 15, 0.0) + m
+            hi = d16 * int_f32(qs & 0xF0, 0.0) + m
         clo = 32 * g[:, None] + w[None, :]
         chi = clo + 16
     elif FMT == 4 or FMT == 5:  # Q4_K / Q5_K: group = 32-byte chunk c of block b, g = 4b + c
@@ -133,8 +133,8 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
         sc_hi = tl.load(P3 + r * S3 + 2 * gg + 1, mask=mask, other=0).to(tl.float32)
         m_lo = tl.load(P4 + r * S4 + 2 * gg, mask=mask, other=0).to(tl.float32)
         m_hi = tl.load(P4 + r * S4 + 2 * gg + 1, mask=mask, other=0).to(tl.float32)
-        lo = (d * sc_lo) * _f32(ql, 0.0) - dmin * m_lo
-        hi = ((d * sc_hi) * 0.0625) * _f32(qh, 0.0) - dmin * m_hi
+        lo = (d * sc_lo) * int_f32(ql, 0.0) - dmin * m_lo
+        hi = ((d * sc_hi) * 0.0625) * int_f32(qh, 0.0) - dmin * m_hi
         clo = 64 * g[:, None] + w[None, :]
         chi = clo + 32
     elif FMT == 7:  # MXFP4: x = d * value(q), d = 2^(e - 128); nibbles as Q4_0's
@@ -155,7 +155,7 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
             sh = tl.load(P2 + r * S2 + 2 * b + j // 4, mask=mask, other=0).to(tl.int32)
             sl = tl.load(P3 + r * S3 + 4 * b + j // 2, mask=mask, other=0).to(tl.int32)
             sc = ((sl >> (4 * (j % 2))) & 15) | (((sh >> (2 * (j % 4))) & 3) << 4)
-            d = tl.load(P1 + r * S1 + b, mask=mask, other=0.0).to(tl.float32) * _f32(sc, 32.0)
+            d = tl.load(P1 + r * S1 + b, mask=mask, other=0.0).to(tl.float32) * int_f32(sc, 32.0)
         lo = d * iq4_value(qs & 15)
         hi = d * iq4_value(qs >> 4)
         clo = 32 * g[:, None] + w[None, :]
@@ -173,8 +173,8 @@ def decode_tile(FMT: tl.constexpr, P0, P1, P2, P3, P4, P5, S0, S1, S2, S3, S4, S
         sb = 16 * b + 8 * h + s
         sc_lo = tl.load(P3 + r * S3 + sb, mask=mask, other=0).to(tl.float32)
         sc_hi = tl.load(P3 + r * S3 + sb + 4, mask=mask, other=0).to(tl.float32)
-        lo = (d * sc_lo) * _f32(q_lo, 32.0)
-        hi = (d * sc_hi) * _f32(q_hi, 32.0)
+        lo = (d * sc_lo) * int_f32(q_lo, 32.0)
+        hi = (d * sc_hi) * int_f32(q_hi, 32.0)
         g2 = g[:, None]
         clo = 256 * (g2 // 8) + 128 * ((g2 % 8) // 4) + 16 * (g2 % 4) + w[None, :]
         chi = clo + 64
