@@ -68,6 +68,12 @@ def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch
 
         y = gemv(x.reshape(rows, -1), w, bias=b, act_dtype=x.dtype)
         return y.reshape(*x.shape[:-1], w.shape[0])
+    return dequant_product(x, w, b)
+
+
+def dequant_product(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ w.T + b through a dense copy: w decoded to x's dtype, then F.linear (cuBLAS on CUDA).
+    Public so that bench/qgemm_sweep.py can time it against the fused kernels/triton_qgemm.qgemm."""
     return F.linear(x, dequantize_qweight(w, x.dtype), b)
 
 

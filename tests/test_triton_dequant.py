@@ -1,7 +1,7 @@
-"""The fused quantized prompt GEMM (kernels/triton_dequant.py) under Triton's interpreter, against its
-reference: x @ dequantize_torch(W).T (the gguf-exact decoded values; only fp32 summation order differs),
-for every block-major type, with partial row / column tiles, a K that is not a multiple of the 128-value
-step (Q8_0 / Q4_0), row views of a fused weight, and a bias. On the GPU, tests/gpu/test_gpu_qgemm.py."""
+"""The block-major decoder (kernels/triton_dequant.py) under Triton's interpreter, against its reference
+dequantize_torch (the gguf-exact values): fp32 bit for bit, bf16 within one step, for every block-major
+type, a K that is not a multiple of the 128-value step, row views of a fused weight; and the prompt
+products' use of it. On the GPU, tests/gpu/test_gpu_dequant.py."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_dequantize_is_the_reference_bit_for_bit(qtype):
     ref, w = weight(qtype, 40, k, seed=8)
     assert torch.equal(triton_dequant.dequantize(w, torch.float32), ref)
     # bf16: within one step (the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest;
-    # tests/gpu/test_gpu_qgemm.py checks equality there)
+    # tests/gpu/test_gpu_dequant.py checks equality there)
     got = triton_dequant.dequantize(w.rows(1, 40, 3), torch.bfloat16).float()
     assert ((got - ref[1:40:3]).abs() <= ref[1:40:3].abs() * 2**-7).all()
 
