@@ -34,10 +34,11 @@ from localllm.synthetic import RANDOM_BLOCK_TYPES, RandomBlocks
 from prompt_products import SHAPES, random_weight, tflops
 
 Q = gguf.GGMLQuantizationType
-# (bm, bn, steps (BK = 128 steps), warps, stages, w_first): the default first
+# (bm, bn, steps (BK = 128 steps), warps, stages, w_first): the default first. W@xT keeps a warpgroup (4
+# warps) a 64-row slice of bn: other ratios decode through shared memory (read in the compiled IR)
 SWEEP = [Config(), Config(stages=4), Config(stages=2), Config(steps=2), Config(bm=256), Config(bm=256, stages=2),
-         Config(bn=64, warps=4), Config(bm=64, warps=4), Config(bm=64, warps=4, stages=4), Config(bn=256),
-         Config(w_first=False), Config(w_first=False, bm=256, stages=2)]
+         Config(bn=64, warps=4), Config(bn=64, warps=4, stages=2), Config(bm=64, bn=64, warps=4),
+         Config(bm=256, bn=64, warps=4, stages=2), Config(bn=256, warps=16), Config(w_first=False)]
 
 
 def weight(qtype, n: int, k: int) -> QWeight:
