@@ -10,9 +10,8 @@ Quantized weights (kernels.qweight.QWeight, CUDA):
   few rows (decode): Q8_0/Q4_0/Q4_K/Q6_K/MXFP4/IQ4_NL/IQ4_XS take integer dot products against x
   quantized to int8 (kernels/triton_q8.py); the other kernel types (Q4_1, Q5_K) the fused dequantize +
   matrix-vector Triton kernel (kernels/triton_gemv.py);
-  many rows (prefill): block-major weights from QGEMM_MIN_ROWS rows, the fused GEMM decoding the
-  blocks in its K loop (kernels/triton_qgemm.py); otherwise dequantize to the activation dtype with
-  Triton (block-major weights by kernels/triton_dequant.py), then a tensor-core matmul.
+  many rows (prefill): dequantize to the activation dtype with Triton (block-major weights by
+  kernels/triton_dequant.py), then a tensor-core matmul.
   Types without a kernel (Q5_0, Q5_1, Q2_K, Q3_K) are decoded by the torch reference, then multiplied.
 """
 
@@ -30,10 +29,6 @@ from .qweight import INT_DOT_TYPES, QWeight
 
 # At most this many rows of x go through the matrix-vector kernel; more are a matmul.
 GEMV_MAX_ROWS = 4
-# From this many rows of x (bf16 / fp16, CUDA) a block-major weight's product is the fused GEMM
-# (kernels/triton_qgemm.py), which decodes the blocks in its K loop; fewer take decode + cuBLAS
-# (dequant_product): a tile of 128 rows is the fused kernel's smallest efficient one.
-QGEMM_MIN_ROWS = 128
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QWeight, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,11 +68,6 @@ def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch
 
         y = gemv(x.reshape(rows, -1), w, bias=b, act_dtype=x.dtype)
         return y.reshape(*x.shape[:-1], w.shape[0])
-    if rows >= QGEMM_MIN_ROWS and x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16):
-        from .triton_qgemm import covers, qgemm
-
-        if covers(w):
-            return qgemm(x.reshape(rows, -1), w, b).reshape(*x.shape[:-1], w.shape[0])
     return dequant_product(x, w, b)
 
 

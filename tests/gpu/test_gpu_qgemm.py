@@ -67,15 +67,3 @@ def test_every_swept_config(qtype):
         assert_close(got, x, ref)
         launched += 1
     assert launched >= len(SWEEP) // 2
-
-
-def test_prompt_products_take_the_fused_gemm_from_qgemm_min_rows():
-    """kernels.linear.qlinear: QGEMM_MIN_ROWS rows or more of bf16 x -> qgemm; fewer -> decode + cuBLAS."""
-    from localllm.kernels import linear, triton_qgemm
-
-    ref, w = weight(Q.Q4_K, 200, 1024)
-    x = torch.randn(2, linear.QGEMM_MIN_ROWS // 2, 1024, device="cuda", dtype=torch.bfloat16)
-    assert torch.equal(linear.qlinear(x, w), triton_qgemm.qgemm(x.reshape(-1, 1024), w).reshape(2, -1, 200))
-    assert_close(linear.qlinear(x, w).reshape(-1, 200), x.reshape(-1, 1024), ref)
-    few = x[:, :8]
-    assert torch.equal(linear.qlinear(few, w), linear.dequant_product(few, w))
