@@ -101,11 +101,9 @@ class ServeSettings:
     parallel: int = 4  # sequences decoded together (slots), each with its own --ctx rows of KV cache
     max_queue: int = 64  # requests waiting for a slot; one more is refused with 503 + Retry-After
     # prompt ids prefilled per engine step (the waiting prompts admitted together in one prefill_slots
-    # pass, then one decode step of the running streams); a longer prompt is prefilled in parts. On an
-    # H100 an 8B prompt pass is compute-bound past ~512 ids (16 prompts of 128 ids in one 2048-id pass
-    # handed every first token out after ~85 ms: TTFT p50 at 16 clients 4.4x one client's,
-    # docs/PERFORMANCE.md); llama-server's default micro-batch is 512 too
-    prefill_tokens: int = 512
+    # pass, then one decode step of the running streams); a longer prompt is prefilled in parts. 512 on
+    # an H100 (8B, 16 clients) gave no better TTFT p50 and fewer tokens/s (docs/PERFORMANCE.md)
+    prefill_tokens: int = 2048
     # ... where a prompt's cost grows with its ids even in one pass (the CPU backends: Runtime.
     # prompts_compute_bound): a 16-prompt pass there hands out every first token after ~16 prefills, so
     # TTFT p50 at 16 clients doubled against one prompt a step (docs/PERFORMANCE.md): about one prompt a pass
