@@ -205,7 +205,7 @@ def check_requantize_source(infos: Sequence[TensorInfo]) -> None:
 
 def calib_text(calib: str | None) -> str:
     from localllm.calibrate import calibration_text
-    from localllm.commands.evaluate import read_text
+    from localllm.commands.eval_chunks import read_text
 
     text = read_text(calib) if calib else calibration_text()
     check_calibration_text(text, calib or "(built-in)")
