@@ -28,7 +28,9 @@ import torch
 
 from localllm.errors import LocalLLMError
 
-from .evaluate import BaseLogProbs, Chunks, LogitsWriter, check_base_shape, scored_per_chunk
+from .eval_chunks import Chunks, scored_per_chunk
+from .eval_scores import BaseLogProbs
+from .logits_file import LogitsWriter, check_base_shape
 
 MAGIC = b"_logits_"
 RANGE = 16.0  # llama.cpp codes logits within 16 of the top one

@@ -1,0 +1,235 @@
+"""The commands that load a model and generate: complete, chat, serve (their typer options and bodies;
+cli.py registers them). Each starts its ranks under --tp, checks every option, then loads through
+`load`, the prologue they share."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from localllm.commands.cli_options import (
+    OPT_CTX, OPT_DEVICE, OPT_DRAFT, OPT_DRAFT_DTYPE, OPT_DRAFT_MAX, OPT_DRAFT_MIN_P, OPT_DTYPE, OPT_LOOKUP, OPT_MIN_P,
+    OPT_MODEL, OPT_NGL, OPT_REPEAT_LAST_N, OPT_REPEAT_PENALTY, OPT_SEED, OPT_TEMP, OPT_THREADS, OPT_TOP_K, OPT_TOP_P,
+    OPT_TP, draft_settings, generation_settings, use_threads,
+)
+from localllm.commands.cli_output import err, note
+from localllm.settings import DEFAULT_DRAFT as D
+from localllm.settings import DEFAULT_GENERATION as G
+from localllm.settings import DEFAULT_SERVE as V
+
+
+def load(model: str | None, device: str, dtype: str | None, tp, threads: int | None, n_gpu_layers: int | None):
+    """The model of a generating command -> (LoadedModel, load seconds): -t applied, the model (this
+    rank's shard under --tp) opened, a worker rank following the driver from here on (it exits), and
+    -ngl's note."""
+    from localllm.commands import tp_cmd
+    from localllm.device import gpu_layers_notice
+    from localllm.runner import timed_open
+
+    use_threads(threads)
+    lm, load_s = timed_open(model, device, dtype, tp)
+    lm = tp_cmd.run_rank(lm, tp)  # a worker rank follows the driver here and exits
+    if notice := gpu_layers_notice(n_gpu_layers, lm.runtime.device):
+        note(notice)
+    return lm, load_s
+
+
+def complete(
+    args: List[str] = typer.Argument(None, metavar="[MODEL] PROMPT", help="model path or name (default: smollm2-135m), then the prompt (- reads stdin)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    prompt_opt: Optional[str] = typer.Option(None, "-p", "--prompt", help="the prompt, as llama.cpp's -p (- reads stdin)"),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="read the prompt from this UTF-8 file (one trailing newline dropped, as llama.cpp's -f; - reads stdin)"),
+    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens to generate (-1: until the end of text or the context is full)"),
+    temp: float = OPT_TEMP,
+    top_k: int = OPT_TOP_K,
+    top_p: float = OPT_TOP_P,
+    min_p: float = OPT_MIN_P,
+    repeat_penalty: float = OPT_REPEAT_PENALTY,
+    repeat_last_n: int = OPT_REPEAT_LAST_N,
+    seed: Optional[int] = OPT_SEED,
+    ctx: Optional[int] = OPT_CTX,
+    stop: List[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="print load time and speeds on stderr"),
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
+    n_gpu_layers: Optional[int] = OPT_NGL,
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object at the end (text, token counts, timings, finish reason) instead of streaming"),
+    tp_n: int = OPT_TP,
+):
+    """Stream the continuation of PROMPT to stdout (llama.cpp's `-m MODEL -p PROMPT` works too)."""
+    from localllm.commands import tp_cmd
+    from localllm.commands.inputs import model_and_prompt
+    from localllm.commands.reports import completion_record
+    from localllm.generate import Stats
+    from localllm.runner import complete as run_complete
+    from localllm.runner import context_notice, describe_stats, stop_notice, timed_drafter
+    from localllm.speculative import SpecStats
+    from localllm.user_text import PromptText
+
+    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
+    given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
+    model, prompt = given.model, given.prompt
+    sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens,
+                                        ctx, tuple(stop))
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup, tp)
+    lm, load_s = load(model, device, dtype, tp, threads, n_gpu_layers)
+    typed = PromptText(note)  # notes after the load: a failing load stays one error line
+    prompt = typed.clean(prompt, "the prompt")
+    typed.check_vocabulary(lm.tokenizer, prompt)
+    if notice := context_notice(lm, ctx):
+        note(notice)
+    drafter, draft_s = timed_drafter(lm, ds, sampling)
+    load_s += draft_s
+    stats = SpecStats() if drafter else Stats()
+    plain_steps = D.plain_steps if verbose else 0
+    pieces = run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps)
+    if json_out:
+        text = "".join(pieces)
+        print(json.dumps(completion_record(text, stats, load_s, gen.max_tokens), ensure_ascii=False))
+    else:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    if notice := stop_notice(stats):
+        note(notice)
+    if verbose:
+        err.print(describe_stats(stats, load_s), highlight=False, soft_wrap=True)
+
+
+
+def chat(
+    model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    system: Optional[str] = typer.Option(None, "-sys", "--system", "--system-prompt", help="system message"),
+    chat_template: Optional[str] = typer.Option(
+        None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"
+    ),
+    max_tokens: int = typer.Option(G.max_tokens, "-n", "--max-tokens", help="most tokens per reply (-1: until the end of text or the context is full)"),
+    temp: float = OPT_TEMP,
+    top_k: int = OPT_TOP_K,
+    top_p: float = OPT_TOP_P,
+    min_p: float = OPT_MIN_P,
+    repeat_penalty: float = OPT_REPEAT_PENALTY,
+    repeat_last_n: int = OPT_REPEAT_LAST_N,
+    seed: Optional[int] = OPT_SEED,
+    ctx: Optional[int] = OPT_CTX,
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
+    stop: List[str] = typer.Option([], "--stop", help="stop string: a reply ends where it appears (repeatable)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="print the load time once, and speeds after each reply, on stderr"),
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
+    n_gpu_layers: Optional[int] = OPT_NGL,
+    tp_n: int = OPT_TP,
+):
+    """Chat with a model using its own chat template.
+
+    Reads one message per line when stdin is not a terminal; a line starting with / is a chat command
+    there too (/help lists them), never sent to the model."""
+    from localllm.chat import ChatSession
+    from localllm.chat_template import resolve_template
+    from localllm.commands.inputs import one_model
+    from localllm.commands.repl import interactive, scripted
+    from localllm.runner import context_notice, describe_stats, timed_drafter
+    from localllm.user_text import lenient_stdin, stdin_lines
+
+    from localllm.commands import tp_cmd
+
+    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
+    sampling, gen = generation_settings(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens, ctx,
+                                        tuple(stop))
+    model = one_model(model, model_opt)
+    if chat_template:
+        resolve_template(chat_template, None)  # a bad name fails before the slow model load
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup, tp)
+    lm, load_s = load(model, device, dtype, tp, threads, n_gpu_layers)
+    if notice := context_notice(lm, ctx):
+        note(notice)
+    template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
+    if notice:
+        note(notice)
+    drafter, draft_s = timed_drafter(lm, ds, sampling)
+    load_s += draft_s
+    session = ChatSession(
+        lm, template, gen, sampling, system,
+        notify=note,
+        drafter=drafter, draft=ds, plain_steps=D.plain_steps if verbose else 0,
+    )
+    if verbose:  # the load once; each reply's speeds after it
+        err.print(f"load {load_s:.2f} s", highlight=False)
+    after = (lambda: err.print(describe_stats(session.last, None), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
+    if sys.stdin.isatty():
+        lenient_stdin(sys.stdin)  # invalid UTF-8 typed in: replaced with a note (chat.py), no traceback
+        interactive(session, Console(), after=after)
+    else:
+        scripted(session, stdin_lines(sys.stdin), after=after, console=Console(stderr=True))
+
+
+
+def serve(
+    model: Optional[str] = typer.Argument(None, help="model path or name (default: smollm2-135m)"),
+    model_opt: Optional[str] = OPT_MODEL,
+    host: str = typer.Option(V.host, "--host", help="address to listen on (localhost only by default; 0.0.0.0 for every interface)"),
+    port: int = typer.Option(V.port, "--port", help="TCP port"),
+    parallel: int = typer.Option(V.parallel, "-np", "--parallel", help="requests decoded together, each in its own slot of --ctx tokens"),
+    ctx: Optional[int] = typer.Option(None, "-c", "--ctx", "--ctx-size", help=f"context of each slot in tokens (default {G.ctx}; capped at the model's)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="require 'Authorization: Bearer KEY' on every /v1 request"),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", help="built-in template name (chatml, llama2, llama3, mistral, qwen2) or a Jinja file"),
+    device: str = OPT_DEVICE,
+    dtype: Optional[str] = OPT_DTYPE,
+    threads: Optional[int] = OPT_THREADS,
+    n_gpu_layers: Optional[int] = OPT_NGL,
+    tp_n: int = OPT_TP,
+    draft: Optional[str] = OPT_DRAFT,
+    draft_max: Optional[int] = OPT_DRAFT_MAX,
+    draft_min_p: float = OPT_DRAFT_MIN_P,
+    draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
+    lookup: int = OPT_LOOKUP,
+):
+    """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health), many requests at once (continuous batching). --lookup N or --draft MODEL|self:TYPE:
+    speculative decoding while few requests run (greedy replies unchanged). Ctrl-C stops it."""
+    from localllm.chat_template import resolve_template
+    from localllm.commands.inputs import one_model
+    from localllm.commands.serve import build_served, check_serve_options
+    from localllm.generate import check_generation
+    from localllm.runner import context_notice
+    from localllm.server.run import listen, serve_forever
+
+    from localllm.commands import tp_cmd
+
+    check_serve_options(parallel, port, api_key)
+    ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
+    check_generation(1, G.ctx if ctx is None else ctx)
+    model = one_model(model, model_opt)
+    if chat_template:
+        resolve_template(chat_template, None)  # a bad name fails before the slow model load
+    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
+    tp_cmd.check_draft(ds, tp)
+    sock = listen(host, port) if tp is None or tp.driver else None  # a port in use, too; only the driver's
+    lm, load_s = load(model, device, dtype, tp, threads, n_gpu_layers)
+    if notice := context_notice(lm, ctx):
+        note(notice)
+    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note,
+                          draft=ds)
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
+    err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
+              f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)
+    serve_forever(served, sock)
