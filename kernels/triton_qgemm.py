@@ -22,6 +22,11 @@ and copies the result through shared memory every step); the weight rows are mas
 (git show 20faf28:kernels/triton_qgemm.py, 5-11% of the bf16 peak) had all three the slow way, and
 converted integers with I2F (an eighth of the float rate; block_tile now uses the exact 2^23 trick).
 bench/qgemm_sweep.py times the configurations against decode + cuBLAS.
+
+Not dispatched (kernels/linear.qlinear keeps decode + cuBLAS): on an H100 (2026-11-27, sixth session,
+docs/PERFORMANCE.md) its best configuration ran a layer's products at 31% (Q4_0), 31% (Q4_K), 23% (Q6_K)
+of the bf16 peak at M = 512 against decode + cuBLAS's 52 / 46 / 45%. Kept, with its tests and sweep, as
+the measured baseline for the next attempt (the wgmma waits after every part: see the sweep's notes).
 """
 
 from __future__ import annotations
