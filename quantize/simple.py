@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from .ksearch import make_qkx
 from .pack import cat_bytes, fp16_bytes, fp16_round, pack_nibbles
-from .simple_search import qkx_fit, qx_scale
+from .simple_search import qx_scale
 
 
 # ---- float formats: x (R, C) -> (R, C * bytes per value)
@@ -103,8 +104,9 @@ def symmetric_weighted(x: torch.Tensor, w: torch.Tensor, nmax: int) -> tuple[tor
 
 def affine_weighted(x: torch.Tensor, w: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """make_qkx2_quants' scale and min -> quants in [0, nmax], d and m (x ~ d * q + m)."""
-    scale, low = qkx_fit(x, w, nmax)
-    d, m = fp16_round(scale), fp16_round(low)
+    # make_qkx2_quants(rmin -0.9, rdelta 0.05, nstep 36), as kernels/cpu_encode.cpp's qkx_fit
+    scale, the_min = make_qkx(x, w, nmax, -0.9, 0.05, 36, v3=False)
+    d, m = fp16_round(scale), fp16_round(-the_min)
     q = torch.round((x - m) / torch.where(d != 0, d, 1.0)).clamp(0, nmax)
     return torch.where(d != 0, q, 0.0).int(), d, m
 

@@ -1,8 +1,8 @@
 """The imatrix searches of the 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in C's arithmetic order.
 
 ggml-quants.c's quantize_row_q4_0_impl .. q5_1_impl run make_qx_quants (symmetric) and make_qkx2-style
-fits (affine) on each block with per-value weights; here the same searches run on all blocks (B, 32)
-at once, every float computed as the C loops compute it: each sum a sequential loop over the 32
+fits (affine: ksearch.make_qkx, shared with the K-quants) on each block with per-value weights; here the
+same searches run on all blocks (B, 32) at once, every float computed as the C loops compute it: each sum a sequential loop over the 32
 values (seq_sum), each product left to right, float32 constants, correctly rounded divisions and
 square roots. kernels/cpu_encode.cpp does the same per block; the bytes agree (tests/test_cpu_encode.py).
 nearest_int rounds half to even, as torch.round does.
@@ -46,44 +46,6 @@ def qx_scale(x: torch.Tensor, w: torch.Tensor, nmax: int) -> torch.Tensor:
         scale = torch.where(better, this, scale)
         best = torch.where(better, this * sumlx, best)
     return torch.where(live, scale, 0.0)
-
-
-def qkx_fit(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float = -0.9, rdelta: float = 0.05,
-            nstep: int = 36) -> tuple[torch.Tensor, torch.Tensor]:
-    """make_qkx2_quants' fit x ~ scale * q + low, q in [0, nmax], low <= 0: (scale, low) (B, 1) each.
-
-    The (min, max) start, then iscale = (rmin + rdelta is + nmax) / (max - min) for is in 0..nstep,
-    each fit by weighted least squares (low refit to 0 when above it), kept when the weighted squared
-    error drops. A block with max == min (after min <= 0): scale 0, low = min."""
-    xmax, xmin = x.amax(-1, keepdim=True), x.amin(-1, keepdim=True)
-    low = low0 = torch.where(xmin > 0, 0.0, xmin)  # ggml: if (min > 0) min = 0 (a -0 stays)
-    flat = ~(xmax > low)
-    sum_w, sum_x = seq_sum(w), seq_sum(w * x)
-
-    def error(scale, offset, q):
-        diff = scale * q + offset - x
-        return seq_sum(w * (diff * diff))
-
-    iscale = rdiv(nmax, torch.where(flat, 1.0, xmax - low))
-    scale = rdiv(1, iscale)
-    best = error(scale, low, torch.round(iscale * (x - low)).clamp(0, nmax))
-    for k in range(nstep + 1):  # (max - min) and x - min with the best min so far, as ggml
-        c = f32(np.float32(rmin) + np.float32(rdelta) * np.float32(k) + np.float32(nmax))
-        q = torch.round(rdiv(c, xmax - low) * (x - low)).clamp(0, nmax)
-        wq = w * q
-        sum_l, sum_l2, sum_xl = seq_sum(wq), seq_sum(wq * q), seq_sum(wq * x)
-        det = sum_w * sum_l2 - sum_l * sum_l
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-        this_low = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        pos = this_low > 0  # an offset above 0 is not allowed: the scale alone
-        this_scale = torch.where(pos, sum_xl / sum_l2, this_scale)
-        this_low = torch.where(pos, 0.0, this_low)
-        err = error(this_scale, this_low, q)
-        better = (det > 0) & (err < best)
-        best = torch.where(better, err, best)
-        scale = torch.where(better, this_scale, scale)
-        low = torch.where(better, this_low, low)
-    return torch.where(flat, 0.0, scale), torch.where(flat, low0, low)
 
 
 def block_error(decoded: torch.Tensor, x: torch.Tensor, qw: torch.Tensor | None) -> torch.Tensor:
