@@ -119,36 +119,10 @@ def copy_prefix(slots: Slots, src: int, dst: int, n: int) -> None:
     slots.lengths[dst] = n
 
 
-class RowCache:
-    """The cache a decode_slots step hands the layers (project_qkv's writes and reads): row b of the
-    step's k, v (N, Hkv, 1, D) goes to slot slots[b] at position positions[b] (padding rows past
-    len(slots) are not written); reads return the layer's whole buffers, which RowKeys slices per row."""
-
-    def __init__(self, cache: KVCache, slots: list[int], positions: list[int]):
-        self.cache = cache
-        device = (cache.k[0]).device
-        self.index = torch.tensor(slots, dtype=torch.long, device=device)
-        self.pos = torch.tensor(positions, dtype=torch.long, device=device)
-
-    @property
-    def capacity(self) -> int:
-        return self.cache.capacity
-
-    def rows(self, layer: int, end: int):
-        return self.cache.k[layer], self.cache.v[layer]
-
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        b = self.index.shape[0]
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        kc[self.index, :, self.pos] = k[:b, :, 0].to(kc.dtype)  # (b, Hkv, D) at (slot, :, position)
-        vc[self.index, :, self.pos] = v[:b, :, 0].to(vc.dtype)
-        return kc, vc
-
-
-class SegmentCache:
-    """The cache a prefill_slots step hands the layers: row t of the step's k, v (1, Hkv, T, D) goes to
-    slot slot_of[t] at position pos[t] (T,); reads return the layer's whole buffers, which SegmentKeys
-    slices per prompt."""
+class ScatterCache:
+    """The cache a slots step hands the layers (project_qkv's writes and reads): row m of the step's
+    k, v, as step_rows gives them (M, Hkv, D), goes to slot slot_of[m] at position pos[m] (M,) of the
+    layer's buffers; reads return the layer's whole buffers, which RowKeys / SegmentKeys slice."""
 
     def __init__(self, cache: KVCache, slot_of: torch.Tensor, pos: torch.Tensor):
         self.cache, self.slot_of, self.pos = cache, slot_of, pos
@@ -162,9 +136,30 @@ class SegmentCache:
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
         kc, vc = self.cache.k[layer], self.cache.v[layer]
-        kc[self.slot_of, :, self.pos] = k[0].transpose(0, 1).to(kc.dtype)  # (T, Hkv, D) at (slot, :, position)
-        vc[self.slot_of, :, self.pos] = v[0].transpose(0, 1).to(vc.dtype)
+        kc[self.slot_of, :, self.pos] = self.step_rows(k).to(kc.dtype)  # (M, Hkv, D) at (slot, :, position)
+        vc[self.slot_of, :, self.pos] = self.step_rows(v).to(vc.dtype)
         return kc, vc
+
+
+class RowCache(ScatterCache):
+    """A decode_slots step's: row b of k, v (N, Hkv, 1, D) goes to slot slots[b] at position
+    positions[b] (padding rows past len(slots) are not written)."""
+
+    def __init__(self, cache: KVCache, slots: list[int], positions: list[int]):
+        device = (cache.k[0]).device
+        index = torch.tensor(slots, dtype=torch.long, device=device)
+        super().__init__(cache, index, torch.tensor(positions, dtype=torch.long, device=device))
+
+    def step_rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t[: self.slot_of.shape[0], :, 0]  # (N, Hkv, 1, D) -> (b, Hkv, D)
+
+
+class SegmentCache(ScatterCache):
+    """A prefill_slots step's: row t of k, v (1, Hkv, T, D) goes to slot slot_of[t] at position pos[t]
+    (T,)."""
+
+    def step_rows(self, t: torch.Tensor) -> torch.Tensor:
+        return t[0].transpose(0, 1)  # (1, Hkv, T, D) -> (T, Hkv, D)
 
 
 def slot_ropes(model, slots: Slots) -> list:
