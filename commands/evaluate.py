@@ -192,17 +192,10 @@ def _evaluation(chunks: Chunks, done: int, nll_parts, chunk_ppl, scores, final: 
     return ev
 
 
-def evaluate(
-    lm: LoadedModel,
-    chunks: Chunks,
-    base: LoadedModel | SavedLogits | None = None,
-    batch: int = 1,
-    save_to: str | Path | None = None,
-    writer_cls=None,
-) -> Evaluation:
-    """The final results of `evaluate_steps`."""
+def evaluate(lm: LoadedModel, chunks: Chunks, **options) -> Evaluation:
+    """The final results of `evaluate_steps(lm, chunks, **options)` (base, batch, save_to, writer_cls)."""
     result = None
-    for result in evaluate_steps(lm, chunks, base, batch, save_to, writer_cls):
+    for result in evaluate_steps(lm, chunks, **options):
         pass
     assert result is not None
     return result
