@@ -77,6 +77,23 @@ def ours(path: Path, threads: int, p: int, n: int, reps: int) -> dict[str, float
     return speeds
 
 
+def make_file(cfg, wtype: str, path: Path, tok, args) -> None:
+    """The GGUF file of a --types entry: random weights written in that type where the synthetic writer
+    has its rule (localllm.synthetic.tensor_type), else (Q5_K_M, Q4_K_S, ...) an F16 file of random
+    weights quantized by `localllm quantize`, as a user makes one."""
+    try:
+        gpu.write_synthetic_gguf(cfg, wtype, path, tok, "cpu", quantized_embedding=True)
+        return
+    except (KeyError, ValueError):  # no synthetic rule for this preset
+        path.unlink(missing_ok=True)
+    base = args.workdir / f"{args.shape}-F16.gguf"
+    if not base.exists():
+        gpu.write_synthetic_gguf(cfg, "F16", base, tok, "cpu", quantized_embedding=True)
+    cmd = [sys.executable, str(ROOT / "cli.py"), "quantize", str(base), str(path), wtype]
+    if subprocess.run(cmd, check=False, capture_output=True, text=True).returncode != 0:
+        gpu.fail(f"localllm quantize to {wtype} failed: {' '.join(cmd)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", type=Path, metavar="SRC_TGZ", help="llama.cpp source tarball (holding llama.cpp/)")
@@ -105,7 +122,7 @@ def main() -> None:
     for wtype in args.types.split(","):
         path = args.workdir / f"{args.shape}-{wtype}.gguf"
         if not path.exists():
-            gpu.write_synthetic_gguf(cfg, wtype, path, tok, "cpu", quantized_embedding=True)
+            make_file(cfg, wtype, path, tok, args)
         ratios: dict[str, list[float]] = {}
         for r in range(args.rounds):
             a = ours(path, args.threads, args.prompt, args.gen, args.reps)
