@@ -60,8 +60,27 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+# (BM, BN, warps, stages, TRANS, programs per SM: one SM under the interpreter, so programs along K)
+CONFIGS = [(16, 64, 4, 1, 0, 0),  # one program takes all of K (its parts added as integers), stores
+           (32, 32, 4, 1, 1, 2),  # weight rows on the MMA's M axis, two programs along K (atomics)
+           (16, 32, 4, 1, 1, 99)]  # one dp4a part a program (atomics), two weight tiles (one partial)
+
+
 def test_threshold_is_one_constant():
     assert triton_mma.MMA_ROWS == 16
+
+
+def test_k_groups_and_buckets():
+    cpu = torch.device("cpu")
+    assert triton_mma.k_groups(16, 96, 0, cpu) == (1, 16)  # all of K in one program
+    assert triton_mma.k_groups(3, 1, 2, cpu) == (2, 2)  # parts 0, 1 and 2: uneven
+    assert triton_mma.k_groups(4, 1, 99, cpu) == (4, 1)  # at most one program a part
+    table = {16: "a", 64: "b"}
+    triton_mma.CONFIGS[Q.Q8_0], old = table, triton_mma.CONFIGS[Q.Q8_0]
+    try:
+        assert [triton_mma.config_for(Q.Q8_0, m) for m in (16, 32, 63, 64, 128)] == ["a", "a", "a", "b", "b"]
+    finally:
+        triton_mma.CONFIGS[Q.Q8_0] = old
 
 
 def test_accumulator_split_k_matches_oracle_and_dp4a_bits(weight):
@@ -84,7 +103,37 @@ def test_accumulator_split_k_matches_oracle_and_dp4a_bits(weight):
         assert torch.equal(alone, got[r:r + 1])
 
 
-def test_output_with_bias_and_residual(weight):
+@functools.cache
+def accumulated(qtype: Q, rows: int, n: int, split: int, mma) -> torch.Tensor:
+    """rows x rows += W[:n] x with bias into an int64 accumulator, K split by the dp4a launch at the
+    GPU's units a step (triton_q8.CONFIGS on CUDA: 1 for Q6_K, else 2); mma as gemv_q8's."""
+    xa, _ = act(rows, 9)
+    g = torch.Generator().manual_seed(5)
+    out, b = to_fixed(torch.randn(rows, n, generator=g)), torch.randn(n, generator=g)
+    bk = 1 if qtype == Q.Q6_K else 2
+    triton_q8.gemv_q8(xa, make_weight(qtype)[1].rows(0, n), bias=b, residual=out, inplace=True, split=split,
+                      act_dtype=torch.float32, config=(64, bk, 4), mma=mma)
+    return out
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+def test_configs_split_in_three_match_dp4a_bits(weight, config):
+    """Every way a config cuts K (the dp4a launch's 3 parts: one program, or 2, or 3 along K) and both
+    MMA orientations give the dp4a kernel's bits; 20 rows and 40 weight rows: partial tiles (masked)."""
+    qtype = weight[1].qtype
+    assert torch.equal(accumulated(qtype, 20, N, 3, config), accumulated(qtype, 20, N, 3, False))
+
+
+@pytest.mark.parametrize("config", [(32, 32, 4, 1, 1, 0), (16, 32, 4, 1, 0, 2)], ids=lambda c: "x".join(map(str, c)))
+def test_whole_tiles_unmasked_match_dp4a_bits(weight, config):
+    """Tiles that cover the product exactly (EVEN: no masks): 32 rows, a 32-row view of the weight
+    (its unit stride still the 40-row tensor's), K in 2 parts."""
+    qtype = weight[1].qtype
+    assert torch.equal(accumulated(qtype, 32, 32, 2, config), accumulated(qtype, 32, 32, 2, False))
+
+
+@pytest.mark.parametrize("config", [None, (16, 32, 4, 1, 1, 0)], ids=["default", "trans"])
+def test_output_with_bias_and_residual(weight, config):
     """An unsplit fp32 output (the head's logits) with bias and residual, the sum rounded to bf16 first
     (triton_epilogue.epilogue's order)."""
     ref, qw = weight
@@ -92,7 +141,7 @@ def test_output_with_bias_and_residual(weight):
     g = torch.Generator().manual_seed(4)
     b, res = torch.randn(N, generator=g), torch.randn(16, N, generator=g)
     kw = dict(bias=b, residual=res, act_dtype=torch.bfloat16, out_dtype=torch.float32)
-    got = triton_q8.gemv_q8(xa, qw, **kw)
+    got = triton_q8.gemv_q8(xa, qw, mma=config or True, **kw)
     assert got.dtype == torch.float32 and torch.equal(got, triton_q8.gemv_q8(xa, qw, mma=False, **kw))
     assert rel((got - res).numpy(), xv @ ref.T + b.double().numpy()) < 1e-2  # bf16 rounding
 
