@@ -3,8 +3,9 @@ the fp64 product of gguf's dequantization of the weights with the int8 activatio
 oracle), and bit for bit against the dp4a kernel (triton_q8.gemv_q8 with mma=False) over the same
 rows, and against each row computed alone (one row: the dp4a kernel): a row's bits do not depend on
 the bucket. The epilogues the decode step uses: an int64 fixed-point accumulator split over K, and an
-unsplit fp32 / bf16 output with bias and residual. tests/gpu/test_gpu_mma.py repeats the bit checks
-on the GPU (real tensor cores and FMA contraction).
+unsplit fp32 / bf16 output with bias and residual. Each kind of config (triton_mma.CONFIGS entries):
+both MMA orientations, one program or several along K, masked and whole tiles. tests/gpu/test_gpu_mma.py
+repeats the bit checks on the GPU (real tensor cores and FMA contraction).
 """
 
 from __future__ import annotations
