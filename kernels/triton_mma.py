@@ -80,6 +80,42 @@ def _f32(i):
     return _biased_f32(i + MAGIC)
 
 
+# Byte widening on 4 bytes a register (inline PTX, Triton's pack=4; every operation stays inside its
+# byte): LLVM widened each uint8 alone (a byte extract, shift, mask and repack each, ~3.5 instructions
+# a byte in the SASS of the first version).
+NIB_LO = tl.constexpr("and.b32 $0, $1, 0x0F0F0F0F;")
+NIB_HI = tl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x0F0F0F0F; }")
+# bytes $1 -> their low nibbles where mask $2 is 0x00, high ones where it is 0xFF
+NIB_SEL = tl.constexpr("{ .reg .b32 l, h; and.b32 l, $1, 0x0F0F0F0F; shr.b32 h, $1, 4; and.b32 h, h, 0x0F0F0F0F;"
+                       " xor.b32 h, h, l; and.b32 h, h, $2; xor.b32 $0, h, l; }")
+AND = tl.constexpr("and.b32 $0, $1, $2;")
+# Q6_K quarter t: the nibble 4 (t // 2) of ql $1 | bits 2t, 2t + 1 of qh $2 at 4, 5
+Q6_PTX = "{{ .reg .b32 a, h; shr.b32 a, $1, {0}; and.b32 a, a, 0x0F0F0F0F; shr.b32 h, $2, {1}; and.b32 h, h, 0x03030303;" \
+         " shl.b32 h, h, 4; or.b32 $0, a, h; }}"
+Q6_T0, Q6_T1, Q6_T2, Q6_T3 = (tl.constexpr(Q6_PTX.format(4 * (t // 2), 2 * t)) for t in range(4))
+
+
+@triton.jit
+def _packed(ASM_STR: tl.constexpr, a, b):
+    """int8 result of PTX ASM_STR on 4 bytes a register of a (and b, where used)."""
+    if b is None:
+        return tl.inline_asm_elementwise(ASM_STR, "=r,r", [a], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return tl.inline_asm_elementwise(ASM_STR, "=r,r,r", [a, b], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
+def _nibbles(b, H: tl.constexpr, ASM: tl.constexpr):
+    """uint8 bytes b -> their low (H = 0) or high (1) nibbles as int8."""
+    if ASM:
+        if H == 0:
+            return _packed(NIB_LO, b, None)
+        else:
+            return _packed(NIB_HI, b, None)
+    else:
+        return ((b >> (4 * H)) & 15).to(tl.int8)
+
+
 @triton.jit
 def _dot(x, w, TRANS: tl.constexpr):
     """x (BM, 32) int8, w (BN, 32) int8 -> (BM, BN) exact int32 sums x w^T. TRANS: as w x^T on the MMA
@@ -116,13 +152,27 @@ def _x_scale(X, m, mo, j, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _x_sum(X, m, mo, j, EVEN: tl.constexpr):
-    """x's int32 sum of 16-value group j, rows m (BM, 1)."""
-    return load_even(X[2] + m.to(tl.int64) * (X[3] // 16) + j, mo, EVEN)
+def _x_scale_of_pair(X, m, mo, j, H: tl.constexpr, EVEN: tl.constexpr):
+    """x's scale of block 2j + H, rows m (BM, 1), from the 8 bytes of blocks 2j, 2j + 1 (one load serves
+    both: the scales as int64, X[4])."""
+    v = load_even(X[4] + m.to(tl.int64) * (X[3] // 64) + j, mo, EVEN)
+    return (v >> (32 * H)).to(tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr):
+def _x_sums(X, m, mo, j, H: tl.constexpr, EVEN: tl.constexpr):
+    """x's int32 sum of 16-value group 2j + H, rows m (BM, 1); H = 2: of groups 2j and 2j + 1 (a 32-value
+    block). One 8-byte load of the pair (the sums as int64, X[2])."""
+    v = load_even(X[2] + m.to(tl.int64) * (X[3] // 32) + j, mo, EVEN)
+    if H == 2:
+        return v.to(tl.int32) + (v >> 32).to(tl.int32)
+    else:
+        return (v >> (32 * H)).to(tl.int32)
+
+
+@triton.jit
+def _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
+          ASM: tl.constexpr):
     """Q8_0 block u: s d_w d_x (unit_dot's s.to(f32) * (d_w * d_x))."""
     q = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, tl.arange(0, 32)[None, :], EVEN).to(tl.int8, bitcast=True)
     s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q, TRANS)
@@ -131,19 +181,25 @@ def _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
 
 
 @triton.jit
-def _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr):
+def _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
+          ASM: tl.constexpr):
     """Q4_0 block u (values 0-15: low nibbles of bytes 0..15, 16-31: high): (s - 8 sx) d_w d_x, the
     integer difference converted as s + (MAGIC - 8 sx), the second term once per x row."""
     e = tl.arange(0, 32)[None, :]
-    q = (_w_bytes(F[0], FU[0], FR[0], u, nr, nro, e % 16, EVEN) >> (4 * (e // 16))) & 15
-    s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q.to(tl.int8), TRANS)
-    r = MAGIC - 8 * (_x_sum(X, m, mo, 2 * u, EVEN) + _x_sum(X, m, mo, 2 * u + 1, EVEN))
+    b = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e % 16, EVEN)  # byte e % 16 at value e
+    if ASM:
+        q = _packed(NIB_SEL, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
+    else:
+        q = ((b >> (4 * (e // 16))) & 15).to(tl.int8)
+    s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q, TRANS)
+    r = MAGIC - 8 * _x_sums(X, m, mo, u, 2, EVEN)
     dw = _w_vec(F[1], FU[1], FR[1], u, nc, nco, EVEN).to(tl.float32)
     return _biased_f32(s + r) * (dw * _x_scale(X, m, mo, u, EVEN))
 
 
 @triton.jit
-def _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr):
+def _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
+          ASM: tl.constexpr):
     """Q4_K chunk u (sub-block 2u: low nibbles, 2u + 1: high): per sub-block
     (d sc) s - (dmin mn) sx, times its x scale, summed from zero. unit_dot takes d * (s sc) and
     dmin * (sx mn): the same real products (d sc and dmin mn are exact, an fp16 times a 6-bit integer;
@@ -154,56 +210,76 @@ def _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
     y = tl.zeros((m.shape[0], nc.shape[1]), tl.float32)
     for h in tl.static_range(2):
         sb = 2 * u + h
-        s = _dot(_x_tile(X, m, mo, 64 * u + 32 * h, EVEN), ((b >> (4 * h)) & 15).to(tl.int8), TRANS)
+        s = _dot(_x_tile(X, m, mo, 64 * u + 32 * h, EVEN), _nibbles(b, h, ASM), TRANS)
         dsc = d * _f32(_w_vec(F[3], FU[3], FR[3], sb, nc, nco, EVEN).to(tl.int32))
         dmn = dmin * _f32(_w_vec(F[4], FU[4], FR[4], sb, nc, nco, EVEN).to(tl.int32))
-        sx = _x_sum(X, m, mo, 2 * sb, EVEN) + _x_sum(X, m, mo, 2 * sb + 1, EVEN)
+        sx = _x_sums(X, m, mo, sb, 2, EVEN)
         part = dsc * _f32(s) - dmn * _f32(sx)
-        y += part * _x_scale(X, m, mo, sb, EVEN)
+        y += part * _x_scale_of_pair(X, m, mo, u, h, EVEN)
     return y
 
 
 @triton.jit
-def _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr):
+def _q6_values(ql, qh, keep, T: tl.constexpr, ASM: tl.constexpr):
+    """Q6_K quarter T's 6-bit values (int8) from its ql and qh bytes, where keep (0xFF / 0x00 bytes)."""
+    if ASM:
+        if T == 0:
+            q = _packed(Q6_T0, ql, qh)
+        elif T == 1:
+            q = _packed(Q6_T1, ql, qh)
+        elif T == 2:
+            q = _packed(Q6_T2, ql, qh)
+        else:
+            q = _packed(Q6_T3, ql, qh)
+        return _packed(AND, q, keep)
+    else:
+        q = ((ql.to(tl.int32) >> (4 * (T // 2))) & 15) | (((qh.to(tl.int32) >> (2 * T)) & 3) << 4)
+        return (q & keep.to(tl.int32)).to(tl.int8)
+
+
+@triton.jit
+def _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
+          ASM: tl.constexpr):
     """Q6_K half u: d times the sum over its 16-value groups, in unit_dot's order (group k of each
     quarter t, k outer), of sc (a - 32 sx) d_x; unit_dot converts the integer sc (a - 32 sx), here
     float(sc) float(a - 32 sx) rounds the same real product once. Each group's sum a is a 32-value
     dot with the other 16 weights zeroed."""
     e = tl.arange(0, 32)[None, :]
-    ql0 = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e, EVEN).to(tl.int32)  # bytes 0..31 of the half's ql
-    ql1 = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e + 32, EVEN).to(tl.int32)  # 32..63
-    qh = _w_bytes(F[2], FU[2], FR[2], u, nr, nro, e, EVEN).to(tl.int32)
+    ql0 = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e, EVEN)  # bytes 0..31 of the half's ql
+    ql1 = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e + 32, EVEN)  # 32..63
+    qh = _w_bytes(F[2], FU[2], FR[2], u, nr, nro, e, EVEN)
     d = _w_vec(F[1], FU[1], FR[1], u // 2, nc, nco, EVEN).to(tl.float32)
     y = tl.zeros((m.shape[0], nc.shape[1]), tl.float32)
     for k in tl.static_range(2):  # k: the 16-value group of each 32-value quarter (unit_dot's order)
+        keep = tl.broadcast_to(tl.where(e // 16 == k, 255, 0).to(tl.uint8), ql0.shape)
         for t in tl.static_range(4):  # quarter t: values 32t .. 32t + 31 of the half
-            if t % 2 == 0:
-                q = (ql0 >> (4 * (t // 2))) & 15
+            if t % 2 == 0:  # (a static if: a conditional expression of tensors does not compile)
+                q = _q6_values(ql0, qh, keep, t, ASM)
             else:
-                q = (ql1 >> (4 * (t // 2))) & 15
-            q = tl.where(e // 16 == k, q | (((qh >> (2 * t)) & 3) << 4), 0)
-            a = _dot(_x_tile(X, m, mo, 128 * u + 32 * t, EVEN), q.to(tl.int8), TRANS)
+                q = _q6_values(ql1, qh, keep, t, ASM)
+            a = _dot(_x_tile(X, m, mo, 128 * u + 32 * t, EVEN), q, TRANS)
             g = 8 * u + 2 * t + k
             sc = _f32(_w_vec(F[3], FU[3], FR[3], g, nc, nco, EVEN).to(tl.int32))
-            diff = _biased_f32(a + (MAGIC - 32 * _x_sum(X, m, mo, g, EVEN)))
-            y += (sc * diff) * _x_scale(X, m, mo, 4 * u + t, EVEN)
+            diff = _biased_f32(a + (MAGIC - 32 * _x_sums(X, m, mo, 4 * u + t, k, EVEN)))
+            y += (sc * diff) * _x_scale_of_pair(X, m, mo, 2 * u + t // 2, t % 2, EVEN)
     return d * y
 
 
 @triton.jit
-def _unit(FMT: tl.constexpr, F, FU, FR, X, u, u_hi, m, M, nr, nc, N, TRANS: tl.constexpr, EVEN: tl.constexpr):
+def _unit(FMT: tl.constexpr, F, FU, FR, X, u, u_hi, m, M, nr, nc, N, TRANS: tl.constexpr, EVEN: tl.constexpr,
+          ASM: tl.constexpr):
     """Unit u's (BM, BN) fp32 sums as triton_q8.unit_dot computes each (zeros for u >= u_hi)."""
     mo = (m < M) & (u + 0 * m < u_hi)  # tensor compares: the interpreter's & of a mask and a scalar gives int32
     nro = (nr < N) & (u + 0 * nr < u_hi)
     nco = (nc < N) & (u + 0 * nc < u_hi)
     if FMT == 0:
-        return _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN)
+        return _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
     elif FMT == 1:
-        return _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN)
+        return _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
     elif FMT == 2:
-        return _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN)
+        return _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
     else:
-        return _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN)
+        return _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
 
 
 @triton.jit
@@ -220,11 +296,11 @@ def _sum_acc(a0, a1, a2, a3, BK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "N", "per_split", "split", "parts"])
-def _mma_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4,
+def _mma_kernel(xq_ptr, xd_ptr, xs2_ptr, xd2_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4,
                 R0, R1, R2, R3, R4, M, N, K, out_stride, per_split, split, parts, FMT: tl.constexpr,
                 UNIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TRANS: tl.constexpr,
                 EVEN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr,
-                STAGES: tl.constexpr):
+                STAGES: tl.constexpr, ASM: tl.constexpr):
     """out[m, n] (+)= sum_k W[n, k] x[m, k] for BM x rows and BN weight rows (grid: (M / BM, N / BN,
     split / parts)); the program takes the dp4a launch's K parts program_id(2) * parts .. + parts - 1
     (per_split units each; `split` parts in all). BK: the dp4a kernel's units per step (its
@@ -232,42 +308,48 @@ def _mma_kernel(xq_ptr, xd_ptr, xs_ptr, out_ptr, bias_ptr, res_ptr, act_ptr, P0,
     An int64 out is a fixed-point accumulator: each part's sum is truncated to it as the dp4a epilogue
     truncates it, the parts are added as integers and the total added to out (atomically when other
     programs share the tile's K); other outputs (split 1): bias, rounding, residual as
-    triton_epilogue.epilogue. EVEN: every tile and step lies inside the tensors (no masks)."""
+    triton_epilogue.epilogue. EVEN: every tile and step lies inside the tensors (no masks). ASM: the
+    weight bytes widened 4 a register by inline PTX (the interpreter: elementwise, the same values)."""
     tl.static_assert(BK <= 4, "at most 4 accumulators")
     m = (tl.program_id(0) * BM + tl.arange(0, BM))[:, None]
     nr = (tl.program_id(1) * BN + tl.arange(0, BN))[:, None]  # weight rows of the byte tiles
     nc = (tl.program_id(1) * BN + tl.arange(0, BN))[None, :]  # and of the (BM, BN) sums
-    F, FU, FR, X = (P0, P1, P2, P3, P4), (U0, U1, U2, U3, U4), (R0, R1, R2, R3, R4), (xq_ptr, xd_ptr, xs_ptr, K)
+    F, FU, FR = (P0, P1, P2, P3, P4), (U0, U1, U2, U3, U4), (R0, R1, R2, R3, R4)
+    X = (xq_ptr, xd_ptr, xs2_ptr, K, xd2_ptr)
     FIXED: tl.constexpr = out_ptr.dtype.element_ty == tl.int64
-    u_start = tl.program_id(2) * parts * per_split
-    u_end = tl.minimum(u_start + parts * per_split, K // UNIT)
+    units = K // UNIT
     if HAS_BIAS:
         bias = tl.load(bias_ptr + nc, mask=nc < N, other=0.0).to(tl.float32)
     zero = tl.zeros((BM, BN), tl.float32)
     a0, a1, a2, a3 = zero, zero, zero, zero
     acc = tl.zeros((BM, BN), tl.int64)
-    for u0 in tl.range(u_start, u_end, BK, num_stages=STAGES):
-        a0 += _unit(FMT, F, FU, FR, X, u0, u_end, m, M, nr, nc, N, TRANS, EVEN)
+    p_lo = tl.program_id(2) * parts
+    # a loop over the parts around the steps' loop: a part's end tested inside the steps' loop was
+    # compiled to selects, its int64 conversions run every step
+    for p in range(p_lo, tl.minimum(p_lo + parts, split)):
+        u_lo = p * per_split
+        u_hi = tl.minimum(u_lo + per_split, units)
+        a0 = zero
         if BK > 1:
-            a1 += _unit(FMT, F, FU, FR, X, u0 + 1, u_end, m, M, nr, nc, N, TRANS, EVEN)
+            a1 = zero
         if BK > 2:
-            a2 += _unit(FMT, F, FU, FR, X, u0 + 2, u_end, m, M, nr, nc, N, TRANS, EVEN)
+            a2 = zero
         if BK > 3:
-            a3 += _unit(FMT, F, FU, FR, X, u0 + 3, u_end, m, M, nr, nc, N, TRANS, EVEN)
+            a3 = zero
+        for u0 in tl.range(u_lo, u_hi, BK, num_stages=STAGES):
+            a0 += _unit(FMT, F, FU, FR, X, u0, u_hi, m, M, nr, nc, N, TRANS, EVEN, ASM)
+            if BK > 1:
+                a1 += _unit(FMT, F, FU, FR, X, u0 + 1, u_hi, m, M, nr, nc, N, TRANS, EVEN, ASM)
+            if BK > 2:
+                a2 += _unit(FMT, F, FU, FR, X, u0 + 2, u_hi, m, M, nr, nc, N, TRANS, EVEN, ASM)
+            if BK > 3:
+                a3 += _unit(FMT, F, FU, FR, X, u0 + 3, u_hi, m, M, nr, nc, N, TRANS, EVEN, ASM)
         if FIXED:
-            if ((u0 + BK) % per_split == 0) | (u0 + BK >= u_end):  # a part's last step
-                y = _sum_acc(a0, a1, a2, a3, BK)
-                if HAS_BIAS:
-                    if u0 < per_split:  # part 0, as the dp4a epilogue's program_id(2) == 0
-                        y += bias
-                acc += (y * FIXED_ONE).to(tl.int64)
-                a0 = zero
-                if BK > 1:
-                    a1 = zero
-                if BK > 2:
-                    a2 = zero
-                if BK > 3:
-                    a3 = zero
+            y = _sum_acc(a0, a1, a2, a3, BK)
+            if HAS_BIAS:
+                if p == 0:  # as the dp4a epilogue's program_id(2) == 0
+                    y += bias
+            acc += (y * FIXED_ONE).to(tl.int64)
     o = out_ptr + m.to(tl.int64) * out_stride + nc
     om = (m < M) & (nc < N)
     if FIXED:
@@ -335,10 +417,13 @@ def gemv_mma(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, la
     tiles = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     groups, parts = k_groups(launch.split, tiles[0] * tiles[1], per_sm, q.device)
     even = m % bm == 0 and n % bn == 0 and (k // UNIT[w.qtype]) % bk == 0
+    # the 16-value sums in pairs as int64 (a 32-value block's two in one load), the scales too where
+    # K / 32 is even (the K-quants: their units hold several blocks)
+    xd2 = d.view(torch.int64) if (k // 32) % 2 == 0 else d
     _mma_kernel[(*tiles, groups)](
-        q, d, s, out, bias if bias is not None else out, residual if residual is not None else out, launch.act_ref,
+        q, d, s.view(torch.int64), xd2, out, bias if bias is not None else out, residual if residual is not None else out, launch.act_ref,
         *ps, *us, *rs, m, n, k, out.stride(0), launch.per_split, launch.split, parts,
         FMT=MMA_FMT[w.qtype], UNIT=UNIT[w.qtype], BM=bm, BN=bn, BK=bk, TRANS=bool(trans), EVEN=even,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, STAGES=stages,
-        num_warps=warps)
+        ASM=not INTERPRET, num_warps=warps)
     return out
