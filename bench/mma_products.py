@@ -188,7 +188,7 @@ def main() -> None:
             cases = {sname: Case(ws, m) for sname, ws in weights.items()}
             times = sweep(cases, first[(tname, m)], bad, deadline)
             ranked = sorted((c for c in times if sum(times[c]) < float("inf")), key=lambda c: sum(times[c]))
-            more = [(*c[:5], p) for c in ranked[:TOP] for p in PER_SM_MORE]
+            more = [(*c[:6], p) for c in ranked[:TOP] for p in PER_SM_MORE]
             times.update(sweep(cases, [c for c in dict.fromkeys(more) if c not in times], bad, deadline))
             best = report(tname, m, cases, times, bw)
             if best is not None:

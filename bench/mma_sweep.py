@@ -19,9 +19,11 @@ import torch
 
 Q = gguf.GGMLQuantizationType
 # (BM x rows, BN weight rows) tiles; 8 warps only for the larger ones; stages 1 (no software
-# pipelining: occupancy hides the loads), 2, 3; both MMA orientations
+# pipelining: occupancy hides the loads), 2, 3; both MMA orientations; ptxas's register count or at
+# most 128 (two 8-warp or four 4-warp programs an SM)
 TILES = [(16, 64), (16, 128), (32, 64), (32, 128), (64, 32), (64, 64), (64, 128)]
 STAGES = (1, 2, 3)
+REGS = (0, 128)
 PER_SM = 2  # the first pass's programs per SM; the best variants then try PER_SM_MORE
 PER_SM_MORE = (0, 1, 4, 8)
 SMALL = (256, 512)  # (N, K) of the compile runs
@@ -29,26 +31,28 @@ SMALL = (256, 512)  # (N, K) of the compile runs
 
 def configs(rows: int, full: bool = True) -> list[tuple[int, int, int, int, int, int]]:
     """The first pass's configs for a bucket of `rows` (tiles of at most `rows` x rows: larger BM would
-    be cut to the bucket, a variant already in the list); full=False: 4 warps, 2 stages only."""
+    be cut to the bucket, a variant already in the list); full=False: 4 warps, 2 stages, ptxas's
+    registers only."""
     out = []
     for bm, bn in TILES:
         if bm > rows:
             continue
         for warps in (4, 8) if full and bm * bn >= 4096 else (4,):
             for stages in STAGES if full else (2,):
-                out += [(bm, bn, warps, stages, trans, PER_SM) for trans in (0, 1)]
+                for regs in REGS if full else (0,):
+                    out += [(bm, bn, warps, stages, trans, regs, PER_SM) for trans in (0, 1)]
     return out
 
 
 def likely_first(config) -> tuple:
     """Sort key: the likelier winners compile first, should the compile budget run out (transposed,
-    2 stages, then 1, then 3; fewer warps)."""
-    return -config[4], (2, 1, 3).index(config[3]) if config[3] in (1, 2, 3) else 3, config[2]
+    2 stages, then 1, then 3; fewer warps; ptxas's registers)."""
+    return -config[4], (2, 1, 3).index(config[3]) if config[3] in (1, 2, 3) else 3, config[2], config[5]
 
 
 def variant(tname: str, config) -> tuple:
     """The compiled kernel a config runs (all but its programs per SM)."""
-    return (tname, *config[:5])
+    return (tname, *config[:6])
 
 
 def random_weight(qtype, n: int, k: int, device: str = "cuda"):

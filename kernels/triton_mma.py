@@ -17,11 +17,13 @@ interpreter, tests/gpu/test_gpu_mma.py on the GPU), which decode_slots' batch in
 decoded in a bucket of 64 gives the bits of that slot decoded alone (tests/test_triton_slots.py).
 
 Why the first version ran at 6-12% of the copy bandwidth at 64 rows (8B shapes; its time grew 3.4x
-from 16 to 64 rows, so arithmetic, not bytes): (1) int -> float conversions, which Hopper runs at a
-sixteenth of the FMA rate (16 a clock per SM): two per 32 values per (x row, weight row) for Q4_K,
-one per 16 for Q6_K; here they are an integer add of 1.5 * 2^23's bits and a float subtraction
-(exact for |i| < 2^22), and the scale products d sc, dmin mn are taken once per weight row (exact:
-an fp16 times a 6-bit integer) instead of an integer product and a conversion per element;
+from 16 to 64 rows, so arithmetic, not bytes; its SASS, bench/mma_sass.py: 2513 instructions a step
+of a 64 x 64 Q4_K tile, 4 warps, 255 registers and spills): (1) int -> float conversions (I2FP, a
+fraction of the FMA rate): two per 32 values per (x row, weight row) for Q4_K, one per 16 for Q6_K;
+here they are an integer add of 1.5 * 2^23's bits and a float subtraction (exact for |i| < 2^22),
+and the scale products d sc, dmin mn are taken once per weight row (exact: an fp16 times a 6-bit
+integer) instead of an integer product and a conversion per element (the same step: 1206
+instructions with TRANS, none of them conversions); weight bytes are widened 4 a register;
 (2) programs of 2-7 loop steps: each took one part of the dp4a launch's K split (its split is set for
 1-row products: 4-14 units a part), exposed the load latency of its first steps every time and
 ended in BM x BN int64 atomics per part (more bytes than the weights for the 8B shapes at 64 rows);
@@ -30,7 +32,7 @@ as the dp4a epilogue does and adds the parts as integers (any order, the same bi
 long and the output is written once per program (atomically only when K is still shared);
 (3) the per-unit scale vectors were replicated across the MMA layout's threads along the weight
 rows (16 of 32 elements a thread); TRANS puts the weight rows on the MMA's M axis instead (2 rows a
-thread), leaving the fewer x-row vectors replicated.
+thread), leaving the x-row vectors replicated, and those are loaded in pairs (int64 views).
 
 Fields are read in place from the block-major weights (QWeight.to_blocks: field (X / c, N, c), unit
 stride U, row stride R), the same tensors the dp4a and prefill kernels read.
@@ -55,12 +57,13 @@ MMA_FMT = {Q.Q8_0: 0, Q.Q4_0: 1, Q.Q4_K: 2, Q.Q6_K: 3}
 MMA_TYPES = frozenset(MMA_FMT)
 UNIT = {t: FORMATS[t].int_dot.unit for t in MMA_TYPES}
 # Per type, per bucket (the entry of the most rows <= m): (BM x rows, BN weight rows, warps, stages,
-# TRANS, programs per SM the K split aims at: 0 = each program takes all of K). bench/mma_products.py
+# TRANS, registers a thread at most (0: ptxas's choice, which takes up to 255 and one program an SM),
+# programs per SM the K split aims at (0: each program takes all of K)). bench/mma_products.py
 # sweeps them on the GPU and prints this table. Until its first run: unmeasured guesses, one stage (no
 # software pipelining: the variant least likely to fail to compile) and the first version's orientation.
-CONFIGS = {t: {16: (16, 64, 4, 1, 0, 2), 32: (32, 64, 4, 1, 0, 2), 64: (64, 64, 8, 1, 0, 2)} for t in MMA_TYPES}
+CONFIGS = {t: {16: (16, 64, 4, 1, 0, 0, 2), 32: (32, 64, 4, 1, 0, 0, 2), 64: (64, 64, 8, 1, 0, 0, 2)} for t in MMA_TYPES}
 if INTERPRET:  # few, large programs
-    CONFIGS = {t: {16: (16, 64, 4, 1, 0, 0)} for t in CONFIGS}
+    CONFIGS = {t: {16: (16, 64, 4, 1, 0, 0, 0)} for t in CONFIGS}
 SMS_CPU = 1  # the interpreter's multiprocessor count (it runs one program at a time): per_sm counts programs
 MAGIC = tl.constexpr(0x4B400000)  # the bits of 1.5 * 2^23
 MAGIC_F = tl.constexpr(12582912.0)
@@ -384,7 +387,7 @@ def field_args(w: QWeight) -> tuple[list[torch.Tensor], list[int], list[int]]:
     return ps, [p.stride(0) for p in ps], [p.stride(1) for p in ps]
 
 
-def config_for(qtype, m: int) -> tuple[int, int, int, int, int, int]:
+def config_for(qtype, m: int) -> tuple[int, ...]:
     """CONFIGS' entry for m x rows: the bucket of the most rows <= m (the smallest bucket below it)."""
     table = CONFIGS[qtype]
     fits = [r for r in table if r <= m]
@@ -402,7 +405,7 @@ def k_groups(split: int, tiles: int, per_sm: int, device: torch.device) -> tuple
 
 def gemv_mma(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, launch: Launch, bk: int,
              bias: torch.Tensor | None, residual: torch.Tensor | None, act_dtype: torch.dtype,
-             config: tuple[int, int, int, int, int, int] | None = None) -> torch.Tensor:
+             config: tuple[int, ...] | None = None) -> torch.Tensor:
     """triton_q8.gemv_q8's product (its plan `launch`: output, split K; bk: its units per step) on
     tensor cores; -> launch.out. config: a CONFIGS entry (default: config_for's)."""
     q, d, s = xa
@@ -410,7 +413,7 @@ def gemv_mma(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, la
     n = w.shape[0]
     assert w.shape[1] == k and w.qtype in MMA_TYPES and k % UNIT[w.qtype] == 0
     ps, us, rs = field_args(w)
-    bm, bn, warps, stages, trans, per_sm = config or config_for(w.qtype, m)
+    bm, bn, warps, stages, trans, regs, per_sm = config or config_for(w.qtype, m)
     bm = min(bm, max(16, triton.next_power_of_2(m)))
     out = launch.out
     assert launch.split == 1 or out.dtype == torch.int64
@@ -425,5 +428,5 @@ def gemv_mma(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, la
         *ps, *us, *rs, m, n, k, out.stride(0), launch.per_split, launch.split, parts,
         FMT=MMA_FMT[w.qtype], UNIT=UNIT[w.qtype], BM=bm, BN=bn, BK=bk, TRANS=bool(trans), EVEN=even,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, STAGES=stages,
-        ASM=not INTERPRET, num_warps=warps)
+        ASM=not INTERPRET, num_warps=warps, **({"maxnreg": regs} if regs else {}))
     return out

@@ -61,10 +61,11 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-# (BM, BN, warps, stages, TRANS, programs per SM: one SM under the interpreter, so programs along K)
-CONFIGS = [(16, 64, 4, 1, 0, 0),  # one program takes all of K (its parts added as integers), stores
-           (32, 32, 4, 1, 1, 2),  # weight rows on the MMA's M axis, two programs along K (atomics)
-           (16, 32, 4, 1, 1, 99)]  # one dp4a part a program (atomics), two weight tiles (one partial)
+# (BM, BN, warps, stages, TRANS, registers, programs per SM: one SM under the interpreter, so programs
+# along K)
+CONFIGS = [(16, 64, 4, 1, 0, 0, 0),  # one program takes all of K (its parts added as integers), stores
+           (32, 32, 4, 1, 1, 128, 2),  # weight rows on the MMA's M axis, two programs along K (atomics)
+           (16, 32, 4, 1, 1, 0, 99)]  # one dp4a part a program (atomics), two weight tiles (one partial)
 
 
 def test_threshold_is_one_constant():
@@ -125,7 +126,7 @@ def test_configs_split_in_three_match_dp4a_bits(weight, config):
     assert torch.equal(accumulated(qtype, 20, N, 3, config), accumulated(qtype, 20, N, 3, False))
 
 
-@pytest.mark.parametrize("config", [(32, 32, 4, 1, 1, 0), (16, 32, 4, 1, 0, 2)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config", [(32, 32, 4, 1, 1, 0, 0), (16, 32, 4, 1, 0, 0, 2)], ids=lambda c: "x".join(map(str, c)))
 def test_whole_tiles_unmasked_match_dp4a_bits(weight, config):
     """Tiles that cover the product exactly (EVEN: no masks): 32 rows, a 32-row view of the weight
     (its unit stride still the 40-row tensor's), K in 2 parts."""
@@ -133,7 +134,7 @@ def test_whole_tiles_unmasked_match_dp4a_bits(weight, config):
     assert torch.equal(accumulated(qtype, 32, 32, 2, config), accumulated(qtype, 32, 32, 2, False))
 
 
-@pytest.mark.parametrize("config", [None, (16, 32, 4, 1, 1, 0)], ids=["default", "trans"])
+@pytest.mark.parametrize("config", [None, (16, 32, 4, 1, 1, 0, 0)], ids=["default", "trans"])
 def test_output_with_bias_and_residual(weight, config):
     """An unsplit fp32 output (the head's logits) with bias and residual, the sum rounded to bf16 first
     (triton_epilogue.epilogue's order)."""

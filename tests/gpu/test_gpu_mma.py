@@ -65,8 +65,9 @@ def test_mma_bits_equal_dp4a(qtype, shape):
 
 
 # configs of every kind bench/mma_products.py sweeps: both MMA orientations, K in one program or
-# shared (atomics), 4 / 8 warps, stages 1-3, row tiles of 16-64
-CONFIGS = [(64, 64, 4, 2, 0, 2), (64, 64, 4, 2, 1, 0), (16, 128, 4, 3, 1, 8), (32, 64, 8, 1, 1, 1), (64, 32, 4, 3, 0, 99)]
+# shared (atomics), 4 / 8 warps, stages 1-3, a register cap, row tiles of 16-64
+CONFIGS = [(64, 64, 4, 2, 0, 0, 2), (64, 64, 4, 2, 1, 128, 0), (16, 128, 4, 3, 1, 0, 8), (32, 64, 8, 1, 1, 128, 1),
+           (64, 32, 4, 3, 0, 0, 99)]
 
 
 @functools.cache
