@@ -88,13 +88,15 @@ def _f32(i):
 # a byte in the SASS of the first version).
 NIB_LO = tl.constexpr("and.b32 $0, $1, 0x0F0F0F0F;")
 NIB_HI = tl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x0F0F0F0F; }")
-# bytes $1 -> their low nibbles where mask $2 is 0x00, high ones where it is 0xFF
-NIB_SEL = tl.constexpr("{ .reg .b32 l, h; and.b32 l, $1, 0x0F0F0F0F; shr.b32 h, $1, 4; and.b32 h, h, 0x0F0F0F0F;"
-                       " xor.b32 h, h, l; and.b32 h, h, $2; xor.b32 $0, h, l; }")
+# Q4_0: bytes $1 -> their low nibbles where mask $2 is 0x00, high ones where it is 0xFF, minus 8 (each
+# byte: (v + 128 - 8) ^ 128, no borrow across bytes)
+Q4_0_PTX = tl.constexpr("{ .reg .b32 l, h; and.b32 l, $1, 0x0F0F0F0F; shr.b32 h, $1, 4; and.b32 h, h, 0x0F0F0F0F;"
+                        " xor.b32 h, h, l; and.b32 h, h, $2; xor.b32 h, h, l; or.b32 h, h, 0x80808080;"
+                        " sub.u32 h, h, 0x08080808; xor.b32 $0, h, 0x80808080; }")
 AND = tl.constexpr("and.b32 $0, $1, $2;")
-# Q6_K quarter t: the nibble 4 (t // 2) of ql $1 | bits 2t, 2t + 1 of qh $2 at 4, 5
+# Q6_K quarter t: (the nibble 4 (t // 2) of ql $1 | bits 2t, 2t + 1 of qh $2 at 4, 5) - 32
 Q6_PTX = "{{ .reg .b32 a, h; shr.b32 a, $1, {0}; and.b32 a, a, 0x0F0F0F0F; shr.b32 h, $2, {1}; and.b32 h, h, 0x03030303;" \
-         " shl.b32 h, h, 4; or.b32 $0, a, h; }}"
+         " shl.b32 h, h, 4; or.b32 a, a, h; or.b32 a, a, 0x80808080; sub.u32 a, a, 0x20202020; xor.b32 $0, a, 0x80808080; }}"
 Q6_T0, Q6_T1, Q6_T2, Q6_T3 = (tl.constexpr(Q6_PTX.format(4 * (t // 2), 2 * t)) for t in range(4))
 
 
@@ -163,14 +165,11 @@ def _x_scale_of_pair(X, m, mo, j, H: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _x_sums(X, m, mo, j, H: tl.constexpr, EVEN: tl.constexpr):
-    """x's int32 sum of 16-value group 2j + H, rows m (BM, 1); H = 2: of groups 2j and 2j + 1 (a 32-value
-    block). One 8-byte load of the pair (the sums as int64, X[2])."""
+def _x_block_sum(X, m, mo, j, EVEN: tl.constexpr):
+    """x's int32 sum of 32-value block j (its two 16-value sums, one 8-byte load: the sums as int64,
+    X[2]), rows m (BM, 1)."""
     v = load_even(X[2] + m.to(tl.int64) * (X[3] // 32) + j, mo, EVEN)
-    if H == 2:
-        return v.to(tl.int32) + (v >> 32).to(tl.int32)
-    else:
-        return (v >> (32 * H)).to(tl.int32)
+    return v.to(tl.int32) + (v >> 32).to(tl.int32)
 
 
 @triton.jit
@@ -186,18 +185,18 @@ def _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
 @triton.jit
 def _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
           ASM: tl.constexpr):
-    """Q4_0 block u (values 0-15: low nibbles of bytes 0..15, 16-31: high): (s - 8 sx) d_w d_x, the
-    integer difference converted as s + (MAGIC - 8 sx), the second term once per x row."""
+    """Q4_0 block u (values 0-15: low nibbles of bytes 0..15, 16-31: high): (s - 8 sx) d_w d_x. The dot
+    takes the weights minus 8 (int8 -8..7), so it is s - 8 sx itself (sx: the sum of x's int8 values,
+    quantize_act's s): the same integer, no x sums to load."""
     e = tl.arange(0, 32)[None, :]
     b = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e % 16, EVEN)  # byte e % 16 at value e
     if ASM:
-        q = _packed(NIB_SEL, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
+        q = _packed(Q4_0_PTX, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
     else:
-        q = ((b >> (4 * (e // 16))) & 15).to(tl.int8)
+        q = (((b >> (4 * (e // 16))) & 15) - 8).to(tl.int8)
     s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q, TRANS)
-    r = MAGIC - 8 * _x_sums(X, m, mo, u, 2, EVEN)
     dw = _w_vec(F[1], FU[1], FR[1], u, nc, nco, EVEN).to(tl.float32)
-    return _biased_f32(s + r) * (dw * _x_scale(X, m, mo, u, EVEN))
+    return _f32(s) * (dw * _x_scale(X, m, mo, u, EVEN))
 
 
 @triton.jit
@@ -216,7 +215,7 @@ def _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
         s = _dot(_x_tile(X, m, mo, 64 * u + 32 * h, EVEN), _nibbles(b, h, ASM), TRANS)
         dsc = d * _f32(_w_vec(F[3], FU[3], FR[3], sb, nc, nco, EVEN).to(tl.int32))
         dmn = dmin * _f32(_w_vec(F[4], FU[4], FR[4], sb, nc, nco, EVEN).to(tl.int32))
-        sx = _x_sums(X, m, mo, sb, 2, EVEN)
+        sx = _x_block_sum(X, m, mo, sb, EVEN)
         part = dsc * _f32(s) - dmn * _f32(sx)
         y += part * _x_scale_of_pair(X, m, mo, u, h, EVEN)
     return y
@@ -224,7 +223,8 @@ def _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
 
 @triton.jit
 def _q6_values(ql, qh, keep, T: tl.constexpr, ASM: tl.constexpr):
-    """Q6_K quarter T's 6-bit values (int8) from its ql and qh bytes, where keep (0xFF / 0x00 bytes)."""
+    """Q6_K quarter T's 6-bit values minus 32 (int8 -32..31) from its ql and qh bytes, where keep (0xFF /
+    0x00 bytes; zeros elsewhere)."""
     if ASM:
         if T == 0:
             q = _packed(Q6_T0, ql, qh)
@@ -237,7 +237,7 @@ def _q6_values(ql, qh, keep, T: tl.constexpr, ASM: tl.constexpr):
         return _packed(AND, q, keep)
     else:
         q = ((ql.to(tl.int32) >> (4 * (T // 2))) & 15) | (((qh.to(tl.int32) >> (2 * T)) & 3) << 4)
-        return (q & keep.to(tl.int32)).to(tl.int8)
+        return ((q - 32) & keep.to(tl.int32)).to(tl.int8)
 
 
 @triton.jit
@@ -245,8 +245,9 @@ def _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
           ASM: tl.constexpr):
     """Q6_K half u: d times the sum over its 16-value groups, in unit_dot's order (group k of each
     quarter t, k outer), of sc (a - 32 sx) d_x; unit_dot converts the integer sc (a - 32 sx), here
-    float(sc) float(a - 32 sx) rounds the same real product once. Each group's sum a is a 32-value
-    dot with the other 16 weights zeroed."""
+    float(sc) float(a - 32 sx) rounds the same real product once. Each group's a - 32 sx is one
+    32-value dot of x with the weights minus 32 (int8 -32..31; sx: the sum of x's int8 values,
+    quantize_act's s), the other 16 weights zeroed: the same integer, no x sums to load."""
     e = tl.arange(0, 32)[None, :]
     ql0 = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e, EVEN)  # bytes 0..31 of the half's ql
     ql1 = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e + 32, EVEN)  # 32..63
@@ -263,8 +264,7 @@ def _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
             a = _dot(_x_tile(X, m, mo, 128 * u + 32 * t, EVEN), q, TRANS)
             g = 8 * u + 2 * t + k
             sc = _f32(_w_vec(F[3], FU[3], FR[3], g, nc, nco, EVEN).to(tl.int32))
-            diff = _biased_f32(a + (MAGIC - 32 * _x_sums(X, m, mo, 4 * u + t, k, EVEN)))
-            y += (sc * diff) * _x_scale_of_pair(X, m, mo, 2 * u + t // 2, t % 2, EVEN)
+            y += (sc * _f32(a)) * _x_scale_of_pair(X, m, mo, 2 * u + t // 2, t % 2, EVEN)
     return d * y
 
 

@@ -30,6 +30,7 @@ from localllm.kernels.qweight import QWeight  # noqa: E402
 from localllm.kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.quantize import quantize_tensor  # noqa: E402
 from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
+from ptx_model import run_ptx  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 N, K = 40, 512  # 40 rows: a partial weight tile
@@ -157,3 +158,25 @@ def test_rows_are_independent(weight):
     mixed = tuple(torch.cat([a[:8], o[:8]]) for a, o in zip(xa, other))
     part = triton_q8.gemv_q8(mixed, qw, act_dtype=torch.float32)
     assert torch.equal(part[:8], full[:8])
+
+
+def test_packed_byte_ptx_equals_the_elementwise_widening():
+    """The GPU's byte widening (inline PTX on 4 bytes a register, which the interpreter cannot run),
+    run by tests/ptx_model.py on random words, gives the interpreter's elementwise values: Q4_K's
+    nibbles, Q4_0's selected nibbles minus 8, Q6_K's 6-bit values minus 32 and their group mask."""
+    words = torch.randint(0, 1 << 32, (3, 400), generator=torch.Generator().manual_seed(12)).tolist()
+
+    def run(ptx, *args) -> list[int]:
+        return list(run_ptx(ptx.value, {f"${i + 1}": a for i, a in enumerate(args)})["$0"].to_bytes(4, "little"))
+
+    for w, h, k in zip(*words):
+        b, c = list(w.to_bytes(4, "little")), list(h.to_bytes(4, "little"))
+        keep = [0xFF if (k >> (8 * i)) & 1 else 0 for i in range(4)]
+        keep_word = int.from_bytes(bytes(keep), "little")
+        assert run(triton_mma.NIB_LO, w) == [v & 15 for v in b]
+        assert run(triton_mma.NIB_HI, w) == [v >> 4 for v in b]
+        assert run(triton_mma.Q4_0_PTX, w, keep_word) == [((v >> 4 if s else v & 15) - 8) & 255 for v, s in zip(b, keep)]
+        for t, ptx in enumerate((triton_mma.Q6_T0, triton_mma.Q6_T1, triton_mma.Q6_T2, triton_mma.Q6_T3)):
+            q = run(ptx, w, h)
+            assert q == [((((v >> (4 * (t // 2))) & 15) | (((x >> (2 * t)) & 3) << 4)) - 32) & 255 for v, x in zip(b, c)]
+            assert run(triton_mma.AND, int.from_bytes(bytes(q), "little"), keep_word) == [v & s for v, s in zip(q, keep)]
