@@ -173,27 +173,20 @@ def _x_block_sum(X, m, mo, j, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
-          ASM: tl.constexpr):
-    """Q8_0 block u: s d_w d_x (unit_dot's s.to(f32) * (d_w * d_x))."""
-    q = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, tl.arange(0, 32)[None, :], EVEN).to(tl.int8, bitcast=True)
-    s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q, TRANS)
-    dw = _w_vec(F[1], FU[1], FR[1], u, nc, nco, EVEN).to(tl.float32)
-    return _f32(s) * (dw * _x_scale(X, m, mo, u, EVEN))
-
-
-@triton.jit
-def _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: tl.constexpr,
-          ASM: tl.constexpr):
-    """Q4_0 block u (values 0-15: low nibbles of bytes 0..15, 16-31: high): (s - 8 sx) d_w d_x. The dot
-    takes the weights minus 8 (int8 -8..7), so it is s - 8 sx itself (sx: the sum of x's int8 values,
-    quantize_act's s): the same integer, no x sums to load."""
+def _block32(FMT: tl.constexpr, F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr,
+             EVEN: tl.constexpr, ASM: tl.constexpr):
+    """Q8_0 / Q4_0 block u: unit_dot's s.to(f32) * (d_w * d_x), Q4_0's (s - 8 sx). Q4_0's values (0-15:
+    low nibbles of bytes 0..15, 16-31: high) enter the dot minus 8 (int8 -8..7), so the dot is s - 8 sx
+    itself (sx: the sum of x's int8 values, quantize_act's s): the same integer, no x sums to load."""
     e = tl.arange(0, 32)[None, :]
-    b = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e % 16, EVEN)  # byte e % 16 at value e
-    if ASM:
-        q = _packed(Q4_0_PTX, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
+    if FMT == 0:
+        q = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e, EVEN).to(tl.int8, bitcast=True)
     else:
-        q = (((b >> (4 * (e // 16))) & 15) - 8).to(tl.int8)
+        b = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e % 16, EVEN)  # byte e % 16 at value e
+        if ASM:
+            q = _packed(Q4_0_PTX, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
+        else:
+            q = (((b >> (4 * (e // 16))) & 15) - 8).to(tl.int8)
     s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q, TRANS)
     dw = _w_vec(F[1], FU[1], FR[1], u, nc, nco, EVEN).to(tl.float32)
     return _f32(s) * (dw * _x_scale(X, m, mo, u, EVEN))
@@ -275,10 +268,8 @@ def _unit(FMT: tl.constexpr, F, FU, FR, X, u, u_hi, m, M, nr, nc, N, TRANS: tl.c
     mo = (m < M) & (u + 0 * m < u_hi)  # tensor compares: the interpreter's & of a mask and a scalar gives int32
     nro = (nr < N) & (u + 0 * nr < u_hi)
     nco = (nc < N) & (u + 0 * nc < u_hi)
-    if FMT == 0:
-        return _q8_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
-    elif FMT == 1:
-        return _q4_0(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
+    if FMT <= 1:
+        return _block32(FMT, F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
     elif FMT == 2:
         return _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS, EVEN, ASM)
     else:
