@@ -48,6 +48,7 @@ from localllm.quantize.formats import FORMATS
 
 from .qweight import Q, QWeight
 from .triton_base import INTERPRET, load_even, round_act
+from .triton_bytes import Q4_0_PTX, nibbles, packed, q6_values
 from .triton_epilogue import FIXED_ONE, Launch
 
 # Products of at least this many x rows take the tensor-core kernel (decode_slots' buckets 16, 32, 64;
@@ -81,44 +82,6 @@ def _biased_f32(b):
 def _f32(i):
     """int32 i (|i| < 2^22) -> float(i), exactly (_biased_f32)."""
     return _biased_f32(i + MAGIC)
-
-
-# Byte widening on 4 bytes a register (inline PTX, Triton's pack=4; every operation stays inside its
-# byte): LLVM widened each uint8 alone (a byte extract, shift, mask and repack each, ~3.5 instructions
-# a byte in the SASS of the first version).
-NIB_LO = tl.constexpr("and.b32 $0, $1, 0x0F0F0F0F;")
-NIB_HI = tl.constexpr("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x0F0F0F0F; }")
-# Q4_0: bytes $1 -> their low nibbles where mask $2 is 0x00, high ones where it is 0xFF, minus 8 (each
-# byte: (v + 128 - 8) ^ 128, no borrow across bytes)
-Q4_0_PTX = tl.constexpr("{ .reg .b32 l, h; and.b32 l, $1, 0x0F0F0F0F; shr.b32 h, $1, 4; and.b32 h, h, 0x0F0F0F0F;"
-                        " xor.b32 h, h, l; and.b32 h, h, $2; xor.b32 h, h, l; or.b32 h, h, 0x80808080;"
-                        " sub.u32 h, h, 0x08080808; xor.b32 $0, h, 0x80808080; }")
-AND = tl.constexpr("and.b32 $0, $1, $2;")
-# Q6_K quarter t: (the nibble 4 (t // 2) of ql $1 | bits 2t, 2t + 1 of qh $2 at 4, 5) - 32
-Q6_PTX = "{{ .reg .b32 a, h; shr.b32 a, $1, {0}; and.b32 a, a, 0x0F0F0F0F; shr.b32 h, $2, {1}; and.b32 h, h, 0x03030303;" \
-         " shl.b32 h, h, 4; or.b32 a, a, h; or.b32 a, a, 0x80808080; sub.u32 a, a, 0x20202020; xor.b32 $0, a, 0x80808080; }}"
-Q6_T0, Q6_T1, Q6_T2, Q6_T3 = (tl.constexpr(Q6_PTX.format(4 * (t // 2), 2 * t)) for t in range(4))
-
-
-@triton.jit
-def _packed(ASM_STR: tl.constexpr, a, b):
-    """int8 result of PTX ASM_STR on 4 bytes a register of a (and b, where used)."""
-    if b is None:
-        return tl.inline_asm_elementwise(ASM_STR, "=r,r", [a], dtype=tl.int8, is_pure=True, pack=4)
-    else:
-        return tl.inline_asm_elementwise(ASM_STR, "=r,r,r", [a, b], dtype=tl.int8, is_pure=True, pack=4)
-
-
-@triton.jit
-def _nibbles(b, H: tl.constexpr, ASM: tl.constexpr):
-    """uint8 bytes b -> their low (H = 0) or high (1) nibbles as int8."""
-    if ASM:
-        if H == 0:
-            return _packed(NIB_LO, b, None)
-        else:
-            return _packed(NIB_HI, b, None)
-    else:
-        return ((b >> (4 * H)) & 15).to(tl.int8)
 
 
 @triton.jit
@@ -184,7 +147,7 @@ def _block32(FMT: tl.constexpr, F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS:
     else:
         b = _w_bytes(F[0], FU[0], FR[0], u, nr, nro, e % 16, EVEN)  # byte e % 16 at value e
         if ASM:
-            q = _packed(Q4_0_PTX, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
+            q = packed(Q4_0_PTX, b, tl.broadcast_to(tl.where(e < 16, 0, 255).to(tl.uint8), b.shape))
         else:
             q = (((b >> (4 * (e // 16))) & 15) - 8).to(tl.int8)
     s = _dot(_x_tile(X, m, mo, 32 * u, EVEN), q, TRANS)
@@ -205,32 +168,13 @@ def _q4_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
     y = tl.zeros((m.shape[0], nc.shape[1]), tl.float32)
     for h in tl.static_range(2):
         sb = 2 * u + h
-        s = _dot(_x_tile(X, m, mo, 64 * u + 32 * h, EVEN), _nibbles(b, h, ASM), TRANS)
+        s = _dot(_x_tile(X, m, mo, 64 * u + 32 * h, EVEN), nibbles(b, h, ASM), TRANS)
         dsc = d * _f32(_w_vec(F[3], FU[3], FR[3], sb, nc, nco, EVEN).to(tl.int32))
         dmn = dmin * _f32(_w_vec(F[4], FU[4], FR[4], sb, nc, nco, EVEN).to(tl.int32))
         sx = _x_block_sum(X, m, mo, sb, EVEN)
         part = dsc * _f32(s) - dmn * _f32(sx)
         y += part * _x_scale_of_pair(X, m, mo, u, h, EVEN)
     return y
-
-
-@triton.jit
-def _q6_values(ql, qh, keep, T: tl.constexpr, ASM: tl.constexpr):
-    """Q6_K quarter T's 6-bit values minus 32 (int8 -32..31) from its ql and qh bytes, where keep (0xFF /
-    0x00 bytes; zeros elsewhere)."""
-    if ASM:
-        if T == 0:
-            q = _packed(Q6_T0, ql, qh)
-        elif T == 1:
-            q = _packed(Q6_T1, ql, qh)
-        elif T == 2:
-            q = _packed(Q6_T2, ql, qh)
-        else:
-            q = _packed(Q6_T3, ql, qh)
-        return _packed(AND, q, keep)
-    else:
-        q = ((ql.to(tl.int32) >> (4 * (T // 2))) & 15) | (((qh.to(tl.int32) >> (2 * T)) & 3) << 4)
-        return ((q - 32) & keep.to(tl.int32)).to(tl.int8)
 
 
 @triton.jit
@@ -251,9 +195,9 @@ def _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
         keep = tl.broadcast_to(tl.where(e // 16 == k, 255, 0).to(tl.uint8), ql0.shape)
         for t in tl.static_range(4):  # quarter t: values 32t .. 32t + 31 of the half
             if t % 2 == 0:  # (a static if: a conditional expression of tensors does not compile)
-                q = _q6_values(ql0, qh, keep, t, ASM)
+                q = q6_values(ql0, qh, keep, t, ASM)
             else:
-                q = _q6_values(ql1, qh, keep, t, ASM)
+                q = q6_values(ql1, qh, keep, t, ASM)
             a = _dot(_x_tile(X, m, mo, 128 * u + 32 * t, EVEN), q, TRANS)
             g = 8 * u + 2 * t + k
             sc = _f32(_w_vec(F[3], FU[3], FR[3], g, nc, nco, EVEN).to(tl.int32))

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from localllm.kernels import triton_mma, triton_q8  # noqa: E402
+from localllm.kernels import triton_bytes, triton_mma, triton_q8  # noqa: E402
 from localllm.kernels.qweight import QWeight  # noqa: E402
 from localllm.kernels.triton_epilogue import from_fixed, to_fixed  # noqa: E402
 from localllm.quantize import quantize_tensor  # noqa: E402
@@ -173,10 +173,10 @@ def test_packed_byte_ptx_equals_the_elementwise_widening():
         b, c = list(w.to_bytes(4, "little")), list(h.to_bytes(4, "little"))
         keep = [0xFF if (k >> (8 * i)) & 1 else 0 for i in range(4)]
         keep_word = int.from_bytes(bytes(keep), "little")
-        assert run(triton_mma.NIB_LO, w) == [v & 15 for v in b]
-        assert run(triton_mma.NIB_HI, w) == [v >> 4 for v in b]
-        assert run(triton_mma.Q4_0_PTX, w, keep_word) == [((v >> 4 if s else v & 15) - 8) & 255 for v, s in zip(b, keep)]
-        for t, ptx in enumerate((triton_mma.Q6_T0, triton_mma.Q6_T1, triton_mma.Q6_T2, triton_mma.Q6_T3)):
+        assert run(triton_bytes.NIB_LO, w) == [v & 15 for v in b]
+        assert run(triton_bytes.NIB_HI, w) == [v >> 4 for v in b]
+        assert run(triton_bytes.Q4_0_PTX, w, keep_word) == [((v >> 4 if s else v & 15) - 8) & 255 for v, s in zip(b, keep)]
+        for t, ptx in enumerate((triton_bytes.Q6_T0, triton_bytes.Q6_T1, triton_bytes.Q6_T2, triton_bytes.Q6_T3)):
             q = run(ptx, w, h)
             assert q == [((((v >> (4 * (t // 2))) & 15) | (((x >> (2 * t)) & 3) << 4)) - 32) & 255 for v, x in zip(b, c)]
-            assert run(triton_mma.AND, int.from_bytes(bytes(q), "little"), keep_word) == [v & s for v, s in zip(q, keep)]
+            assert run(triton_bytes.AND, int.from_bytes(bytes(q), "little"), keep_word) == [v & s for v, s in zip(q, keep)]
