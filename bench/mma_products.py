@@ -197,7 +197,10 @@ def main() -> None:
     for key, why in sorted(bad.items()):
         if why.startswith("BITS"):
             print(f"  variant {key}: {why}")
-    print("CONFIGS = {" + ", ".join(f"Q.{t}: {dict(sorted(table[t].items()))}" for t in table) + "}")
+    # every type and bucket: the measured best, else the entry as it is
+    names = sorted(t.name for t in triton_mma.MMA_TYPES)
+    rows_of = {t: {**triton_mma.CONFIGS[Q[t]], **table.get(t, {})} for t in names}
+    print("CONFIGS = {" + ", ".join(f"Q.{t}: {dict(sorted(rows_of[t].items()))}" for t in names) + "}")
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 
