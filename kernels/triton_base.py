@@ -63,3 +63,12 @@ def round_act(y, ACT: tl.constexpr, ROUND: tl.constexpr):
     if ROUND:
         y = y.to(ACT).to(tl.float32)
     return y
+
+
+@triton.jit
+def load_even(ptr, mask, EVEN: tl.constexpr):
+    """Load; masked (zeros outside) unless the tile is known to lie inside the tensors (EVEN)."""
+    if EVEN:
+        return tl.load(ptr)
+    else:
+        return tl.load(ptr, mask=mask, other=0)

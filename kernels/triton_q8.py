@@ -33,7 +33,7 @@ from localllm.quantize import iq4, mxfp4
 from localllm.quantize.formats import FORMATS
 
 from .qweight import INT_DOT_TYPES, Q, QWeight
-from .triton_base import INTERPRET, PDL, pdl_trigger, pdl_wait
+from .triton_base import INTERPRET, PDL, load_even as _ld, pdl_trigger, pdl_wait
 from .triton_epilogue import epilogue, from_fixed_jit, gate_act, part_out, plan, split_finish
 from .triton_gemv import row_rstd
 from .triton_mma import gemv_mma, takes as mma_takes
@@ -146,15 +146,6 @@ def act_buffers(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
     return (torch.empty((m, k), dtype=torch.int8, device=device),
             torch.empty((m, k // 32), dtype=torch.float32, device=device),
             torch.empty((m, k // 16), dtype=torch.int32, device=device))
-
-
-@triton.jit
-def _ld(ptr, mask, EVEN: tl.constexpr):
-    """Load; masked (zeros outside) unless the tile is known to lie inside the tensors (EVEN)."""
-    if EVEN:
-        return tl.load(ptr)
-    else:
-        return tl.load(ptr, mask=mask, other=0)
 
 
 @triton.jit
@@ -537,13 +528,13 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
             residual: torch.Tensor | None = None, glu: bool = False, act_dtype: torch.dtype = torch.bfloat16,
             out_dtype: torch.dtype | None = None, config: tuple[int, int, int] | None = None,
             split: int | None = 1, inplace: bool = False, counters: torch.Tensor | None = None,
-            chain: int = 0, mma: bool = True) -> torch.Tensor:
+            chain: int = 0, mma: bool | tuple = True) -> torch.Tensor:
     """xa = quantize_act(x) of x (M, K) -> (M, N) as triton_gemv.gemv (same bias / residual / glu /
     split / inplace / counters meaning), the product taken in integers; w block-major
     (QWeight.to_blocks). chain: 1 / 2 for the first / a later one of products overlapped on one x
     (the kernel's CHAIN; split K's fp32 workspace is not for them). mma: products of
     triton_mma.MMA_ROWS rows or more may take the tensor-core kernel (the same bits; False: the dp4a
-    kernel, for tests and benchmarks)."""
+    kernel, for tests and benchmarks; a triton_mma.CONFIGS entry: with that config)."""
     assert chain == 0 or (inplace and residual is not None and residual.dtype == torch.int64)
     q, d, s = xa
     m, k = q.shape
@@ -556,7 +547,7 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
     L = plan(m, n, bn, units, bk, glu, split, residual, inplace, out_dtype, act_dtype, q.device, counters)
     out = L.out
     if mma and mma_takes(w, m, glu, L):  # many x rows (decode_slots' larger buckets): tensor cores, the same bits
-        return gemv_mma(xa, w, L, bk, bias, residual, act_dtype)
+        return gemv_mma(xa, w, L, bk, bias, residual, act_dtype, mma if isinstance(mma, tuple) else None)
     even = n % bn == 0 and units % bk == 0
     # unmasked (even) tiles must exist: at most the shortest part's steps. Several x rows (a verify
     # pass, a batch): none; ROWS x PRELOAD unrolled copies of a step gave Q6_K a kernel that Triton

@@ -31,6 +31,7 @@ from localllm.kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
 from localllm.kernels.linear import dequantize_qweight  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
 from localllm.quantize.act import dequantize_act, quantize_act  # noqa: E402
+from ptx_model import run_ptx  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 
@@ -96,41 +97,6 @@ def test_iq4_code_values_are_the_kvalues_table():
     assert out.tolist() == list(gguf.quants.IQ4_NL.kvalues)
 
 
-def run_ptx(text: str, word: int) -> tuple[int, int]:
-    """A model of the PTX instructions the table lookups use (mov, and, shr, or, prmt in its default
-    mode, as the PTX ISA defines them), run on one 32-bit input word $2 -> ($0, $1)."""
-    regs = {"$2": word}
-
-    def val(op: str) -> int:
-        return int(op, 0) if op[0].isdigit() else regs[op]
-
-    for ins in text.strip().strip("{}").split(";"):
-        if not ins.strip() or ins.strip().startswith(".reg"):
-            continue
-        name, ops = ins.split(None, 1)
-        d, *src = [o.strip() for o in ops.split(",")]
-        a = [val(o) for o in src]
-        if name == "mov.b32":
-            regs[d] = a[0]
-        elif name == "and.b32":
-            regs[d] = a[0] & a[1]
-        elif name == "or.b32":
-            regs[d] = a[0] | a[1]
-        elif name == "shr.b32":
-            regs[d] = a[0] >> a[1]
-        elif name == "prmt.b32":  # bytes {b, a} numbered 0..7; selector bit 3: replicate the byte's sign
-            pool = (a[1] << 32 | a[0]).to_bytes(8, "little")
-            out = 0
-            for i in range(4):
-                sel = (a[2] >> (4 * i)) & 15
-                byte = pool[sel & 7]
-                out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << (8 * i)
-            regs[d] = out
-        else:
-            raise AssertionError(f"no model for {name}")
-    return regs["$0"], regs["$1"]
-
-
 @pytest.mark.parametrize("ptx,table", [("E2M1_PTX", gguf.quants.MXFP4.kvalues),
                                        ("IQ4_PTX", gguf.quants.IQ4_NL.kvalues)], ids=["MXFP4", "IQ4"])
 def test_table_lookup_ptx_gives_the_gguf_table(ptx, table):
@@ -141,7 +107,8 @@ def test_table_lookup_ptx_gives_the_gguf_table(ptx, table):
     words += [sum(((c + i) % 16) << (4 * i) for i in range(8)) for c in range(16)]  # every code at every nibble
     words += torch.randint(0, 1 << 32, (500,), generator=torch.Generator().manual_seed(3)).tolist()
     for w in words:
-        lo, hi = run_ptx(getattr(triton_q8, ptx).value, w)
+        regs = run_ptx(getattr(triton_q8, ptx).value, {"$2": w})
+        lo, hi = regs["$0"], regs["$1"]
         want = [table[(w >> (4 * i)) & 15] for i in range(8)]
         got = list(np.array([lo, hi], dtype=np.uint32).view(np.int8))
         assert got == want[0::2] + want[1::2], hex(w)

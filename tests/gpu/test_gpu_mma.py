@@ -9,6 +9,8 @@ tests/gpu/test_gpu_slot_graphs.py.)"""
 
 from __future__ import annotations
 
+import functools
+
 import gguf
 import pytest
 import torch
@@ -60,3 +62,34 @@ def test_mma_bits_equal_dp4a(qtype, shape):
         logits = triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32)
         assert torch.equal(logits, triton_q8.gemv_q8(xa, qw, act_dtype=torch.bfloat16, out_dtype=torch.float32,
                                                      mma=False))
+
+
+# configs of every kind bench/mma_products.py sweeps: both MMA orientations, K in one program or
+# shared (atomics), 4 / 8 warps, stages 1-3, a register cap, row tiles of 16-64
+CONFIGS = [(64, 64, 4, 2, 0, 0, 2), (64, 64, 4, 2, 1, 128, 0), (16, 128, 4, 3, 1, 0, 8), (32, 64, 8, 1, 1, 128, 1),
+           (64, 32, 4, 3, 0, 0, 99)]
+
+
+@functools.cache
+def down_weight(qtype):
+    return weight(qtype, 4096, 14336, 7)[1]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c)))
+def test_mma_configs_bits_equal_dp4a(qtype, config):
+    """Each config's product of 64 rows (the down shape: K in 16 parts) += into an int64 accumulator
+    with a bias is the dp4a kernel's bits."""
+    from localllm.kernels import triton_q8
+    from localllm.kernels.triton_epilogue import to_fixed
+
+    qw = down_weight(qtype)
+    n, k = qw.shape
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(2), dtype=torch.float32).cuda()
+    xa = triton_q8.quantize_act(x)
+    res, b = to_fixed(torch.randn(64, n, device="cuda")), torch.randn(n, device="cuda")
+    got, want = res.clone(), res.clone()
+    triton_q8.gemv_q8(xa, qw, bias=b, residual=got, inplace=True, split=None, act_dtype=torch.bfloat16, mma=config)
+    triton_q8.gemv_q8(xa, qw, bias=b, residual=want, inplace=True, split=None, act_dtype=torch.bfloat16, mma=False)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want), f"{(got != want).sum().item()} of {got.numel()} differ"
