@@ -60,9 +60,14 @@ UNIT = {t: FORMATS[t].int_dot.unit for t in MMA_TYPES}
 # Per type, per bucket (the entry of the most rows <= m): (BM x rows, BN weight rows, warps, stages,
 # TRANS, registers a thread at most (0: ptxas's choice, which takes up to 255 and one program an SM),
 # programs per SM the K split aims at (0: each program takes all of K)). bench/mma_products.py
-# sweeps them on the GPU and prints this table. Until its first run: unmeasured guesses (each compiles
-# for sm_90a, bench/mma_sass.py: the fewest SASS instructions a step of the few configs compared).
-CONFIGS = {t: {16: (16, 64, 4, 2, 1, 0, 2), 32: (32, 64, 4, 2, 1, 0, 2), 64: (64, 64, 8, 2, 1, 0, 2)} for t in MMA_TYPES}
+# sweeps them on the GPU (every config's bits checked against the dp4a kernel) and prints this table;
+# the run below: docs/PERFORMANCE.md, seventh session (1.35-2.41x the dp4a kernel a layer).
+CONFIGS = {  # bench/mma_products.py on an H100 80GB HBM3, 2026-11-28
+    Q.Q4_0: {16: (16, 128, 4, 1, 0, 128, 8), 32: (32, 128, 4, 1, 0, 0, 2), 64: (64, 64, 4, 3, 0, 0, 2)},
+    Q.Q4_K: {16: (16, 64, 4, 2, 0, 128, 4), 32: (32, 64, 4, 3, 0, 0, 4), 64: (32, 64, 4, 3, 0, 128, 4)},
+    Q.Q6_K: {16: (16, 64, 4, 2, 0, 0, 8), 32: (32, 64, 4, 2, 0, 0, 2), 64: (64, 32, 4, 1, 0, 128, 4)},
+    Q.Q8_0: {16: (16, 64, 4, 3, 0, 128, 4), 32: (32, 64, 4, 3, 0, 128, 4), 64: (64, 64, 4, 3, 0, 0, 2)},
+}
 if INTERPRET:  # few, large programs
     CONFIGS = {t: {16: (16, 64, 4, 1, 0, 0, 0)} for t in CONFIGS}
 SMS_CPU = 1  # the interpreter's multiprocessor count (it runs one program at a time): per_sm counts programs
