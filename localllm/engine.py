@@ -40,8 +40,9 @@ from .speculative import AdaptiveK
 from .settings import DEFAULT_SERVE
 
 # DEBUG: one line per prefill pass (`localllm serve --log-level debug`): its prompts, ids and time to
-# their first ids, and how long each of its requests waited in the queue (issue 22's TTFT stalls)
+# their first ids, and how long ago each of its requests was submitted (issue 22's TTFT stalls)
 log = logging.getLogger("localllm.engine")
+
 
 def check_fits(prompt_len: int, capacity: int) -> None:
     """A prompt needs its ids and one more row for the reply (generate.check_fits's rule, per slot)."""
@@ -317,7 +318,7 @@ class Engine:
         self.stats.slowest_prefill = max(self.stats.slowest_prefill, took)
         if log.isEnabledFor(logging.DEBUG):
             waits = ", ".join(f"{1e3 * (began - r.handle.queued_at):.0f}" for r, _, _ in batch)
-            log.debug("prefill pass: %d prompts, %d ids (parts %s), %.1f ms to the first ids; queued ms: [%s]",
+            log.debug("prefill pass: %d prompts, %d ids (parts %s), %.1f ms to the first ids; submitted ms ago: [%s]",
                       len(batch), sum(n for _, _, n in batch), [n for _, _, n in batch], 1e3 * took, waits)
 
     def _first(self, run: _Running, logits: torch.Tensor) -> None:

@@ -133,4 +133,4 @@ def test_debug_log_has_one_line_per_prefill_pass(lm, caplog):
     assert len(lines) == eng.stats.prefill_passes >= 2  # 4 requests through 2 slots
     ids = [int(re.search(r"prompts, (\d+) ids", line).group(1)) for line in lines]
     assert sum(ids) == eng.stats.prefilled and eng.stats.slowest_prefill > 0
-    assert sum(len(re.search(r"queued ms: \[(.*)\]", line).group(1).split(",")) for line in lines) == 4
+    assert sum(len(re.search(r"submitted ms ago: \[(.*)\]", line).group(1).split(",")) for line in lines) == 4
