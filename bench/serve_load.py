@@ -5,7 +5,7 @@
 
 The same script drives llama.cpp's llama-server (`llama-server -m FILE -np 16 -c $((16*CTX)) --port 8081`),
 or any server speaking /v1/completions with streaming. Each client sends its own prompt of exactly
---prompt-tokens token ids (distinct per client and request, so no prefix cache helps) with
+--prompt-tokens token ids with
 `ignore_eos` (llama-server's and our extension) and greedy sampling, so every request generates exactly
 --gen-tokens tokens; then the next of its --requests.
 
@@ -13,7 +13,14 @@ After an untimed warm-up at each client count (first-use costs: kernel compilati
 per client count it prints: aggregate generated tokens/s (all completion tokens / wall time of the
 round), time to first token p50 / p99 (request sent -> first text chunk), inter-token latency p50 / p99
 (gaps between a stream's text chunks; llama-server and localllm send one chunk per token, except where
-a chunk holds back the start of a multi-byte character).
+a chunk holds back the start of a multi-byte character). A request whose stream carries no text at all
+(random weights may emit only special or partial-character tokens) has no TTFT: the percentiles skip it
+and the row counts it ("no_text").
+
+Every prompt of a run (warm-ups and rounds) starts with its own id, so no server's prefix cache serves any
+part of one: an earlier version repeated prompts (each warm-up's prompts were the measured rounds' first
+requests, and client c's prompts were the same in every round), so localllm's prefix cache prefilled
+those as 1-id parts -- other prefill shapes than the measured ones, each compiled on first use on CUDA.
 """
 
 from __future__ import annotations
@@ -33,10 +40,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def prompt_ids(client: int, request: int, n: int, first_id: int, span: int) -> list[int]:
-    """n ids in [first_id, first_id + span), different from the first id on for each (client, request)."""
-    seed = client * 1009 + request * 917
-    return [first_id + (seed + 31 * i * (i + 1)) % span for i in range(n)]
+def prompt_ids(number: int, n: int, first_id: int, span: int) -> list[int]:
+    """The run's prompt `number` (0, 1, .. < span): n ids in [first_id, first_id + span), the first one
+    first_id + number, so two prompts of a run share no prefix at all."""
+    assert 0 <= number < span, f"prompt {number} of a run needs --id-span > {number}"
+    return [first_id + (number + 31 * i * (i + 1)) % span for i in range(n)]
+
+
+class Prompts:
+    """Hands out the run's prompts in order: each one new (warm-ups, every round, every request)."""
+
+    def __init__(self, args):
+        self.args, self.used = args, 0
+
+    def next(self) -> list[int]:
+        self.used += 1
+        return prompt_ids(self.used - 1, self.args.prompt_tokens, self.args.first_id, self.args.id_span)
 
 
 async def one_request(api: openai.AsyncOpenAI, model: str, ids: list[int], gen: int) -> dict:
@@ -50,36 +69,35 @@ async def one_request(api: openai.AsyncOpenAI, model: str, ids: list[int], gen: 
             stamps.append(time.perf_counter())
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-    return {"ttft": stamps[0] - t0 if stamps else float("nan"),
+    return {"ttft": stamps[0] - t0 if stamps else None,
             "itl": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens or len(stamps)}
 
 
-async def client_loop(api, model, client: int, requests: int, args) -> list[dict]:
-    return [await one_request(api, model, prompt_ids(client, r, args.prompt_tokens, args.first_id, args.id_span),
-                              args.gen_tokens) for r in range(requests)]
+async def client_loop(api, model, prompts: list[list[int]], args) -> list[dict]:
+    return [await one_request(api, model, ids, args.gen_tokens) for ids in prompts]
 
 
-async def round_of(api, model, clients: int, args) -> dict:
+async def round_of(api, model, clients: int, args, prompts: Prompts) -> dict:
+    plan = [[prompts.next() for _ in range(args.requests)] for _ in range(clients)]
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(client_loop(api, model, c, args.requests, args) for c in range(clients)))
+    results = await asyncio.gather(*(client_loop(api, model, mine, args) for mine in plan))
     wall = time.perf_counter() - t0
     flat = [r for rs in results for r in rs]
     tokens = sum(r["tokens"] for r in flat)
-    ttft = [r["ttft"] for r in flat]
+    ttft = [r["ttft"] for r in flat if r["ttft"] is not None]
     itl = [g for r in flat for g in r["itl"]]
     return {"clients": clients, "requests": len(flat), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
             "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
-            "short": sum(r["tokens"] != args.gen_tokens for r in flat)}
+            "short": sum(r["tokens"] != args.gen_tokens for r in flat), "no_text": len(flat) - len(ttft)}
 
 
-async def warm_up(api, model, counts: list[int], args) -> None:
+async def warm_up(api, model, counts: list[int], args, prompts: Prompts) -> None:
     """Untimed: each client count's concurrency once (prompts of the measured length, 8 tokens each), so
     a server's first-use costs (kernel compilation, graphs per batch size, allocator growth) fall outside
     the rounds, as they would for a server that has been up a while. Prompts differ from the measured ones."""
     for n in counts:
-        await asyncio.gather(*(one_request(api, model, prompt_ids(10**6 + c, 0, args.prompt_tokens, args.first_id,
-                                                                  args.id_span), 8) for c in range(n)))
+        await asyncio.gather(*(one_request(api, model, prompts.next(), 8) for _ in range(n)))
 
 
 async def measure(args, report=print) -> tuple[str, list[dict]]:
@@ -88,10 +106,11 @@ async def measure(args, report=print) -> tuple[str, list[dict]]:
                              timeout=args.timeout)
     model = args.model or (await api.models.list()).data[0].id
     counts = [int(x) for x in args.clients.split(",")]
-    await warm_up(api, model, counts, args)
+    prompts = Prompts(args)
+    await warm_up(api, model, counts, args, prompts)
     rows = []
     for n in counts:
-        rows.append(await round_of(api, model, n, args))
+        rows.append(await round_of(api, model, n, args, prompts))
         report(describe(rows[-1], args.gen_tokens))
     await api.close()
     return model, rows
@@ -101,7 +120,8 @@ def describe(r: dict, gen_tokens: int) -> str:
     return (f"{r['clients']:>4} clients  {r['requests']:>4} requests  {r['tokens']:>6} tokens  {r['wall_s']:7.2f} s  "
             f"{r['tokens_per_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50_ms']:8.1f} ms  p99 {r['ttft_p99_ms']:8.1f} ms  "
             f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms"
-            + (f"  ({r['short']} requests short of {gen_tokens} tokens)" if r["short"] else ""))
+            + (f"  ({r['short']} requests short of {gen_tokens} tokens)" if r["short"] else "")
+            + (f"  ({r['no_text']} requests without text: no TTFT)" if r.get("no_text") else ""))
 
 
 async def main(args) -> None:
@@ -121,7 +141,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--first-id", type=int, default=1000, help="prompt ids are drawn from [first-id, first-id + span)")
-    p.add_argument("--id-span", type=int, default=20000)
+    p.add_argument("--id-span", type=int, default=20000,
+                   help="more than the run's prompts (warm-ups and rounds), each of which starts with its own id")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)

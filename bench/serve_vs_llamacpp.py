@@ -144,7 +144,8 @@ def server_command(which: str, args, model: Path, port: int, exe: Path | None) -
     if which == "localllm":
         return [sys.executable, "-m", "localllm.cli", "serve", str(model), "--port", str(port), "-np",
                 str(args.parallel), "--ctx", str(args.ctx), "--device", args.device,
-                *(["-t", str(args.threads)] if args.threads else [])]
+                *(["-t", str(args.threads)] if args.threads else []),
+                *(["--log-level", "debug"] if args.debug_log else [])]
     return [str(exe), "-m", str(model), "--port", str(port), "-np", str(args.parallel), "-c",
             str(args.parallel * args.ctx), "-ngl", "99" if args.cuda else "0",
             *(["-t", str(args.threads)] if args.threads else [])]
@@ -204,6 +205,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="localllm, llama-server, localllm, ... this many times each")
     ap.add_argument("--port", type=int, default=18080)
     ap.add_argument("--logs", type=Path, default=Path(".out/serve-logs"), help="each server's output (the last run's)")
+    ap.add_argument("--debug-log", action="store_true",
+                    help="localllm serve --log-level debug: its log (--logs) gets a line per prefill pass")
     args = ap.parse_args()
     if (args.model is None) == (args.synthetic is None):
         raise SystemExit("give --model FILE or --synthetic PRESET")

@@ -202,6 +202,7 @@ def serve(
     draft_min_p: float = OPT_DRAFT_MIN_P,
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level; debug also logs each prefill pass (prompts, ids, ms to the first ids, queue waits)"),
 ):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
     /health), many requests at once (continuous batching). --lookup N or --draft MODEL|self:TYPE:
@@ -232,4 +233,4 @@ def serve(
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
               f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)
-    serve_forever(served, sock)
+    serve_forever(served, sock, log_level)

@@ -21,7 +21,9 @@ output whatever else runs beside it.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +38,10 @@ from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
 from .speculative import AdaptiveK
 from .settings import DEFAULT_SERVE
+
+# DEBUG: one line per prefill pass (`localllm serve --log-level debug`): its prompts, ids and time to
+# their first ids, and how long ago each of its requests was submitted (issue 22's TTFT stalls)
+log = logging.getLogger("localllm.engine")
 
 
 def check_fits(prompt_len: int, capacity: int) -> None:
@@ -67,6 +73,7 @@ class EngineStats:
     decoded: int = 0  # rows decoded over all steps
     prefilled: int = 0  # prompt ids prefilled
     prefill_passes: int = 0  # prefill passes run (each one prefill_slot or prefill_slots call)
+    slowest_prefill: float = 0.0  # seconds of the slowest pass, to its first ids (host-synced by sampling)
     reused: int = 0  # prompt ids taken from the prefix cache instead
     cancelled: int = 0  # requests ended by cancel() (their clients left) or by shutdown
     speculative_steps: int = 0  # steps run as speculative rounds (engine_spec.py)
@@ -286,6 +293,7 @@ class Engine:
         prompts = [r.handle.request.prompt[start:start + n] for r, start, n in batch]
         starts = [start for _, start, _ in batch]
         self.stats.prefill_passes += 1
+        began = time.perf_counter()
         try:
             if len(batch) == 1:  # a backend's own single-prompt path (CUDA's), the same logits
                 logits = self.runtime.prefill_slot(self.slots, which[0], prompts[0], starts[0])[None]
@@ -302,6 +310,16 @@ class Engine:
             self.stats.prefilled += n
             if run.filled == len(prompt):
                 self._guarded(lambda _h, run=run, row=logits[i]: self._first(run, row), run.handle)
+        self._timed(batch, began)
+
+    def _timed(self, batch: list[tuple[_Running, int, int]], began: float) -> None:
+        """The pass's time (its first ids sampled: a host sync) into stats; its DEBUG line."""
+        took = time.perf_counter() - began
+        self.stats.slowest_prefill = max(self.stats.slowest_prefill, took)
+        if log.isEnabledFor(logging.DEBUG):
+            waits = ", ".join(f"{1e3 * (began - r.handle.queued_at):.0f}" for r, _, _ in batch)
+            log.debug("prefill pass: %d prompts, %d ids (parts %s), %.1f ms to the first ids; submitted ms ago: [%s]",
+                      len(batch), sum(n for _, _, n in batch), [n for _, _, n in batch], 1e3 * took, waits)
 
     def _first(self, run: _Running, logits: torch.Tensor) -> None:
         check_logits(self.runtime.model, logits)

@@ -4,6 +4,7 @@ a request asks, the events it gets back, the handle that carries them, the error
 from __future__ import annotations
 
 import queue
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -58,6 +59,7 @@ class Handle:
         self._sink = sink if sink is not None else self._queue.put
         self.cancelled = False
         self.done = False
+        self.queued_at = time.perf_counter()  # submitted (the engine's debug log of queue waits)
 
     def cancel(self) -> None:
         self.cancelled = True

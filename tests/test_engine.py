@@ -4,6 +4,9 @@ queue's bound. Oracle: generate() alone on a fresh cache."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 
 from localllm.engine import Engine, QueueFull, Request
@@ -114,3 +117,20 @@ def test_waiting_prompts_prefilled_together_within_the_cap(lm):
         assert eng.stats.prefill_passes == 2 and eng.stats.reused >= len(system) - 1
     finally:
         eng.join()
+
+
+def test_debug_log_has_one_line_per_prefill_pass(lm, caplog):
+    # `localllm serve --log-level debug`'s engine lines (issue 22: where first tokens wait on a GPU run):
+    # one per pass, their ids adding up to the ids the engine counts as prefilled
+    caplog.set_level(logging.DEBUG, logger="localllm.engine")
+    eng = engine(lm, parallel=2, queue=4)
+    try:
+        handles = [eng.submit(Request([1, 2, 3, 4 + i, 5], max_tokens=3)) for i in range(4)]
+        assert all(len(ids_of(list(h))) == 3 for h in handles)
+    finally:
+        eng.join(10)
+    lines = [r.getMessage() for r in caplog.records if r.name == "localllm.engine"]
+    assert len(lines) == eng.stats.prefill_passes >= 2  # 4 requests through 2 slots
+    ids = [int(re.search(r"prompts, (\d+) ids", line).group(1)) for line in lines]
+    assert sum(ids) == eng.stats.prefilled and eng.stats.slowest_prefill > 0
+    assert sum(len(re.search(r"submitted ms ago: \[(.*)\]", line).group(1).split(",")) for line in lines) == 4

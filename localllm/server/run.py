@@ -3,6 +3,7 @@ a background thread on a given socket (tests, benchmarks)."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import threading
@@ -48,10 +49,17 @@ def listen(host: str, port: int) -> socket.socket:
         raise LocalLLMError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def serve_forever(served: Served, sock: socket.socket) -> None:
-    """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0)."""
+def serve_forever(served: Served, sock: socket.socket, log_level: str = "info") -> None:
+    """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0). log_level
+    "debug": the engine's line per prefill pass too (localllm/engine.py's log), on stderr."""
     host, port = sock.getsockname()[:2]
-    server = server_for(served, host, port)
+    if log_level == "debug":
+        engine_log = logging.getLogger("localllm.engine")
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        engine_log.addHandler(handler)
+        engine_log.setLevel(logging.DEBUG)
+    server = server_for(served, host, port, log_level)
     try:
         server.run(sockets=[sock])
     finally:
