@@ -216,7 +216,7 @@ def serve(
 
     from localllm.commands import tp_cmd
 
-    check_serve_options(parallel, port, api_key)
+    check_serve_options(parallel, port, api_key, log_level)
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     check_generation(1, G.ctx if ctx is None else ctx)
     model = one_model(model, model_opt)

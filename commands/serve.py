@@ -23,8 +23,13 @@ def model_names(spec: str | None, path: Path) -> tuple[str, ...]:
     return tuple(dict.fromkeys((first, path.name, path.stem, str(path))))
 
 
-def check_serve_options(parallel: int, port: int, api_key: str | None) -> None:
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's (its Config's keys)
+
+
+def check_serve_options(parallel: int, port: int, api_key: str | None, log_level: str = "info") -> None:
     """Before the model loads."""
+    if log_level not in LOG_LEVELS:
+        raise LocalLLMError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if parallel < 1:
         raise LocalLLMError(f"--parallel must be at least 1, got {parallel}")
     if not 0 <= port <= 65535:
