@@ -95,7 +95,7 @@ def recorded(cfg: ModelConfig, n: int, capacity: int, most: int) -> Recorder:
     return rec
 
 
-@pytest.mark.parametrize("capacity", [40, 200])
+@pytest.mark.parametrize("capacity", [8, 17, 18, 19, 40, 200])
 def test_one_prompt_shapes_cover_every_variant(capacity):
     rec = recorded(TINY, 2, capacity, 2048)
     warmed = set().union(*(one_prompt(s, t) for s, t in rec.one))
@@ -105,9 +105,9 @@ def test_one_prompt_shapes_cover_every_variant(capacity):
     assert max(t for _, t in rec.one) == capacity - 1  # the largest part
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_several_prompt_shapes_cover_every_variant(n):
-    capacity, most = 24, 64
+@pytest.mark.parametrize("n, capacity", [(1, 8), (1, 24), (2, 9), (4, 8), (4, 24), (3, 40)])
+def test_several_prompt_shapes_cover_every_variant(n, capacity):
+    most = 64
     rec = recorded(TINY, n, capacity, most)
     warmed = set().union(*(several(sum(lengths), head) for lengths, head in rec.many))
     total = min(most, n * (capacity - 1))

@@ -18,8 +18,8 @@ rows, start: its first position):
   both: a mixture of experts' MLP (backends/cuda_moe_prefill.py) by its T k slots over E experts: the
     decode kernels up to GEMV_SLOTS_PER_EXPERT E slots, past that the grouped GEMM of tile BM =
     triton_moe_gemm.block_m (moe_rows).
-The largest pass (prefill_tokens rows) reaches no other Triton variant of a dense model; it runs here
-so that its cuBLAS and attention kernels load and its activations are allocated before a request.
+The largest pass of each path (prefill_tokens rows, or what the context holds) is also their matmul
+products' pass; it loads its cuBLAS and attention kernels and allocates its activations before a request.
 tests/test_cuda_warmup.py checks that these tables cover every class above (from the dispatch's own
 constants); tests/gpu/test_gpu_warmup_compiles.py that requests then compile nothing.
 """
@@ -33,28 +33,30 @@ from ..runtime import Runtime
 from ..slots import Slots
 from .cuda_moe_prefill import GEMV_SLOTS_PER_EXPERT
 
-# prefill_slot into slot 0, in order: (start, ids, why); each start <= the slot's length by then
+# prefill_slot into slot 0, in order: (start, ids, why); each start <= the slot's length by then. The
+# fewest ids and positions of each class (start 2, T 2: "other"), so that an entry is skipped (start + ids
+# >= the context) only where no request reaches its classes either
 ONE_PROMPT = (
     (0, 1, "ROWS 1 (M == 1); rope T 1, start 0 (a multiple of 16)"),
     (1, 1, "rope T 1, start 1: a prompt sharing only its first id (BOS) with the slot's rows"),
     (1, 2, "ROWS 2; rope T other, start 1"),
+    (2, 1, "rope T 1, start other: a repeated prompt (all but its last id cached)"),
+    (2, 2, "rope T other, start other"),
     (0, 3, "ROWS 3; rope T other, start 0"),
-    (3, 1, "rope T 1, start other: a repeated prompt (all but its last id cached)"),
-    (0, 4, "ROWS 4 (GEMV_MAX_ROWS)"),
-    (3, 5, "the fewest rows of a matmul (dequantize + cuBLAS); rope T other, start other"),
-    (1, 16, "rope T a multiple of 16, start 1; silu_mul T ffn a multiple of 16"),
-    (3, 16, "rope T a multiple of 16, start other"),
-    (16, 16, "rope T and start multiples of 16 (a long prompt's later part)"),
+    (0, 4, "ROWS 4 (GEMV_MAX_ROWS; more rows: a matmul, here the largest pass)"),
+    (0, 16, "rope T and start multiples of 16; silu_mul T ffn a multiple of 16"),
+    (1, 16, "rope T a multiple of 16, start 1"),
+    (2, 16, "rope T a multiple of 16, start other (a long prompt's later part)"),
 )
-# prefill_slots (verify False) / verify_slots (True) from empty slots: (prompt lengths, verify, why);
-# the head's rows: one a prompt, every row for verify
+# prefill_slots (verify False) / verify_slots (True) from empty slots: (rows, prompts, verify, why); the
+# head's rows: one a prompt, every row for verify
 SEVERAL = (
-    ((1,), True, "1 row (a draft model catching up by one id): products and head ROWS 1"),
-    ((1, 1), True, "2 rows: products and head ROWS 2"),
-    ((1, 2), True, "3 rows: ROWS 3"),
-    ((2, 2), True, "4 rows: ROWS 4"),
-    ((2, 3), True, "5 rows, odd: matmul products and head; silu_mul T ffn odd"),
-    ((8, 8), False, "16 rows, two prompts: silu_mul T ffn a multiple of 16; head ROWS 2"),
+    (1, 1, True, "1 row (a draft model catching up by one id): products and head ROWS 1"),
+    (2, 2, True, "2 rows: products and head ROWS 2"),
+    (3, 2, True, "3 rows: ROWS 3"),
+    (4, 2, True, "4 rows: ROWS 4"),
+    (5, 2, True, "5 rows, odd: matmul products and head; silu_mul T ffn odd"),
+    (16, 2, False, "16 rows: silu_mul T ffn a multiple of 16; head ROWS 2"),
 )
 
 
@@ -82,10 +84,14 @@ def spread(rows: int, n: int, capacity: int) -> list[int]:
     return [min(per, rows - i * per) for i in range(-(-rows // per))]
 
 
-def fit(lengths: tuple[int, ...], n: int) -> list[int]:
-    """Prompt lengths for n slots: with fewer slots than prompts the last ones merged (what n slots can
-    be sent: one prompt a slot)."""
-    return list(lengths[:n - 1]) + [sum(lengths[n - 1:])] if len(lengths) > n else list(lengths)
+def split(rows: int, prompts: int, n: int, capacity: int) -> list[int] | None:
+    """rows ids as `prompts` prompts (at most n, as even as may be), over more slots where one would not
+    fit its slot; None where n slots cannot hold them."""
+    k = min(prompts, n)
+    lengths = [rows // k + (i < rows % k) for i in range(k)]
+    if max(lengths) >= capacity:
+        lengths = spread(rows, n, capacity)
+    return lengths if sum(lengths) == rows else None
 
 
 def run_several(rt: Runtime, slots: Slots, lengths: list[int], verify: bool) -> None:
@@ -107,9 +113,10 @@ def warm_up_prompts(rt: Runtime, slots: Slots, most: int) -> None:
         if start + t < cap:
             rt.prefill_slot(slots, 0, [1] * t, start)
     rt.prefill_slot(slots, 0, [1] * min(most, cap - 1), 0)  # a long prompt's largest part
-    for lengths, verify, _ in SEVERAL:
-        if max(fit(lengths, n)) < cap:
-            run_several(rt, slots, fit(lengths, n), verify)
+    for rows, prompts, verify, _ in SEVERAL:
+        lengths = split(rows, prompts, n, cap)
+        if lengths is not None:
+            run_several(rt, slots, lengths, verify)
     for rows in [most, *moe_rows(rt.model.cfg, most)]:  # the largest pass, then each MoE path
         run_several(rt, slots, spread(rows, n, cap), False)
     slots.lengths[:] = [0] * n
