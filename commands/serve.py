@@ -39,13 +39,17 @@ def check_serve_options(parallel: int, port: int, api_key: str | None, log_level
 
 
 def warm_up(engine: Engine, notify) -> int:
-    """Before listening: the runtime prepares what the slots' first steps would (CUDA: each batch bucket's
-    decode graph, the prompt kernels), so the first requests do not wait for it -> graphs captured."""
+    """Before listening: the runtime prepares what the slots' first steps and prompts would (CUDA: each
+    batch bucket's decode graph, every prompt kernel variant), and so does a draft model's runtime for its
+    own slots, so the first requests do not wait for it -> graphs captured."""
     rt = engine.runtime
     if rt.warms_up:
         notify(f"warming up {engine.parallel} slots ...")
     t0 = time.perf_counter()
-    captured = rt.warm_up_slots(engine.slots)
+    captured = rt.warm_up_slots(engine.slots, engine.prefill_tokens)
+    spec = engine.speculation
+    if spec is not None and spec.rt is not None:  # --draft: its decode, verify and catch-up passes
+        captured += spec.rt.warm_up_slots(spec.slots, engine.prefill_tokens)
     if rt.warms_up:
         notify(f"warmed up in {time.perf_counter() - t0:.1f} s ({captured} decode graphs)")
     return captured

@@ -17,6 +17,7 @@ import torch
 
 from .cache import KVCache, make_cache
 from .model import TORCH_OPS, Ops, Transformer
+from .settings import DEFAULT_SERVE
 from . import slots as slot_steps
 from .slots import Slots
 
@@ -131,9 +132,10 @@ class Runtime:
         len(rows[i]) (`serve`'s speculative decoding: each slot's last id and drafts; slots.verify_slots)."""
         return slot_steps.verify_slots(self.model, slots, which, rows)
 
-    def warm_up_slots(self, slots: Slots) -> int:
-        """Prepare now what the slots' first steps would prepare on first use (`serve`'s start-up, before
-        it listens), every slot left empty -> the graphs captured. Portable backend: nothing to prepare."""
+    def warm_up_slots(self, slots: Slots, prefill_tokens: int = DEFAULT_SERVE.prefill_tokens) -> int:
+        """Prepare now what the slots' first steps and prompts (passes of up to prefill_tokens ids) would
+        prepare on first use (`serve`'s start-up, before it listens), every slot left empty -> the graphs
+        captured. Portable backend: nothing to prepare."""
         return 0
 
     def copy_prefix(self, slots: Slots, src: int, dst: int, n: int) -> None:

@@ -25,9 +25,9 @@ def test_build_served_warms_up_once_before_the_engine_starts(default_lm, monkeyp
     calls = []
     original = type(rt).warm_up_slots
 
-    def spy(self, slots):
-        calls.append((slots, len(engines)))  # engines started so far
-        return original(self, slots)
+    def spy(self, slots, prefill_tokens):
+        calls.append((slots, prefill_tokens, len(engines)))  # engines started so far
+        return original(self, slots, prefill_tokens)
 
     engines = []
     real_start = Engine.start
@@ -36,7 +36,7 @@ def test_build_served_warms_up_once_before_the_engine_starts(default_lm, monkeyp
     lines = []
     served = build_served(default_lm, None, 3, 64, notify=lines.append)
     try:
-        assert calls == [(served.engine.slots, 0)] and engines == [served.engine]  # before it started
+        assert calls == [(served.engine.slots, served.engine.prefill_tokens, 0)] and engines == [served.engine]  # before it started
         assert lines == []  # the CPU backend prepares nothing: no "warming up" line
         assert served.engine.slots.lengths == [0, 0, 0] and served.engine.stats.steps == 0
     finally:
@@ -55,8 +55,22 @@ def test_portable_warm_up_runs_nothing(monkeypatch):
 
 def test_warm_up_says_what_it_does_where_the_runtime_prepares():
     seen = []
-    fake = SimpleNamespace(warms_up=True, warm_up_slots=lambda slots: seen.append(slots) or 7)
-    engine = SimpleNamespace(runtime=fake, parallel=16, slots="the slots")
+    fake = SimpleNamespace(warms_up=True, warm_up_slots=lambda slots, most: seen.append((slots, most)) or 7)
+    engine = SimpleNamespace(runtime=fake, parallel=16, slots="the slots", prefill_tokens=99, speculation=None)
     lines = []
-    assert warm_up(engine, lines.append) == 7 and seen == ["the slots"]
+    assert warm_up(engine, lines.append) == 7 and seen == [("the slots", 99)]
     assert lines[0] == "warming up 16 slots ..." and lines[1].startswith("warmed up in ") and "7 decode graphs" in lines[1]
+
+
+def test_warm_up_warms_a_draft_models_slots_too():
+    seen = []
+    target = SimpleNamespace(warms_up=True, warm_up_slots=lambda slots, most: seen.append((slots, most)) or 7)
+    draft = SimpleNamespace(warm_up_slots=lambda slots, most: seen.append((slots, most)) or 5)
+    spec = SimpleNamespace(rt=draft, slots="the draft's slots")
+    engine = SimpleNamespace(runtime=target, parallel=4, slots="the slots", prefill_tokens=64, speculation=spec)
+    assert warm_up(engine, lambda line: None) == 12
+    assert seen == [("the slots", 64), ("the draft's slots", 64)]
+    lookup = SimpleNamespace(rt=None, slots=None)  # --lookup: no draft runtime
+    seen.clear()
+    assert warm_up(SimpleNamespace(**{**vars(engine), "speculation": lookup}), lambda line: None) == 7
+    assert seen == [("the slots", 64)]

@@ -30,10 +30,12 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
+from ..settings import DEFAULT_SERVE
 from ..slots import Slots, check_rows
 from .cuda_graph import GraphDecoder
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
+from .cuda_warmup import warm_up_prompts
 from . import cuda_slots
 
 
@@ -270,15 +272,17 @@ class CudaRuntime(Runtime):
         return cuda_slots.decode_slots(self.model, slots, which, tokens, reducer=self.all_reduce)
 
     @torch.inference_mode()
-    def warm_up_slots(self, slots: Slots) -> int:
-        """The decode graph of every bucket of slot counts up to the slots' number (cuda_slots.warm_up:
-        a fresh server's first concurrent requests otherwise wait for each bucket's kernel compilation
-        and capture), and one batched prefill of every slot (the prompt kernels) -> graphs captured.
-        Every slot is left empty (length 0; the rows written are overwritten by the first prompts)."""
+    def warm_up_slots(self, slots: Slots, prefill_tokens: int = DEFAULT_SERVE.prefill_tokens) -> int:
+        """Every prompt kernel variant a request can reach (backends/cuda_warmup.py: one prompt and
+        several, each product row count, rope's position classes, the largest pass of prefill_tokens
+        rows), then the decode graph of every bucket of slot counts up to the slots' number
+        (cuda_slots.warm_up) -> graphs captured. A fresh server's first requests otherwise wait for
+        kernel compilations and captures. Every slot is left empty (length 0; the rows written are
+        overwritten by the first prompts)."""
         n = len(slots.lengths)
         if slots.capacity < 8:
             return 0
-        self.prefill_slots(slots, list(range(n)), [[1] * 4] * n, [0] * n)
+        warm_up_prompts(self, slots, prefill_tokens)
         captured = cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce)
         slots.lengths[:] = [0] * n
         self.sync()
