@@ -30,7 +30,7 @@ import gguf
 import torch
 from mma_sweep import PER_SM_MORE, configs, likely_first, precompile, random_weight, variant
 
-from localllm.kernels import triton_mma, triton_q8
+from localllm.kernels import triton_mma, triton_q8, triton_quant_act
 from localllm.quantize.formats import FORMATS
 
 Q = gguf.GGMLQuantizationType
@@ -79,7 +79,7 @@ def product(xa, w, acc, mma) -> None:
 
 def random_act(m: int, k: int, device):
     """quantize_act's (q, d, s) of random rows (speed does not depend on the values)."""
-    return triton_q8.quantize_act(torch.randn(m, k, device=device))
+    return triton_quant_act.quantize_act(torch.randn(m, k, device=device))
 
 
 class Case:

@@ -17,7 +17,7 @@ import torch
 
 from localllm.kernels import triton_moe
 from localllm.kernels.qweight import INT_DOT_TYPES, Q, QWeight
-from localllm.kernels.triton_q8 import quantize_act
+from localllm.kernels.triton_quant_act import quantize_act
 from localllm.quantize.formats import FORMATS
 
 SHAPES = {  # E, k, C, F, gate/up type, down type (the presets' expert types at Q4_K_M / MXFP4_MOE)

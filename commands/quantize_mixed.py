@@ -81,7 +81,7 @@ def mixed_plan(src: Source, path: Path, budget: int, align: int, chunks: list[li
     loaded = time.perf_counter() - loading
     with stage_progress(progress) as report:
         if save_imatrix_to is not None:
-            from localllm.calibrate import collect_imatrix_stats, save_imatrix
+            from localllm.imatrix import collect_imatrix_stats, save_imatrix
 
             stats = collect_imatrix_stats(lm.model, chunks, report, dataset)
             save_imatrix(save_imatrix_to, stats)
@@ -120,7 +120,7 @@ def data_start(src: Source) -> int:
 def read_imatrix(path: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, torch.Tensor]:
     """shapes: the model's GGUF name -> shape; a file collected on another model is then refused here,
     in one line (its vectors would otherwise fail the encoders mid-plan, or fit and mislead them)."""
-    from localllm.calibrate import load_imatrix
+    from localllm.imatrix import load_imatrix
 
     try:
         return load_imatrix(path, shapes)[0]
@@ -132,7 +132,7 @@ def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: s
                     ) -> dict[str, torch.Tensor]:
     """Activation statistics of the model on the calibration chunks, saved for reuse in llama.cpp's
     imatrix format (GGUF; legacy .dat when save_to ends in .dat), which llama-quantize also reads."""
-    from localllm.calibrate import collect_imatrix_stats, save_imatrix
+    from localllm.imatrix import collect_imatrix_stats, save_imatrix
     from localllm.load import load_model
 
     lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA

@@ -39,7 +39,9 @@ from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.writer import MetaValue
 
 from localllm.commands.quantize_native import output_metadata as native_output_metadata, read_gguf_metadata
-from localllm.config import Fields, ModelConfig, read_json
+from localllm.config import ModelConfig
+from localllm.config_fields import Fields
+from localllm.config_hf import read_json
 from localllm.config_phi3 import hf_rope_tensors
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf

@@ -60,7 +60,8 @@ def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch
     rows = x.numel() // x.shape[-1]
     if w.has_kernel and rows <= GEMV_MAX_ROWS and x.device.type == "cuda":
         if w.qtype in INT_DOT_TYPES:
-            from .triton_q8 import gemv_q8, quantize_act
+            from .triton_q8 import gemv_q8
+            from .triton_quant_act import quantize_act
 
             y = gemv_q8(quantize_act(x.reshape(rows, -1)), w, bias=b, act_dtype=x.dtype)
             return y.reshape(*x.shape[:-1], w.shape[0])
@@ -119,7 +120,8 @@ def fused_linear(
     weights only)."""
     nw, eps = norm if norm is not None else (None, 0.0)
     if isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES:
-        from .triton_q8 import gemv_q8, quantize_act
+        from .triton_q8 import gemv_q8
+        from .triton_quant_act import quantize_act
 
         return gemv_q8(xq or quantize_act(x, nw, eps), w, bias=bias, residual=residual, glu=glu, act_dtype=act_dtype,
                        out_dtype=out_dtype, split=split, inplace=inplace, counters=counters, chain=chain)

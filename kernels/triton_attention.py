@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .triton_base import PDL, pdl_start
 from .triton_epilogue import from_fixed_jit
-from .triton_q8 import act_buffers, store_blocks
+from .triton_quant_act import act_buffers, store_blocks
 from .triton_rope import row_seq_pos
 
 CHUNK = 64  # cache rows a program takes: the fastest chunk on Hopper in the sweep (docs/PERFORMANCE.md)
@@ -359,7 +359,7 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = No
                    slots: torch.Tensor | None = None):
     """q (B T H, D) of B sequences of T tokens at positions pos .. pos + T - 1 (each sees its cache up
     to its own position), caches (B, Hkv, S, D) (or (Hkv, S, D), B = 1) -> (B T, H D) in the cache's
-    dtype; with quantize, also its int8 form (kernels.triton_q8.quantize_act's (q, d, s), for an
+    dtype; with quantize, also its int8 form (kernels.triton_quant_act.quantize_act's (q, d, s), for an
     integer-dot output projection). Each row is computed exactly as a one-token call of its sequence
     at its position computes it.
     rope = (qkv, inv_freq, D): rope_store fused in (q None): qkv the contiguous (B T, (H + 2 Hkv) D)

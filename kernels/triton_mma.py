@@ -8,7 +8,7 @@ values 0..63 fit int8) and takes the exact int32 block sums of all BM rows from 
 against x quantized per row per 32 values (quantize_act's q, d, s: the dp4a products' input).
 
 Bits equal to triton_q8.gemv_q8's: every block's int32 sum is exact either way, and the float work
-after it rounds the same real numbers in the same order as triton_q8.unit_dot (the same products of
+after it rounds the same real numbers in the same order as triton_units.unit_dot (the same products of
 scales, the same order of the sub-block terms, BK accumulators taking units u_lo + i BK + k in turn,
 added in order at the end of each of the dp4a launch's K parts, the same epilogue), with the same
 expression shapes, so the compiler's FMA contraction pairs the same operations. So a row's result
@@ -213,7 +213,7 @@ def _q6_k(F, FU, FR, X, u, m, mo, nr, nro, nc, nco, TRANS: tl.constexpr, EVEN: t
 @triton.jit
 def _unit(FMT: tl.constexpr, F, FU, FR, X, u, u_hi, m, M, nr, nc, N, TRANS: tl.constexpr, EVEN: tl.constexpr,
           ASM: tl.constexpr):
-    """Unit u's (BM, BN) fp32 sums as triton_q8.unit_dot computes each (zeros for u >= u_hi)."""
+    """Unit u's (BM, BN) fp32 sums as triton_units.unit_dot computes each (zeros for u >= u_hi)."""
     mo = (m < M) & (u + 0 * m < u_hi)  # tensor compares: the interpreter's & of a mask and a scalar gives int32
     nro = (nr < N) & (u + 0 * nr < u_hi)
     nco = (nc < N) & (u + 0 * nc < u_hi)

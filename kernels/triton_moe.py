@@ -9,7 +9,7 @@ e: rows e N .. (e + 1) N; block-major for the integer-dot types) or dense (E, N,
   expert_products(x, w, ids, out): out[s] += W[ids[s]] @ x[row(s)] (+ bias[ids[s]]), row(s) = s // k
       (the token's x: gate / up) or s (a per-slot x: the down projection's input); x float (T or S, K),
       or quantize_act's int8 form for the integer-dot types. The block decoders are the dense
-      kernels' (triton_q8's unit_weights / unit_dot, triton_gemv's decode_tile), rows offset by ids[s] N. out:
+      kernels' (triton_units' unit_weights / unit_dot, triton_gemv's decode_tile), rows offset by ids[s] N. out:
       an int64 fixed-point accumulator (triton_epilogue.FIXED_ONE; parts split over K add into it by
       integer atomics: the same sum in any order), or fp32 (no split: the router's logits).
   expert_glu(gate, up): the slots' activation glu(cfg, gate, up) in the activation dtype, each op
@@ -35,8 +35,9 @@ from .triton_gemv import CONFIGS as GEMV_CONFIGS
 from .triton_gemv import WIDTH, decode_tile
 from .triton_gemv import weight_args as gemv_weight_args
 from .triton_q8 import CONFIGS as Q8_CONFIGS
-from .triton_q8 import FMT, UNIT, unit_dot, unit_weights, store_blocks
-from .triton_q8 import weight_args as q8_weight_args
+from .triton_quant_act import act_buffers, store_blocks
+from .triton_units import FMT, UNIT, unit_dot, unit_weights
+from .triton_units import weight_args as q8_weight_args
 
 
 @triton.jit
@@ -67,7 +68,7 @@ def _moe_q8_kernel(xq_ptr, xd_ptr, xs_ptr, ids_ptr, out_ptr, bias_ptr, P0, P1, P
                    SPLIT: tl.constexpr, ASM: tl.constexpr):
     """Program (row tile, slot s, part of K): rows of expert ids[s] against the quantized x row of s
     (grid: (stacks x N / BN, S, SPLIT): program 0's axis takes stack j = pid // tiles, whose rows
-    begin at j stack_rows), triton_q8's unit decoders on rows offset by ids[s] N."""
+    begin at j stack_rows), triton_units' unit decoders on rows offset by ids[s] N."""
     s = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int32)
     m = s if PER_SLOT else s // KUSED
@@ -181,7 +182,7 @@ def _expert_glu_kernel(g_ptr, u_ptr, out_ptr, q_ptr, d_ptr, s_ptr, act_ptr, F, g
                        QUANT: tl.constexpr):
     """Program (slot r, 32-value blocks [BLOCKS j, BLOCKS (j + 1))): model.glu of the slot's gate and
     up sums (int64 fixed point; cleared), each op rounded to ACT as the torch ops on ACT tensors
-    round it; into out (ACT), or with QUANT quantize.act's int8 form (triton_q8.store_blocks)."""
+    round it; into out (ACT), or with QUANT quantize.act's int8 form (triton_quant_act.store_blocks)."""
     ACT: tl.constexpr = act_ptr.dtype.element_ty
     r = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
@@ -215,8 +216,6 @@ def expert_glu(gate: torch.Tensor, up: torch.Tensor, act_dtype: torch.dtype, oai
     """gate, up (S, F) int64 fixed-point sums (zeroed here; rows of one stride: two buffers, or the two
     column halves of one) -> model.glu's values (S, F) in act_dtype (oai: gpt-oss's swiglu_oai with
     swiglu_limit `limit`), or their quantize_act form (q, d, s)."""
-    from .triton_q8 import act_buffers
-
     slots, f = gate.shape
     assert gate.dtype == up.dtype == torch.int64 and f % 32 == 0 and gate.stride() == up.stride()
     assert gate.stride(1) == 1 and up.shape == gate.shape

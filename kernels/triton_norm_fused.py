@@ -9,7 +9,7 @@ norm_rope_store: the q/k norms (cfg.qk_norm: Gemma 3, Qwen3) with rope and the c
 add_normed: Gemma's post norms: x (T, C) int64 fixed point += to_fixed(RMSNorm(h)) in one kernel (was
   rmsnorm_rows, to_fixed and add_), h read from the int64 accumulator its product summed into (split K
   like the residual's products; the product writing a bf16 h could not split) and cleared; with
-  quantize, also the next integer-dot products' int8 input (triton_q8.quantize_act of their RMSNorm
+  quantize, also the next integer-dot products' int8 input (triton_quant_act.quantize_act of their RMSNorm
   of the new x), the kernel that followed.
 
 Reference: that composition itself, bit for bit (tests/test_triton_norm_fused.py, under the
@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .triton_base import PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit
-from .triton_q8 import WHOLE_ROW_BLOCKS, act_buffers, store_blocks
+from .triton_quant_act import WHOLE_ROW_BLOCKS, act_buffers, store_blocks
 from .triton_rope import rotate_pair, row_seq_pos
 
 
@@ -117,7 +117,7 @@ def _add_normed_kernel(x_ptr, h_ptr, w_ptr, act_ref, nw_ptr, q_ptr, d_ptr, s_ptr
     """Row r: x[r] += to_fixed(rmsnorm_rows(h[r])) (the same reduction and roundings as
     triton_prefill._rmsnorm_rows_kernel; to_fixed truncates). An int64 h: a fixed-point accumulator,
     its values rounded to act_ref's dtype (ROUND) and the row zeroed. QUANT: also the next product's
-    input, triton_q8.quantize_act(x[r], nw, eps2)'s (q, d, s), by that kernel's operations (its
+    input, triton_quant_act.quantize_act(x[r], nw, eps2)'s (q, d, s), by that kernel's operations (its
     whole-row form: the row as (BLOCK / 32, 32) blocks)."""
     pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -151,7 +151,7 @@ def add_normed(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: floa
     output in weight's dtype) -> x. h may be an int64 fixed-point accumulator of the product that
     yields it (split K, any grid): its values are then rounded to act_dtype, as that product's output
     would have been, and h is left zero. quantize = (norm weight, eps) of the next product's norm
-    (an integer-dot product; C <= triton_q8.WHOLE_ROW_BLOCKS * 32): -> (x, quantize_act(x, *quantize)),
+    (an integer-dot product; C <= triton_quant_act.WHOLE_ROW_BLOCKS * 32): -> (x, quantize_act(x, *quantize)),
     the next product's input from the same kernel."""
     assert x.dtype == torch.int64 and x.is_contiguous() and h.shape == x.shape and h.is_contiguous()
     m, c = x.shape

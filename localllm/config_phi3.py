@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # torch is imported where the tensors are made: check_gguf's 
 from .errors import LocalLLMError
 from .rope_dims import ROPE_FACTOR_TENSORS  # its torch-free home (check_gguf imports it from there)
 
-# No import of .config (it calls in here): readers are config.Fields instances passed in, `type(f)` makes
-# one for a nested object; cfg parameters are config.ModelConfig values.
+# No import of .config (config_gguf / config_hf call in here): readers are config_fields.Fields instances
+# passed in, `type(f)` makes one for a nested object; cfg parameters are config.ModelConfig values.
 
 # llama.cpp's hard-coded SmolLM3 NoPE step (src/models/smollm3.cpp, hparams.n_no_rope_layer_step)
 SMOLLM3_NOPE_STEP = 4
@@ -107,7 +107,7 @@ def hf_rotary_dim(f, cfg: dict, head_dim: int) -> int:
 
 
 def hf_longrope(top, rot: int, context: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """config.json's LongRoPE (top: a config.Fields of config.json) -> (ModelConfig fields, GGUF name ->
+    """config.json's LongRoPE (top: a config_fields.Fields of config.json) -> (ModelConfig fields, GGUF name ->
     (rot/2,) divisor tensors); ({}, {}) without one. The tensors are what llama.cpp's converter writes as
     rope_factors_short/long."""
     cfg = top.values
@@ -134,7 +134,7 @@ def hf_longrope(top, rot: int, context: int) -> tuple[dict[str, Any], dict[str, 
 
 def hf_rope_tensors(f, cfg) -> dict[str, torch.Tensor]:
     """LongRoPE divisors of the model cfg (a config.ModelConfig) read from its config.json (f: a
-    config.Fields of it): GGUF name -> (rotary_dim/2,) fp32; {} without LongRoPE. config.json was
+    config_fields.Fields of it): GGUF name -> (rotary_dim/2,) fp32; {} without LongRoPE. config.json was
     validated when cfg was read (hf_fields)."""
     if cfg.rope_original_context is None:
         return {}
@@ -142,7 +142,7 @@ def hf_rope_tensors(f, cfg) -> dict[str, torch.Tensor]:
 
 
 def hf_fields(arch: str, f, n_layers: int, head_dim: int, context: int) -> dict[str, Any]:
-    """The phi3 / smollm3 ModelConfig fields from config.json (f: a config.Fields of it)."""
+    """The phi3 / smollm3 ModelConfig fields from config.json (f: a config_fields.Fields of it)."""
     cfg = f.values
     if arch == "smollm3":
         return _smollm3_fields(f, cfg, n_layers)

@@ -56,7 +56,7 @@ def pattern_layers(n_layers: int, pattern: int) -> tuple[bool, ...]:
 
 def gguf_fields(f, arch: str, n_layers: int, dim: int, n_heads: int, head_dim: int,
                 max_context: int) -> dict[str, Any]:
-    """f: config.Fields over the `{arch}.` GGUF keys -> the Gemma fields of ModelConfig."""
+    """f: config_fields.Fields over the `{arch}.` GGUF keys -> the Gemma fields of ModelConfig."""
     default_window = GEMMA2_WINDOW if arch == "gemma2" else 0  # Gemma 3 without the key: no sliding
     window = f.int("attention.sliding_window", 0, max_context, default_window)
     scale_dim = dim // n_heads if n_layers == LAYERS_27B[arch] else head_dim  # integer division, as llama.cpp
@@ -101,10 +101,10 @@ def _optional_float(f, key: str) -> float | None:
 
 def hf_fields(f, arch: str, n_layers: int, dim: int, max_context: int,
               rope_scaling: Callable[[Any, str], Any]) -> dict[str, Any]:
-    """f: config.Fields over hf_text_config's dict -> the Gemma fields of ModelConfig, rope included
+    """f: config_fields.Fields over hf_text_config's dict -> the Gemma fields of ModelConfig, rope included
     (Gemma 3 keeps two rope settings: rope_parameters {"full_attention", "sliding_attention"}, or
     the older rope_theta / rope_local_base_freq / rope_scaling keys). rope_scaling: config's reader
-    of one HF rope object (config.hf_rope_scaling_dict)."""
+    of one HF rope object (config_hf.hf_rope_scaling_dict)."""
     act = f.raw("hidden_activation", f.raw("hidden_act", "gelu_pytorch_tanh"))
     if not isinstance(act, str) or act not in GELU_TANH:
         raise f.bad("hidden_activation", act, f"one of {', '.join(sorted(GELU_TANH))} (GELU, tanh approximation)")

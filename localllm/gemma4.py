@@ -24,7 +24,8 @@ from typing import Any
 
 import gguf
 
-from .config import MISSING, Fields, ModelConfig, check_shape_fields
+from .config import ModelConfig
+from .config_fields import MISSING, Fields, check_shape_fields
 from .errors import LocalLLMError
 from .settings import DEFAULT_LIMITS, LoaderLimits
 

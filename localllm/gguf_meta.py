@@ -107,7 +107,7 @@ def read_kv_section(reader: KVReader, offs: int, count: int) -> tuple[dict[str, 
     return values, where, offs
 
 
-# Keys whose readers (tokenizer/, config.py) assume a type -> (expected python type, its words).
+# Keys whose readers (tokenizer/, config_gguf.py) assume a type -> (expected python type, its words).
 # Integers exclude bools; floats accept integers. Lists: every item of the type.
 _INT, _STR = (int, "an integer", "integers"), (str, "a string", "strings")
 _BOOL, _NUM = (bool, "true or false", "booleans"), ((int, float), "a number", "numbers")

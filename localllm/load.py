@@ -12,7 +12,9 @@ import torch
 from localllm.kernels.qweight import QUANTIZED_TYPES, QWeight
 from localllm.quantize.decode import dequantize_torch
 
-from .config import Fields, ModelConfig, read_json
+from .config import ModelConfig
+from .config_fields import Fields
+from .config_hf import read_json
 from .config_phi3 import hf_rope_tensors
 from .errors import LocalLLMError
 from .gguf_file import GGUFFile, open_gguf

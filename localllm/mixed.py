@@ -4,7 +4,7 @@ For every quantizable tensor t and candidate type q we predict L(t, q), the KL-d
 output gains when t is stored as q, and let quantize/allocate.py pick the types with the least total
 predicted loss that fit the size budget:
 1. imatrix: mean x^2 per input column of every matrix over the calibration chunks
-   (localllm/calibrate.py), recorded in the Fisher passes' forwards; the encoders use it for
+   (localllm/imatrix.py), recorded in the Fisher passes' forwards; the encoders use it for
    importance-weighted rounding.
 2. Fisher: for small weight errors dW, KL(p || p_dW) ~ 1/2 dW^T F dW with F the Fisher information of
    the output distribution; we keep its diagonal, estimated as E[(d log p(y) / dW)^2] with y sampled
@@ -16,8 +16,8 @@ predicted loss that fit the size budget:
 A mixture of experts' stack (E, F, C) (GGUF blk.N.ffn_*_exps.weight, module blk.N.moe.*) is one tensor
 of one type, as llama.cpp quantizes it: its E * F rows of C values are a 2-D weight's rows here (the
 candidates by C, the Fisher of each expert's slice from the tokens routed to it), and each row is
-rounded with its own expert's imatrix row (calibrate.collect_imatrix's (E, C)).
-Measuring each tensor's KL with a probe (calibrate.measure_sensitivity) predicts as well but costs half
+rounded with its own expert's imatrix row (imatrix.collect_imatrix's (E, C)).
+Measuring each tensor's KL with a probe (sensitivity.measure_sensitivity) predicts as well but costs half
 a forward pass per tensor (~10 minutes for the default model on 2 cores), the Fisher a few seconds.
 """
 
@@ -37,7 +37,8 @@ from localllm.quantize.formats import BLOCK_SIZES
 from localllm.quantize.plan import TensorInfo, sample_rows
 from localllm.quantize.presets import LAST_RESORT, allows_quantization
 
-from .calibrate import recording_imatrix, roundtrip
+from .calibrate import roundtrip
+from .imatrix import recording_imatrix
 from .errors import LocalLLMError
 from .fisher import fisher_diagonal, fisher_rows, layerwise_cache as _layerwise_cache  # noqa: F401 (tests)
 from .fused import fused_parts

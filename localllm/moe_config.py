@@ -1,8 +1,8 @@
 """Config readers of the mixture-of-experts families (localllm/moe.py): Mixtral, Qwen3-MoE, gpt-oss.
 
-config.py calls gguf_fields / hf_fields with its typed reader (config.Fields) and the config built so
-far; they return the ModelConfig fields these families set (none for a dense model). This module sits
-below config.py: RopeScaling comes in as an argument.
+config_gguf.py / config_hf.py call gguf_fields / hf_fields with their typed reader (config_fields.Fields)
+and the config built so far; they return the ModelConfig fields these families set (none for a dense
+model). This module sits below config.py: RopeScaling comes in as an argument.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ as the loader does (rope.py and config_phi3.py re-export them)."""
 
 from __future__ import annotations
 
-# No import of .config: config.py calls into config_phi3.py, which imports this module; cfg parameters
+# No import of .config: config_gguf.py / config_hf.py call into config_phi3.py, which imports this module; cfg parameters
 # are config.ModelConfig values.
 
 # Phi-3 (LongRoPE): the per-dim factor tensors a GGUF holds (config_phi3.py).

@@ -1,6 +1,6 @@
 """The loader's trust boundary: a checkpoint's tensors against its config, before anything is built.
 
-config.py checks every config field (type and range); this module derives the exact tensor set the
+config_gguf.py / config_hf.py check every config field (type and range); this module derives the exact tensor set the
 config implies (expected_shapes, which must agree with model.Transformer's state dict: tests check it)
 and checks every tensor's name, type and shape against it. Only then does load.py decode a weight or
 build the model, so a file's claims (a million layers, a 2^31 embedding width) cost nothing: every
@@ -19,7 +19,9 @@ from pathlib import Path
 
 from localllm.quantize.type_facts import SUPPORTED_TYPES
 
-from .config import ModelConfig, config_from_gguf, config_from_hf, hf_config_json
+from .config import ModelConfig
+from .config_gguf import config_from_gguf
+from .config_hf import config_from_hf, hf_config_json
 from .errors import LocalLLMError
 from .fused import file_shapes
 from .gemma4 import gemma4_config_from_gguf, gemma4_config_from_hf, gemma4_expected_shapes, ignored_tensors

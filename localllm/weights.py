@@ -19,7 +19,8 @@ import torch
 from localllm.quantize.decode import dequantize_torch
 from localllm.quantize.formats import SUPPORTED_TYPES
 
-from .config import ModelConfig, read_json
+from .config import ModelConfig
+from .config_hf import read_json
 from .errors import LocalLLMError
 from .fused import split_rows
 from .gemma4 import gemma4_hf_name, hf_name_map, ignored_tensors

@@ -10,6 +10,10 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_hf import write_hf_folder
+from tiny_raw import mixed_type_raw
+from tiny_spec import Q
 from triton_interp import skip_repatching_in_launches
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,22 +97,22 @@ class TinyModels:
     def hf(self, case: str) -> Path:
         key = (case, "hf")
         if key not in self._made:
-            self._made[key] = tm.write_hf_folder(tm.case_spec(case), self.root / case / "hf")
+            self._made[key] = write_hf_folder(tm.case_spec(case), self.root / case / "hf")
         return self._made[key]
 
-    def gguf(self, case: str, qtype: tm.Q = tm.Q.F32) -> Path:
+    def gguf(self, case: str, qtype: Q = Q.F32) -> Path:
         key = (case, qtype)
         if key not in self._made:
             path = self.root / case / f"tiny-{case}-{qtype.name}.gguf"
-            self._made[key] = tm.write_gguf(tm.case_spec(case), path, qtype)
+            self._made[key] = write_gguf(tm.case_spec(case), path, qtype)
         return self._made[key]
 
     def mixed_gguf(self) -> tuple[Path, dict]:
         """The every-tensor-type llama model and its raw tensors (name -> (raw, type))."""
         key = ("mixed",)
-        raw = tm.mixed_type_raw(tm.MIXED)
+        raw = mixed_type_raw(tm.MIXED)
         if key not in self._made:
-            self._made[key] = tm.write_gguf(tm.MIXED, self.root / "mixed" / "tiny-mixed.gguf", raw=raw)
+            self._made[key] = write_gguf(tm.MIXED, self.root / "mixed" / "tiny-mixed.gguf", raw=raw)
         return self._made[key], raw
 
 

@@ -16,6 +16,9 @@ def write_seeds(folder: Path) -> None:
     """GGUF seeds as folder/gguf/*.gguf, HF folders as folder/hf/<name>/ (deterministic content)."""
     import gguf
     import tiny_models as tm
+    from tiny_gguf import write_gguf
+    from tiny_hf import write_hf_folder
+    from tiny_raw import mixed_type_raw
     import tiny_mxfp4 as tx
     from _bad_files import write_tiny_model
 
@@ -23,13 +26,13 @@ def write_seeds(folder: Path) -> None:
     g, h = folder / "gguf", folder / "hf"
     g.mkdir(parents=True, exist_ok=True)
     write_tiny_model(g / "tiny_f32.gguf")
-    tm.write_gguf(tm.CASES["llama"], g / "llama_q8_0.gguf", Q.Q8_0)
-    tm.write_gguf(tm.CASES["qwen2"], g / "qwen2_q4_0.gguf", Q.Q4_0)
-    tm.write_gguf(tm.CASES["qwen3"], g / "qwen3_f16.gguf", Q.F16)
-    tm.write_gguf(tm.CASES["llama3"], g / "llama3_q8_0.gguf", Q.Q8_0)
-    tm.write_gguf(tm.MIXED, g / "mixed_types.gguf", raw=tm.mixed_type_raw(tm.MIXED))
+    write_gguf(tm.CASES["llama"], g / "llama_q8_0.gguf", Q.Q8_0)
+    write_gguf(tm.CASES["qwen2"], g / "qwen2_q4_0.gguf", Q.Q4_0)
+    write_gguf(tm.CASES["qwen3"], g / "qwen3_f16.gguf", Q.F16)
+    write_gguf(tm.CASES["llama3"], g / "llama3_q8_0.gguf", Q.Q8_0)
+    write_gguf(tm.MIXED, g / "mixed_types.gguf", raw=mixed_type_raw(tm.MIXED))
     for name in ("llama", "qwen2", "mistral"):
-        tm.write_hf_folder(tm.CASES[name], h / name)
+        write_hf_folder(tm.CASES[name], h / name)
     tx.write_released_folder(h / "gpt_oss_mxfp4")  # experts as MXFP4 _blocks / _scales (localllm/moe_mxfp4.py)
 
 

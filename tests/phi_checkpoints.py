@@ -8,6 +8,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_hf import write_hf_folder
+from tiny_spec import Q
+from tiny_tokenizer import vocab_size
+from tiny_weights import make_weights
 from tiny_models import assert_close  # noqa: F401  (its tests import it from here)
 from localllm.cache import make_cache
 from localllm.load import load_model
@@ -31,26 +36,26 @@ class Files:
         return self.made[key]
 
     def hf(self, case):
-        return self._once((case, "hf"), lambda: tm.write_hf_folder(tm.PHI_CASES[case], self.root / case / "hf"))
+        return self._once((case, "hf"), lambda: write_hf_folder(tm.PHI_CASES[case], self.root / case / "hf"))
 
-    def gguf(self, case, qtype=tm.Q.F32):
+    def gguf(self, case, qtype=Q.F32):
         path = self.root / case / f"tiny-{case}-{qtype.name}.gguf"
-        return self._once((case, qtype), lambda: tm.write_gguf(tm.PHI_CASES[case], path, qtype))
+        return self._once((case, qtype), lambda: write_gguf(tm.PHI_CASES[case], path, qtype))
 
     def q8_folder(self, case):
         """The HF folder of the Q8_0 file's numbers: each 2-D tensor quantized and decoded by gguf."""
         def make():
             spec = tm.PHI_CASES[case]
-            w = {k: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), tm.Q.Q8_0), tm.Q.Q8_0))
-                 if v.ndim == 2 else v for k, v in tm.make_weights(spec).items()}
-            return tm.write_hf_folder(spec, self.root / case / "hf-q8", weights=w)
+            w = {k: torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(v.numpy(), Q.Q8_0), Q.Q8_0))
+                 if v.ndim == 2 else v for k, v in make_weights(spec).items()}
+            return write_hf_folder(spec, self.root / case / "hf-q8", weights=w)
         return self._once((case, "q8"), make)
 
     def oracle_folder(self, case, fmt):
         return self.q8_folder(case) if fmt == "gguf-Q8_0" else self.hf(case)
 
     def path(self, case, fmt):
-        return self.hf(case) if fmt == "safetensors" else self.gguf(case, tm.Q[fmt.removeprefix("gguf-")])
+        return self.hf(case) if fmt == "safetensors" else self.gguf(case, Q[fmt.removeprefix("gguf-")])
 
 
 @torch.inference_mode()
@@ -83,4 +88,4 @@ def hf_config(files: Files, case: str, **changes):
 
 def random_tokens(batch: int, n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, tm.vocab_size(), (batch, n), generator=g)
+    return torch.randint(0, vocab_size(), (batch, n), generator=g)

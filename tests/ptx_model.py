@@ -1,6 +1,6 @@
 """A model of the few PTX instructions the Triton kernels' inline assembly uses (as the PTX ISA defines
 them, on 32-bit registers), so tests can run under the interpreter what only the GPU executes:
-triton_q8's table lookups, triton_mma's packed byte widening."""
+triton_table16's table lookups, triton_mma's packed byte widening."""
 
 from __future__ import annotations
 

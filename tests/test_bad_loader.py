@@ -302,10 +302,11 @@ def test_first_nonfinite_tensor_names_it(tmp_path):
 
 def test_first_nonfinite_tensor_decodes_quantized(tmp_path):
     """A Q8_0 block whose f16 scale is NaN: found in the CPU's BlockQWeight (kept as the file's blocks)."""
-    import tiny_models
+    from tiny_gguf import write_gguf
+    from tiny_spec import TinySpec
 
-    spec = tiny_models.TinySpec(arch="llama", dim=64, ffn_dim=128)
-    path = tiny_models.write_gguf(spec, tmp_path / "q8.gguf", qtype=Q.Q8_0)
+    spec = TinySpec(arch="llama", dim=64, ffn_dim=128)
+    path = write_gguf(spec, tmp_path / "q8.gguf", qtype=Q.Q8_0)
     at = next(t.data_offset for t in gguf.GGUFReader(str(path)).tensors if t.name == _blk(1, "ffn_up"))
     patch(path, at + 34 * 5, "<H", 0x7E00)  # the sixth block's scale: f16 NaN
     model = load_model(str(path)).model

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-import tiny_models as tm
+from tiny_gguf import add_tokenizer, write_gguf
+from tiny_hf import write_hf_folder
+from tiny_spec import Q, TinySpec
 from _bad_files import default_model, start_cli
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
@@ -32,12 +34,12 @@ from localllm.commands.quantize_cmd import quantize_model, read_source
 from localllm.signals import Terminated, sigterm_interrupts
 from localllm.quantize.partial import make_partial, remove_stale_partials
 
-SMALL = tm.TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=5)
+SMALL = TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=5)
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
-    return tm.write_gguf(SMALL, tmp_path_factory.mktemp("bad-quantize") / "small-f32.gguf")
+    return write_gguf(SMALL, tmp_path_factory.mktemp("bad-quantize") / "small-f32.gguf")
 
 
 @pytest.fixture
@@ -133,7 +135,7 @@ def test_vocab_only_input(tmp_path):
     """A tokenizer and no tensors (as llama.cpp's ggml-vocab-*.gguf files): was "0.0000 bits per weight"."""
     vocab = tmp_path / "vocab.gguf"
     w = gguf.GGUFWriter(str(vocab), "llama")
-    tm.add_tokenizer(w)
+    add_tokenizer(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -145,7 +147,7 @@ def test_shapes_disagree_with_config(tmp_path):
     """attn_k of 4 heads where the config says 2 kv heads: was written, then refused by the loader."""
     rng = np.random.default_rng(0)
     wide = rng.standard_normal((64, 64), dtype=np.float32)
-    src = tm.write_gguf(SMALL, tmp_path / "wide_k.gguf", raw={"blk.1.attn_k.weight": (wide, tm.Q.F32)})
+    src = write_gguf(SMALL, tmp_path / "wide_k.gguf", raw={"blk.1.attn_k.weight": (wide, Q.F32)})
     refused(tmp_path, "tensor 'blk.1.attn_k.weight' has shape (64, 64), expected (32, 64) from the config",
             src, tmp_path / "o.gguf", "--type", "Q8_0")
 
@@ -154,7 +156,7 @@ def test_safetensors_shapes_disagree_with_config(tmp_path):
     """The same check for a safetensors folder: its config.json says 4 kv heads, the weights hold 2."""
     import json
 
-    hf = tm.write_hf_folder(SMALL, tmp_path / "hf")
+    hf = write_hf_folder(SMALL, tmp_path / "hf")
     cfg = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 4}))
     refused(tmp_path, "tensor 'model.layers.0.self_attn.k_proj.weight' has shape (32, 64), expected (64, 64) from the config",
@@ -164,7 +166,7 @@ def test_safetensors_shapes_disagree_with_config(tmp_path):
 def test_non_finite_weights_leave_no_file(tmp_path):
     """Found while encoding (after the header is written): one line, and the partial file removed."""
     nan = np.full((256, 64), np.nan, dtype=np.float32)
-    src = tm.write_gguf(SMALL, tmp_path / "nan.gguf", raw={"blk.1.ffn_up.weight": (nan, tm.Q.F32)})
+    src = write_gguf(SMALL, tmp_path / "nan.gguf", raw={"blk.1.ffn_up.weight": (nan, Q.F32)})
     refused(tmp_path, "cannot quantize tensor 'blk.1.ffn_up.weight' to Q8_0", src, tmp_path / "o.gguf", "--type", "Q8_0")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tiny_models as tm
+from tiny_tokenizer import vocab_size
 from conftest import GREEDY_TOKENS
 from localllm.cache import make_cache
 from localllm.generate import decode_one, generate
@@ -51,7 +51,7 @@ def tiny_lm(request, tiny):
 
 def prompt_ids(n: int, seed: int = 0) -> list[int]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, tm.vocab_size(), (n,), generator=g).tolist()
+    return torch.randint(3, vocab_size(), (n,), generator=g).tolist()
 
 
 @torch.inference_mode()

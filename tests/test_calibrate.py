@@ -1,5 +1,6 @@
-"""localllm/calibrate.py: calibration chunks, the importance matrix (against activations captured from
-transformers), its file, the KL sensitivity measurement and the loss prediction the allocator uses."""
+"""localllm/calibrate.py, imatrix.py and sensitivity.py: calibration chunks, the importance matrix (against
+activations captured from transformers), its file, the KL sensitivity measurement and the loss prediction
+the allocator uses."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 
 from localllm import calibrate as C
+from localllm import imatrix as IM
+from localllm import sensitivity as S
 from localllm.cache import make_cache
 from localllm.load import load_model
 from localllm.weights import hf_name
@@ -94,7 +97,7 @@ def test_imatrix_matches_transformers_activations(tiny, case):
     lm = load_model(str(folder), "cpu", torch.float32)
     chunks = [list(range(3, 3 + 40)), list(range(200, 240))]
     calls = []
-    ours, ref = C.collect_imatrix(lm.model, chunks, lambda *a: calls.append(a)), hf_imatrix(folder, chunks)
+    ours, ref = IM.collect_imatrix(lm.model, chunks, lambda *a: calls.append(a)), hf_imatrix(folder, chunks)
     assert calls == [("imatrix", 1, 2), ("imatrix", 2, 2)]
     assert set(ours) == set(ref)
     for name, v in ours.items():
@@ -108,7 +111,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: small passes 
 @pytest.fixture(scope="module")
 def default_imatrix(default_lm):
     chunks = C.calibration_chunks(default_lm.tokenizer, C.calibration_text(), 64, 2)
-    return chunks, C.collect_imatrix(default_lm.model, chunks)
+    return chunks, IM.collect_imatrix(default_lm.model, chunks)
 
 
 def test_every_linear_weight_has_an_entry(default_lm, default_imatrix):
@@ -126,31 +129,31 @@ def test_imatrix_file_round_trip_and_mismatch(default_lm, default_imatrix, tiny,
     """Saved in llama.cpp's GGUF format and its legacy .dat: read back as the means collect_imatrix gives
     (the GGUF exactly; the .dat's mean * ncall / ncall to a few ulp); another model's is refused."""
     chunks, im = default_imatrix
-    stats = C.collect_imatrix_stats(default_lm.model, chunks, dataset="calib.txt")
+    stats = IM.collect_imatrix_stats(default_lm.model, chunks, dataset="calib.txt")
     for suffix, tol in ((".gguf", 0), (".dat", 5e-7)):
-        path = C.save_imatrix(tmp_path / f"smollm2{suffix}", stats)
-        back, meta = C.load_imatrix(path, default_lm.model)
+        path = IM.save_imatrix(tmp_path / f"smollm2{suffix}", stats)
+        back, meta = IM.load_imatrix(path, default_lm.model)
         assert meta["chunks"] == 2 and meta["datasets"] == ["calib.txt"]
         assert back.keys() == im.keys()
         for k in im:
             torch.testing.assert_close(back[k], im[k], rtol=tol, atol=0, msg=k)
         other = load_model(str(tiny.hf("llama")), "cpu", torch.float32).model
         with pytest.raises(ValueError, match="different model"):
-            C.load_imatrix(path, other)
-    assert C.load_imatrix(tmp_path / "smollm2.gguf")[1]["chunk_size"] == 64
+            IM.load_imatrix(path, other)
+    assert IM.load_imatrix(tmp_path / "smollm2.gguf")[1]["chunk_size"] == 64
     (tmp_path / "junk").write_bytes(b"not an imatrix file")
     with pytest.raises(ValueError, match="not an imatrix file"):
-        C.load_imatrix(tmp_path / "junk")
+        IM.load_imatrix(tmp_path / "junk")
 
 
 def test_own_older_imatrix_format_still_read(default_lm, default_imatrix, tmp_path):
     """localllm's own torch format (what --imatrix saved before llama.cpp's formats): still read."""
     _, im = default_imatrix
     path = tmp_path / "old.imatrix"
-    torch.save({"format": C.IMATRIX_FORMAT, "version": C.IMATRIX_VERSION, "chunks": 2,
+    torch.save({"format": IM.IMATRIX_FORMAT, "version": IM.IMATRIX_VERSION, "chunks": 2,
                 "tensors": {k: list(v) for k, v in C.model_tensors(default_lm.model).items()}, "meta": {"ctx": 64},
                 "imatrix": im}, str(path))
-    back, meta = C.load_imatrix(path, default_lm.model)
+    back, meta = IM.load_imatrix(path, default_lm.model)
     assert meta["chunks"] == 2 and meta["ctx"] == 64 and all(torch.equal(back[k], im[k]) for k in im)
 
 
@@ -161,14 +164,14 @@ def test_sensitivity_identity_zero_restores_weights(tiny):
     lm = load_model(str(tiny.hf("qwen2")), "cpu", torch.float32, keep_quantized=False)  # dense; tied: token_embd feeds input and output
     model = lm.model
     chunks = [list(range(3, 35)), list(range(100, 132))]
-    ref = C.reference_outputs(model, chunks)
+    ref = S.reference_outputs(model, chunks)
     with torch.inference_mode():  # the reference runs exactly the model's forward
         assert torch.equal(ref.z[0], model(torch.tensor([chunks[0]]), make_cache(lm.config, 32), 0)[0])
     names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.attn_q.bias"]
     before = {n: (C.get_weight(model, n).data_ptr(), C.get_weight(model, n).detach().clone()) for n in names}
-    assert C.measure_sensitivity(model, chunks, names, lambda n, w: w, reference=ref) == dict.fromkeys(names, 0.0)
+    assert S.measure_sensitivity(model, chunks, names, lambda n, w: w, reference=ref) == dict.fromkeys(names, 0.0)
     calls = []
-    kl = C.measure_sensitivity(model, chunks, names, lambda n, w: w.add_(0.01 * torch.randn_like(w)),
+    kl = S.measure_sensitivity(model, chunks, names, lambda n, w: w.add_(0.01 * torch.randn_like(w)),
                                progress=lambda *a: calls.append(a))
     assert all(v > 0 for v in kl.values()) and calls == [("sensitivity", i, 4) for i in (1, 2, 3, 4)]
     for n, (ptr, value) in before.items():
@@ -177,7 +180,7 @@ def test_sensitivity_identity_zero_restores_weights(tiny):
     p = C.get_weight(model, "blk.0.attn_q.weight")
     torch.manual_seed(0)
     noise = 0.02 * torch.randn_like(p)
-    kl = C.measure_sensitivity(model, chunks, ["blk.0.attn_q.weight"], lambda n, w: w + noise, reference=ref)
+    kl = S.measure_sensitivity(model, chunks, ["blk.0.attn_q.weight"], lambda n, w: w + noise, reference=ref)
     with torch.no_grad():
         p.add_(noise)
         with torch.inference_mode():
@@ -216,10 +219,10 @@ def test_predicted_losses_rank_like_measured_kl(default_lm, default_imatrix):
     chunks, im = default_imatrix
     model = default_lm.model
     names = ["blk.0.attn_k.weight", "blk.10.attn_v.weight", "blk.16.attn_output.weight", "blk.27.ffn_down.weight"]
-    ref = C.reference_outputs(model, chunks)
+    ref = S.reference_outputs(model, chunks)
     kl, err = {}, {}
     for q in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
-        for n, v in C.measure_sensitivity(model, chunks, names, lambda n, w: C.roundtrip(w, q, im[n]),
+        for n, v in S.measure_sensitivity(model, chunks, names, lambda n, w: C.roundtrip(w, q, im[n]),
                                           reference=ref).items():
             w = C.get_weight(model, n)
             kl[n, q], err[n, q] = v, C.weighted_error(w, C.roundtrip(w, q, im[n]), im[n])

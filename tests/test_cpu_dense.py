@@ -10,12 +10,17 @@ decode step, and greedy ids for 64 tokens.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gguf
 import numpy as np
 import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
+from tiny_hf import write_hf_folder
+from tiny_spec import TinySpec
 from localllm.backends.cpu import CpuRuntime
 from localllm.kernels.cpu import QMATVEC_MAX_ROWS, BlockQWeight
 from localllm.load import load_model
@@ -27,21 +32,21 @@ Q = gguf.GGMLQuantizationType
 SPEC = tm.case_spec("llama")
 
 
-def bf16_raw(spec: tm.TinySpec) -> dict:
+def bf16_raw(spec: TinySpec) -> dict:
     """Every 2-D tensor of the tiny model as BF16 rows (tiny_models writes F32 and F16 only)."""
     return {n: (gguf.quants.quantize(d.astype(np.float32), Q.BF16), Q.BF16)
-            for n, d in tm.gguf_tensors(spec).items() if d.ndim == 2}
+            for n, d in gguf_tensors(spec).items() if d.ndim == 2}
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("dense")
     return {
-        "F32": tm.write_gguf(SPEC, root / "f32.gguf", Q.F32),
-        "F16": tm.write_gguf(SPEC, root / "f16.gguf", Q.F16),
-        "BF16": tm.write_gguf(SPEC, root / "bf16.gguf", raw=bf16_raw(SPEC)),
-        "hf-float16": tm.write_hf_folder(tm.replace(SPEC, storage_dtype="float16"), root / "hf16"),
-        "hf-bfloat16": tm.write_hf_folder(tm.replace(SPEC, storage_dtype="bfloat16"), root / "hfbf16"),
+        "F32": write_gguf(SPEC, root / "f32.gguf", Q.F32),
+        "F16": write_gguf(SPEC, root / "f16.gguf", Q.F16),
+        "BF16": write_gguf(SPEC, root / "bf16.gguf", raw=bf16_raw(SPEC)),
+        "hf-float16": write_hf_folder(replace(SPEC, storage_dtype="float16"), root / "hf16"),
+        "hf-bfloat16": write_hf_folder(replace(SPEC, storage_dtype="bfloat16"), root / "hfbf16"),
     }
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import tiny_gemma4 as g4
-import tiny_models as tm
+from tiny_spec import Q
 from cli_helpers import invoke_quantize
 from localllm.backends import runtime_class
 from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime
@@ -63,7 +63,7 @@ def gguf_file(tmp_path_factory):
             spec = SPECS[case]
             folder = g4.write_hf_folder(spec, root / case / "hf")
             if qtype == "Q8_0":
-                made[case, qtype] = g4.write_gguf(spec, folder, root / case / "Q8_0.gguf", tm.Q.Q8_0)
+                made[case, qtype] = g4.write_gguf(spec, folder, root / case / "Q8_0.gguf", Q.Q8_0)
             else:
                 f32 = g4.write_gguf(spec, folder, root / case / "F32.gguf")
                 out = root / case / f"{qtype}.gguf"

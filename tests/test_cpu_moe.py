@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
 from localllm.backends import runtime_class
 from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime, cpp_covers
 from localllm.cache import make_cache
@@ -162,10 +163,10 @@ def moe_files(tmp_path_factory):
             spec, path = tm.MOE_CASES[case], root / f"{case}-{kind}.gguf"
             if kind == "MXFP4":  # experts MXFP4, the rest Q8_0 (llama.cpp's gpt-oss files: MXFP4_MOE)
                 raw = {n: (gguf.quants.quantize(d.reshape(-1, d.shape[-1]), Q.MXFP4).reshape(*d.shape[:-1], -1),
-                           Q.MXFP4) for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
-                made[case, kind] = tm.write_gguf(spec, path, Q.Q8_0, raw=raw)
+                           Q.MXFP4) for n, d in gguf_tensors(spec).items() if "_exps.weight" in n}
+                made[case, kind] = write_gguf(spec, path, Q.Q8_0, raw=raw)
             else:
-                made[case, kind] = tm.write_gguf(spec, path, Q[kind])
+                made[case, kind] = write_gguf(spec, path, Q[kind])
         return str(made[case, kind])
 
     return get

@@ -27,7 +27,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import tiny_models as tm
+from tiny_spec import Q
 from _bad_files import cli_env, localllm_command
 from conftest import default_model_path
 from localllm.commands import evaluate as ev
@@ -131,7 +131,7 @@ def files(tmp_path_factory, tiny) -> dict[str, Path]:
     out["other"].write_text(OTHER_TEXT)
     out["short"].write_text("Too short.")
     out["tiny"] = tiny.gguf("llama")
-    out["tiny_q8"] = tiny.gguf("llama", tm.Q.Q8_0)
+    out["tiny_q8"] = tiny.gguf("llama", Q.Q8_0)
     return out
 
 

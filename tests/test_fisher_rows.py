@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
 from localllm import mixed
 from localllm.commands.quantize_cmd import read_source
 from localllm.fisher import fisher_rows, layerwise_cache
@@ -55,7 +56,7 @@ def models(tmp_path_factory):
 
     def get(case: str):
         if case not in made:
-            path = tm.write_gguf(SPECS[case], root / f"{case}.gguf")
+            path = write_gguf(SPECS[case], root / f"{case}.gguf")
             made[case] = path, load_model(str(path), "cpu", torch.float32, keep_quantized=False)
         return made[case]
     return get

@@ -19,11 +19,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-import tiny_models as tm
+from tiny_spec import Q
+import tiny_tokenizer
 from test_model_vs_transformers import our_logits
 from tiny_models import assert_close
 from localllm.cache import make_cache
-from localllm.config import config_from_gguf, config_from_hf
+from localllm.config_gguf import config_from_gguf
+from localllm.config_hf import config_from_hf
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
 
@@ -39,7 +41,7 @@ CASE_FORMATS = [("gemma2", f) for f in [*GGUF_FORMATS, "safetensors"]] + [("gemm
 @pytest.fixture(scope="module")
 def tokens() -> torch.Tensor:
     g = torch.Generator().manual_seed(4321)
-    return torch.randint(0, tm.vocab_size(), (BATCH, T), generator=g)
+    return torch.randint(0, tiny_tokenizer.vocab_size(), (BATCH, T), generator=g)
 
 
 def checkpoint(tiny, case: str, fmt: str):
@@ -47,7 +49,7 @@ def checkpoint(tiny, case: str, fmt: str):
     folder = tiny.hf(case)
     if fmt == "safetensors":
         return folder, {"pretrained_model_name_or_path": str(folder)}
-    path = tiny.gguf(case, tm.Q[fmt.removeprefix("gguf-")])
+    path = tiny.gguf(case, Q[fmt.removeprefix("gguf-")])
     return path, {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name,
                   "config": AutoConfig.from_pretrained(str(folder))}
 
@@ -247,6 +249,6 @@ def test_info_names_the_family_facts(tiny, case, facts):
     """`localllm info` shows what distinguishes the family, read from the file (GGUF) and the folder."""
     from localllm.commands.info import model_info
 
-    for spec in (str(tiny.gguf(case, tm.Q.F32)), str(tiny.hf(case))):
+    for spec in (str(tiny.gguf(case, Q.F32)), str(tiny.hf(case))):
         info = model_info(spec)
         assert {k: info.get(k) for k in facts} == facts, spec

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import tiny_gemma4 as g4
-import tiny_models as tm
+from tiny_spec import Q
+from tiny_tokenizer import vocab_size
 from tiny_models import assert_close
 from localllm.cache import make_cache
 from localllm.load import build_model, load_model, read_hf_folder
@@ -26,7 +27,7 @@ BATCH, T = 2, 16
 @pytest.fixture(scope="module")
 def tokens() -> torch.Tensor:
     g = torch.Generator().manual_seed(4321)
-    return torch.randint(0, tm.vocab_size(), (BATCH, T), generator=g)
+    return torch.randint(0, vocab_size(), (BATCH, T), generator=g)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def files(tmp_path_factory):
             spec = g4.CASES[case]
             folder = g4.write_hf_folder(spec, root / case / "hf")
             made[case] = (folder, g4.write_gguf(spec, folder, root / case / "tiny-F32.gguf"),
-                          g4.write_gguf(spec, folder, root / case / "tiny-Q8_0.gguf", tm.Q.Q8_0))
+                          g4.write_gguf(spec, folder, root / case / "tiny-Q8_0.gguf", Q.Q8_0))
         return made[case]
     return get
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gguf
 import pytest
 
-import tiny_models as tm
+from tiny_tokenizer import CORPUS
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 TEXTS = [
@@ -24,14 +24,14 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def vocab_merges():
-    """A BPE trained on tiny_models' corpus with Gemma's pipeline: ids 0-3 specials, 4-259 byte tokens."""
+    """A BPE trained on tiny_tokenizer's corpus with Gemma's pipeline: ids 0-3 specials, 4-259 byte tokens."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
     trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False)
-    tok.train_from_iterator(tm._CORPUS.splitlines() * 4 + ["\n\n", "a\nb\n\nc"], trainer)
+    tok.train_from_iterator(CORPUS.splitlines() * 4 + ["\n\n", "a\nb\n\nc"], trainer)
     trained = tok.model.get_vocab() if hasattr(tok.model, "get_vocab") else tok.get_vocab()
     import json
 

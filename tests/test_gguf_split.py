@@ -16,21 +16,22 @@ import numpy as np
 import pytest
 import torch
 
-import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_spec import Q, TinySpec
 from localllm.runtime import Runtime  # the portable backend: no C++ build
 from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
 from localllm.gguf_file import open_gguf
 from localllm.load import file_size, load_model
 
-SPEC = tm.TinySpec("llama", seed=3)
+SPEC = TinySpec("llama", seed=3)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("split")
-    whole = tm.write_gguf(SPEC, folder / "whole.gguf", tm.Q.Q8_0)
-    first = tm.write_gguf(SPEC, folder / "tiny.gguf", tm.Q.Q8_0, split_max_tensors=8)
+    whole = write_gguf(SPEC, folder / "whole.gguf", Q.Q8_0)
+    first = write_gguf(SPEC, folder / "tiny.gguf", Q.Q8_0, split_max_tensors=8)
     return whole, first
 
 

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_hf import write_hf_folder
+from tiny_tokenizer import vocab_size
 import tiny_mxfp4 as tx
 from localllm.cache import make_cache
 from localllm.errors import LocalLLMError
@@ -42,7 +44,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokens() -> torch.Tensor:
-    return torch.randint(0, tm.vocab_size(), (2, 16), generator=torch.Generator().manual_seed(4321))
+    return torch.randint(0, vocab_size(), (2, 16), generator=torch.Generator().manual_seed(4321))
 
 
 @torch.inference_mode()
@@ -269,7 +271,7 @@ def test_quant_config_must_say_mxfp4(files, tmp_path):
     """MXFP4 tensors without quantization_config, and "mxfp4" over dense experts: one line each; another
     quant_method is refused by the config reader."""
     assert "quant_method None" in _one_line(_variant(files, tmp_path, edit_config=lambda c: c.pop("quantization_config")))
-    dense = tm.write_hf_folder(SPEC, tmp_path / "dense")
+    dense = write_hf_folder(SPEC, tmp_path / "dense")
     cfg = json.loads((dense / "config.json").read_text())
     (dense / "config.json").write_text(json.dumps(cfg | {"quantization_config": tx.QUANT_CONFIG}))
     assert "not stored as MXFP4" in _one_line(dense)

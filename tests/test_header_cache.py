@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_spec import TinySpec
 from localllm import gguf_cache, gguf_file
 from localllm.gguf_cache import Header, entry_path, read_header, write_header
 from localllm.gguf_file import open_gguf
@@ -24,7 +25,7 @@ from localllm.settings import CpuSettings
 
 @pytest.fixture
 def model(tmp_path) -> Path:
-    return tm.write_gguf(tm.TinySpec("llama", seed=1), tmp_path / "tiny.gguf")
+    return write_gguf(TinySpec("llama", seed=1), tmp_path / "tiny.gguf")
 
 
 @pytest.fixture

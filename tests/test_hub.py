@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_hf import write_hf_folder
+from tiny_spec import Q, TinySpec
 from _bad_files import cli_env, localllm_command
 from hub_server import HubServer, HubState, Repo, add_folder
 from localllm import hub
@@ -24,7 +26,7 @@ from localllm.load import load_model
 from localllm.registry import resolve_model
 from localllm.runtime import Runtime
 
-SPEC = tm.TinySpec("llama", seed=5)
+SPEC = TinySpec("llama", seed=5)
 GGUF_REPO, HF_REPO, GATED_REPO = "tiny/llama-GGUF", "tiny/llama-hf", "tiny/gated-GGUF"
 
 # A real listing's shape (bartowski/Llama-3.2-1B-Instruct-GGUF, abridged), and a split one
@@ -68,14 +70,14 @@ def served(tmp_path_factory):
     safetensors repo (with files a pull must skip), a gated repo."""
     folder = tmp_path_factory.mktemp("hub")
     gguf_dir, hf_dir = folder / "gguf", folder / "hf"
-    q8 = tm.write_gguf(SPEC, gguf_dir / "tiny-llama-Q8_0.gguf", tm.Q.Q8_0)
-    tm.write_gguf(SPEC, gguf_dir / "tiny-llama-F16.gguf", tm.Q.F16, split_max_tensors=12)
-    tm.write_hf_folder(SPEC, hf_dir)
+    q8 = write_gguf(SPEC, gguf_dir / "tiny-llama-Q8_0.gguf", Q.Q8_0)
+    write_gguf(SPEC, gguf_dir / "tiny-llama-F16.gguf", Q.F16, split_max_tensors=12)
+    write_hf_folder(SPEC, hf_dir)
     state = HubState()
     add_folder(state, GGUF_REPO, gguf_dir, **{"mmproj-tiny-F16.gguf": b"not a model", "README.md": b"# tiny"})
     add_folder(state, HF_REPO, hf_dir, **{"onnx/model.onnx": b"x" * 100, "pytorch_model.bin": b"y" * 100})
     state.repos[GATED_REPO] = Repo({"tiny-Q8_0.gguf": q8.read_bytes()}, token="hf_secret")
-    whole_f16 = tm.write_gguf(SPEC, folder / "whole-F16.gguf", tm.Q.F16)
+    whole_f16 = write_gguf(SPEC, folder / "whole-F16.gguf", Q.F16)
     with HubServer(state) as url:
         yield state, url, {"q8": q8, "f16": whole_f16, "hf": hf_dir}
 

@@ -21,7 +21,9 @@ import pytest
 import torch
 
 import tiny_models as tm
-from localllm import calibrate as C
+from tiny_gguf import write_gguf
+from tiny_spec import Q
+from localllm import imatrix as IM
 from localllm.commands import evaluate as ev
 from localllm.commands import llama_logits as ll
 from localllm.commands.quantize_cmd import quantize_model
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: small passes 
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    f32, q4 = tiny.gguf("llama"), tiny.gguf("llama", tm.Q.Q4_0)
+    f32, q4 = tiny.gguf("llama"), tiny.gguf("llama", Q.Q4_0)
     return f32, q4, load_model(str(f32), "cpu", torch.float32), load_model(str(q4), "cpu", torch.float32)
 
 
@@ -58,7 +60,7 @@ def chunks(models, base_file):
 def our_stats(models, base_file):
     """localllm's statistics on llama-imatrix's chunks (the same tokens: the text, BOS first)."""
     rows = [list(map(int, r)) for r in base_file.tokens[: RESULTS["imatrix_chunks"]]]
-    return C.collect_imatrix_stats(models[2].model, rows, dataset="text.txt")
+    return IM.collect_imatrix_stats(models[2].model, rows, dataset="text.txt")
 
 
 # ---- imatrix
@@ -66,7 +68,7 @@ def our_stats(models, base_file):
 
 @pytest.mark.parametrize("name", ["imatrix.gguf", "imatrix.dat"])
 def test_llama_imatrix_files_read_as_our_statistics(models, our_stats, name):
-    values, meta = C.load_imatrix(DATA / name, models[2].model)
+    values, meta = IM.load_imatrix(DATA / name, models[2].model)
     ours = our_stats.means()
     assert set(values) == set(ours) and meta["chunks"] == RESULTS["imatrix_chunks"]
     for k, v in values.items():  # llama.cpp's fp16 KV cache moves attention's outputs by ~1e-3
@@ -91,7 +93,7 @@ def test_dat_written_from_llama_gguf_equals_llama_dat(tmp_path):
     """The legacy file localllm writes from llama-imatrix's GGUF statistics holds llama-imatrix's own
     .dat values (the same run's sums: to an ulp of fp32 order)."""
     ours = write_dat_imatrix(tmp_path / "x.dat", read_gguf_imatrix(DATA / "imatrix.gguf"))
-    a, b = C.load_imatrix(ours)[0], C.load_imatrix(DATA / "imatrix.dat")[0]
+    a, b = IM.load_imatrix(ours)[0], IM.load_imatrix(DATA / "imatrix.dat")[0]
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=0, msg=k)
@@ -124,7 +126,7 @@ def test_quantize_with_an_imatrix_file_equals_llama_quantize(models, case, imatr
 @pytest.mark.parametrize("case", ["tiny_iq4_xs", "wide_iq4_xs", "wide_iq4_nl"])
 def test_iq4_presets_equal_llama_quantize(tiny, case, tmp_path):
     spec = tm.case_spec("llama") if case.startswith("tiny") else tm.MIXED
-    src = tm.write_gguf(spec, tmp_path / "f32.gguf")
+    src = write_gguf(spec, tmp_path / "f32.gguf")
     out = tmp_path / "q.gguf"
     quantize_model(str(src), out, case.split("_", 1)[1].upper(), progress=False, device="cpu")
     assert_same_as_llama_quantize(out, RESULTS["llama_quantize"][case])

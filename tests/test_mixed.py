@@ -23,12 +23,15 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
+from tiny_hf import write_hf_folder
+from tiny_spec import TinySpec
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
 from localllm.commands import evaluate as E
 from localllm import mixed
 from localllm.cache import make_cache
-from localllm.calibrate import load_imatrix
+from localllm.imatrix import load_imatrix
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
 from localllm.commands.quantize_cmd import data_start, parse_size, quantize_model, read_source
@@ -44,21 +47,21 @@ EVAL_TEXT = (ROOT / "bench" / "data" / "eval.txt").read_text(encoding="utf-8")  
 IDS = torch.tensor([[1, 5, 9, 30, 40, 100, 200, 300]])
 
 # Rows of 256 and 512 values: every candidate type (K-quants included) fits every matrix.
-KSPEC = tm.TinySpec("llama", n_layers=2, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, seed=21)
+KSPEC = TinySpec("llama", n_layers=2, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, seed=21)
 # Non-uniform sensitivity: layer 0's ffn_down x 8 makes its output dominate the residual stream, so
 # errors of layer 0 matter most; Q4_K_M's rule gives the *last* layer's ffn_down more bits.
 LOUD = {"blk.0.ffn_down.weight": 8.0}
 # One KV head of 40 values: attn_k/attn_v have 40 rows, so Q6_K (40 x 210 bytes) and Q3_K data are
 # no multiple of the 32-byte alignment and the file pads them.
-ODD = tm.TinySpec("llama", n_layers=1, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=1, head_dim=40, seed=22)
+ODD = TinySpec("llama", n_layers=1, dim=256, ffn_dim=512, n_heads=4, n_kv_heads=1, head_dim=40, seed=22)
 # dim 64: quick; rows of 64 take Q4_0 .. Q8_0, ffn_down's rows of 256 every candidate.
-SMALL = tm.TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=11)
+SMALL = TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=11)
 
 
-def scaled_gguf(spec: tm.TinySpec, path: Path, scale: dict[str, float]) -> Path:
+def scaled_gguf(spec: TinySpec, path: Path, scale: dict[str, float]) -> Path:
     """The spec's F32 GGUF with some tensors multiplied (powers of two stay exact)."""
-    tensors = tm.gguf_tensors(spec)
-    return tm.write_gguf(spec, path, raw={n: (tensors[n] * s, Q.F32) for n, s in scale.items()})
+    tensors = gguf_tensors(spec)
+    return write_gguf(spec, path, raw={n: (tensors[n] * s, Q.F32) for n, s in scale.items()})
 
 
 def padded(n: int, align: int = 32) -> int:
@@ -163,7 +166,7 @@ def fisher_models(tmp_path_factory):
     # dense parameters, as the quantize command loads its source (the CPU would keep F32 rows as blocks)
     folder = tmp_path_factory.mktemp("fisher")
     spec = tm.CASES["llama"]  # dim 64, untied
-    base = load_model(str(tm.write_gguf(spec, folder / "base.gguf")), "cpu", torch.float32, keep_quantized=False)
+    base = load_model(str(write_gguf(spec, folder / "base.gguf")), "cpu", torch.float32, keep_quantized=False)
     rescaled = load_model(str(scaled_gguf(spec, folder / "rescaled.gguf", RESCALE)), "cpu", torch.float32, keep_quantized=False)
     return base, rescaled
 
@@ -313,7 +316,7 @@ def test_target_size_counts_padding(tmp_path, monkeypatch):
     """Tensors whose bytes are no multiple of the alignment: the allocator prices each option as the
     file holds it (padded), so no target is overshot. The options of one run are replayed for 600
     other targets and each result priced from its real types (unpadded pricing overshot 7 of them)."""
-    src = tm.write_gguf(ODD, tmp_path / "odd-f32.gguf")
+    src = write_gguf(ODD, tmp_path / "odd-f32.gguf")
     calls = []
     real = mixed.allocate
     monkeypatch.setattr(mixed, "allocate", lambda options, budget: calls.append((options, budget)) or real(options, budget))
@@ -336,7 +339,7 @@ def test_target_size_counts_padding(tmp_path, monkeypatch):
 
 def test_target_size_from_safetensors(tmp_path, loud):
     """A Hugging Face folder has no header of its own: the budget is the output file's."""
-    hf = tm.write_hf_folder(ODD, tmp_path / "hf")
+    hf = write_hf_folder(ODD, tmp_path / "hf")
     target = 380000
     out = tmp_path / "hf-mixed.gguf"
     result = quantize_model(str(hf), out, None, target_size=target, tokenizer_from=loud, progress=False)
@@ -374,7 +377,7 @@ def test_mixed_beats_q4_k_m_at_its_size(loud, preset_q4km, sized_q4km):
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
-    return tm.write_gguf(SMALL, tmp_path_factory.mktemp("mixed-cli") / "small-f32.gguf")
+    return write_gguf(SMALL, tmp_path_factory.mktemp("mixed-cli") / "small-f32.gguf")
 
 
 def test_cli_imatrix_written_then_reused(small, tmp_path, monkeypatch):
@@ -398,7 +401,7 @@ def test_cli_imatrix_written_then_reused(small, tmp_path, monkeypatch):
 
 
 def test_cli_imatrix_of_another_model(small, tmp_path):
-    other = tm.write_gguf(tm.TinySpec("llama", dim=64, ffn_dim=128, n_layers=1, seed=3), tmp_path / "other.gguf")
+    other = write_gguf(TinySpec("llama", dim=64, ffn_dim=128, n_layers=1, seed=3), tmp_path / "other.gguf")
     imat = tmp_path / "other.imatrix"
     assert invoke(other, tmp_path / "o.gguf", "--type", "Q4_0", "--imatrix", imat).exit_code == 0
     assert_one_error(invoke(small, tmp_path / "x.gguf", "--target-bpw", "5", "--imatrix", imat),
@@ -458,7 +461,7 @@ def test_parse_size_refuses(text):
 def test_rows_no_candidate_fits_take_f16(tmp_path):
     """Rows of 48 values split into no candidate's blocks: F16, the presets' last resort (the
     allocator used to get an empty option list and fail as "target too small")."""
-    src = tm.write_gguf(tm.TinySpec("llama", dim=48, ffn_dim=128, n_heads=4, n_kv_heads=2, n_layers=1, seed=7),
+    src = write_gguf(TinySpec("llama", dim=48, ffn_dim=128, n_heads=4, n_kv_heads=2, n_layers=1, seed=7),
                         tmp_path / "d48.gguf")
     out = tmp_path / "d48-mixed.gguf"
     result = quantize_model(str(src), out, None, target_bpw=15, progress=False)

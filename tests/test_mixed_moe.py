@@ -18,9 +18,12 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_hf import write_hf_folder
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
 from localllm import calibrate as C
+from localllm import imatrix as IM
 from localllm import mixed
 from localllm.cache import make_cache
 from localllm.imatrix_files import ImatrixStats
@@ -51,8 +54,8 @@ def moe_sources(tmp_path_factory):
     def get(case: str, kind: str):
         if (case, kind) not in made:
             spec = tm.MOE_CASES[case]
-            made[case, kind] = (tm.write_gguf(spec, root / case / "f32.gguf") if kind == "gguf"
-                                else tm.write_hf_folder(spec, root / case / "hf"))
+            made[case, kind] = (write_gguf(spec, root / case / "f32.gguf") if kind == "gguf"
+                                else write_hf_folder(spec, root / case / "hf"))
         return made[case, kind]
     return get
 
@@ -172,7 +175,7 @@ def test_expert_imatrix_matches_transformers(moe_sources, case):
     folder = moe_sources(case, "hf")
     lm = load_model(str(folder), "cpu", torch.float32)
     chunks = [list(range(3, 43)), list(range(200, 240))]
-    ours, ref = C.collect_imatrix(lm.model, chunks), hf_expert_imatrix(folder, chunks)
+    ours, ref = IM.collect_imatrix(lm.model, chunks), hf_expert_imatrix(folder, chunks)
     spec = tm.MOE_CASES[case]
     assert set(ref) <= set(ours) and len(ref) == 3 * spec.n_layers
     for name, v in ref.items():
@@ -184,7 +187,7 @@ def test_expert_imatrix_matches_transformers(moe_sources, case):
 def test_unrouted_expert_gets_ones(moe_sources):
     """Two tokens reach at most 4 of 8 experts: the others' rows are 1 (llama-quantize's zero count)."""
     lm = load_model(str(moe_sources("mixtral", "gguf")), "cpu", torch.float32)
-    im = C.collect_imatrix(lm.model, [[5, 9]])
+    im = IM.collect_imatrix(lm.model, [[5, 9]])
     # the experts layer 0 routes to: its input is the normed embedding after attention; recompute it
     seen = {}
     hook = lm.model.blk[0].moe.register_forward_pre_hook(lambda mod, args: seen.setdefault("h", args[0]))
@@ -224,7 +227,7 @@ def test_imatrix_changes_and_improves_the_experts(moe_sources, tmp_path):
     src = moe_sources("mixtral", "gguf")
     lm = load_model(str(src), "cpu", torch.float32, keep_quantized=False)
     chunks = C.calibration_chunks(lm.tokenizer, C.calibration_text(), 64, 4)
-    im = C.collect_imatrix(lm.model, chunks)
+    im = IM.collect_imatrix(lm.model, chunks)
     pooled = {n: v.mean(0) if v.dim() == 2 else v for n, v in im.items()}
     files = {}
     for label, imatrix in (("none", None), ("experts", im), ("pooled", pooled)):
@@ -260,7 +263,7 @@ def test_imatrix_file_of_a_moe_model(moe_sources, tmp_path):
     path = tmp_path / "moe.imatrix"
     out = tmp_path / "q.gguf"
     quantize_model(str(src), out, "Q4_0", imatrix_file=path, progress=False)
-    back, meta = C.load_imatrix(path, load_model(str(src), "cpu", torch.float32).model)
+    back, meta = IM.load_imatrix(path, load_model(str(src), "cpu", torch.float32).model)
     spec = tm.MOE_CASES["qwen3_moe"]
     assert back["blk.1.ffn_down_exps.weight"].shape == (spec.n_experts, spec.expert_ffn_dim)
     again = tmp_path / "again.gguf"
@@ -324,9 +327,9 @@ def test_imatrix_entry_of_a_wrong_shape_is_one_error(moe_sources, tmp_path, bad,
                    "columns": ("blk.0.ffn_down_exps.weight", torch.ones(8, 32)),
                    "dense": ("blk.0.attn_q.weight", torch.ones(8, 64))}[bad]
     path = tmp_path / "bad.imatrix"
-    C.save_imatrix(path, ImatrixStats.from_means(im | {name: value}))
+    IM.save_imatrix(path, ImatrixStats.from_means(im | {name: value}))
     result = invoke(src, tmp_path / "o.gguf", *flags, "--imatrix", path)
     assert_one_error(result, name)
     assert not (tmp_path / "o.gguf").exists()
-    C.save_imatrix(path, ImatrixStats.from_means(im))  # the good one is read
-    assert torch.equal(C.load_imatrix(path, model)[0]["blk.0.ffn_down_exps.weight"], torch.ones(8, 64))
+    IM.save_imatrix(path, ImatrixStats.from_means(im))  # the good one is read
+    assert torch.equal(IM.load_imatrix(path, model)[0]["blk.0.ffn_down_exps.weight"], torch.ones(8, 64))

@@ -24,6 +24,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import tiny_models as tm
+from tiny_gguf import permute_qk
+from tiny_raw import ALL_TYPES, random_tensor_data, write_raw_gguf
+from tiny_spec import Q
+from tiny_tokenizer import vocab_size
 from tiny_models import assert_close
 from localllm.kernels.cpu import BlockQWeight
 from localllm.cache import make_cache
@@ -42,7 +46,7 @@ GGUF_NEEDS_HF_CONFIG = {"qwen3", "llama3", "llama_linear"}
 @pytest.fixture(scope="module")
 def tokens() -> torch.Tensor:
     g = torch.Generator().manual_seed(1234)
-    return torch.randint(0, tm.vocab_size(), (BATCH, T), generator=g)
+    return torch.randint(0, vocab_size(), (BATCH, T), generator=g)
 
 
 def checkpoint(tiny, case: str, fmt: str):
@@ -50,7 +54,7 @@ def checkpoint(tiny, case: str, fmt: str):
     if fmt == "safetensors":
         folder = tiny.hf(case)
         return folder, {"pretrained_model_name_or_path": str(folder)}
-    path = tiny.gguf(case, tm.Q[fmt.removeprefix("gguf-")])
+    path = tiny.gguf(case, Q[fmt.removeprefix("gguf-")])
     kwargs = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
     if case in GGUF_NEEDS_HF_CONFIG:
         kwargs["config"] = AutoConfig.from_pretrained(str(tiny.hf(case)))
@@ -62,7 +66,7 @@ def our_logits(path, tokens: torch.Tensor) -> torch.Tensor:
     lm = load_model(str(path), "cpu", torch.float32)
     cache = make_cache(lm.config, tokens.shape[1], batch=tokens.shape[0])
     logits = lm.model(tokens, cache, 0)
-    assert logits.dtype == torch.float32 and logits.shape == (*tokens.shape, tm.vocab_size())
+    assert logits.dtype == torch.float32 and logits.shape == (*tokens.shape, vocab_size())
     return logits
 
 
@@ -119,19 +123,19 @@ ROWS, COLS = 8, 512
 
 
 def test_supported_types_are_the_documented_ones():
-    assert set(tm.ALL_TYPES) == set(SUPPORTED_TYPES)
+    assert set(ALL_TYPES) == set(SUPPORTED_TYPES)
 
 
 @pytest.fixture(scope="module")
 def raw_type_file(tmp_path_factory):
     """One GGUF with a tensor of each supported type -> (path, name -> (raw, type))."""
     rng = np.random.default_rng(7)
-    tensors = {f"t.{t.name}": (tm.random_tensor_data(t, ROWS, COLS, rng), t) for t in tm.ALL_TYPES}
-    path = tm.write_raw_gguf(tmp_path_factory.mktemp("types") / "types.gguf", tensors)
+    tensors = {f"t.{t.name}": (random_tensor_data(t, ROWS, COLS, rng), t) for t in ALL_TYPES}
+    path = write_raw_gguf(tmp_path_factory.mktemp("types") / "types.gguf", tensors)
     return path, tensors
 
 
-@pytest.mark.parametrize("qtype", tm.ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_tensor_type_decodes_exactly(raw_type_file, qtype):
     path, tensors = raw_type_file
     raw, t = tensors[f"t.{qtype.name}"]
@@ -155,7 +159,7 @@ def test_mixed_type_model_weights_are_exact(mixed):
     data (q/k compared after re-applying the converter's permutation to our un-permuted weight).
     On the CPU the matrices stay quantized (kernels/cpu.py): their decoding is what is compared."""
     _, raw, lm = mixed
-    assert {t for _, t in raw.values()} == set(tm.ALL_TYPES)
+    assert {t for _, t in raw.values()} == set(ALL_TYPES)
     params = lm.model.state_dict()
     spec = tm.MIXED
     for name, (data, t) in raw.items():
@@ -163,9 +167,9 @@ def test_mixed_type_model_weights_are_exact(mixed):
         held = getattr(module, "qweight", None) or module.weight  # a Linear's, or the embedding's
         ours = (held.dequantize() if isinstance(held, BlockQWeight) else params[_module_name(name)]).numpy()
         if ".attn_q." in name:
-            ours = tm.permute_qk(ours, spec.n_heads)
+            ours = permute_qk(ours, spec.n_heads)
         elif ".attn_k." in name:
-            ours = tm.permute_qk(ours, spec.n_kv_heads)
+            ours = permute_qk(ours, spec.n_kv_heads)
         np.testing.assert_array_equal(ours, gguf.quants.dequantize(data, t).astype(np.float32), err_msg=name)
 
 

@@ -9,6 +9,8 @@ products of quantized weights against the dense product of the decoded rows.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gguf
 import numpy as np
 import pytest
@@ -16,9 +18,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
+from tiny_hf import hf_config, write_hf_folder
+from tiny_raw import random_tensor_data
+from tiny_tokenizer import vocab_size
+from tiny_weights import make_weights
 from localllm.backends.cpu import CpuEagerRuntime
 from localllm.cache import make_cache
-from localllm.config import config_from_hf
+from localllm.config_hf import config_from_hf
 from localllm.kernels.cpu import BlockQWeight, load_extension, pack_for_cpu, row_view
 from localllm.kernels.linear import linear_rows
 from localllm.load import load_model
@@ -36,7 +43,7 @@ BATCH, T = 2, 16
 
 @pytest.fixture(scope="module")
 def tokens() -> torch.Tensor:
-    return torch.randint(0, tm.vocab_size(), (BATCH, T), generator=torch.Generator().manual_seed(4321))
+    return torch.randint(0, vocab_size(), (BATCH, T), generator=torch.Generator().manual_seed(4321))
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +55,12 @@ def files(tmp_path_factory):
     class Files:
         def hf(self, case):
             if (case, "hf") not in made:
-                made[case, "hf"] = tm.write_hf_folder(tm.MOE_CASES[case], root / case / "hf")
+                made[case, "hf"] = write_hf_folder(tm.MOE_CASES[case], root / case / "hf")
             return made[case, "hf"]
 
         def gguf(self, case, qtype=Q.F32):
             if (case, qtype) not in made:
-                made[case, qtype] = tm.write_gguf(tm.MOE_CASES[case], root / case / f"{case}-{qtype.name}.gguf", qtype)
+                made[case, qtype] = write_gguf(tm.MOE_CASES[case], root / case / f"{case}-{qtype.name}.gguf", qtype)
             return made[case, qtype]
 
     return Files()
@@ -127,7 +134,7 @@ def test_gguf_equals_safetensors(files, tokens, case):
 def test_per_expert_gguf_layout(files, tokens, tmp_path, qtype):
     """Early Mixtral GGUFs store each expert as its own tensor (blk.N.ffn_gate.E.weight): they load to the
     model of the stacked layout."""
-    path = tm.write_gguf(tm.MOE_CASES["mixtral"], tmp_path / "old.gguf", qtype, per_expert=True)
+    path = write_gguf(tm.MOE_CASES["mixtral"], tmp_path / "old.gguf", qtype, per_expert=True)
     assert "blk.1.ffn_down.7.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
     assert_close(our_logits(path, tokens), our_logits(files.gguf("mixtral", qtype), tokens), tol=1e-5)
     if qtype == Q.F32:  # and requantize (llama.cpp's rules read their layer from the names)
@@ -140,7 +147,7 @@ def test_per_expert_gguf_layout(files, tokens, tmp_path, qtype):
 
 def test_sharded_folder(files, tokens, tmp_path):
     """Experts spread over shards (save_pretrained's split) stack as from one file."""
-    folder = tm.write_hf_folder(tm.replace(tm.MOE_CASES["qwen3_moe"], shards=3), tmp_path / "sharded")
+    folder = write_hf_folder(replace(tm.MOE_CASES["qwen3_moe"], shards=3), tmp_path / "sharded")
     assert len(list(folder.glob("*.safetensors"))) == 3
     assert_close(our_logits(folder, tokens), our_logits(files.hf("qwen3_moe"), tokens), tol=0)
 
@@ -165,7 +172,7 @@ def test_qwen3_moe_gguf_renormalises_as_llama_cpp(files, tokens, tmp_path):
     """A Qwen3-MoE GGUF carries no norm_topk_prob (the converter writes none; llama.cpp's qwen3moe graph
     renormalises): it loads renormalised, unless `expert_weights_norm` says false."""
     spec = tm.MOE_CASES["qwen3_moe_nonorm"]
-    normed = tm.write_hf_folder(tm.replace(spec, norm_topk=True), tmp_path / "normed")
+    normed = write_hf_folder(replace(spec, norm_topk=True), tmp_path / "normed")
     assert_close(our_logits(files.gguf("qwen3_moe_nonorm"), tokens), our_logits(normed, tokens), tol=1e-5)
     assert (our_logits(normed, tokens) - our_logits(files.hf("qwen3_moe_nonorm"), tokens)).abs().max() > 0.05
 
@@ -177,8 +184,8 @@ def test_q8_0_gguf_matches_transformers(files, tokens, case, tmp_path):
     spec = tm.MOE_CASES[case]
     decoded = {k: _q8_roundtrip(v, transposed=k.endswith(("experts.gate_up_proj", "experts.down_proj")))
                if v.ndim >= 2 and not k.endswith(("bias", ".gate.weight", "router.weight")) else v
-               for k, v in tm.make_weights(spec).items()}
-    folder = tm.write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
+               for k, v in make_weights(spec).items()}
+    folder = write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
     path = files.gguf(case, Q.Q8_0)
     assert_close(our_logits(path, tokens), hf_logits(folder, tokens))
 
@@ -200,12 +207,12 @@ def test_mxfp4_experts_match_transformers(files, tokens, case, tmp_path):
     products, from the common quantized paths."""
     spec = tm.MOE_CASES[case]
     exps = {n: (gguf.quants.quantize(d.reshape(-1, d.shape[-1]), Q.MXFP4).reshape(*d.shape[:-1], -1), Q.MXFP4)
-            for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
-    path = tm.write_gguf(spec, tmp_path / "mxfp4.gguf", raw=exps)
+            for n, d in gguf_tensors(spec).items() if "_exps.weight" in n}
+    path = write_gguf(spec, tmp_path / "mxfp4.gguf", raw=exps)
     expert = ("experts.gate_up_proj", "experts.down_proj", "_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
     decoded = {k: _q8_roundtrip(v, transposed=k.endswith(expert[:2]), qtype=Q.MXFP4)
-               if "experts" in k and k.endswith(expert) else v for k, v in tm.make_weights(spec).items()}
-    folder = tm.write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
+               if "experts" in k and k.endswith(expert) else v for k, v in make_weights(spec).items()}
+    folder = write_hf_folder(spec, tmp_path / "decoded", weights=decoded)
     lm = load_model(str(path), "cpu", torch.float32)
     assert lm.model.blk[0].moe.ffn_up_exps.qweight.qtype == Q.MXFP4
     assert_close(our_logits(path, tokens), hf_logits(folder, tokens))
@@ -261,7 +268,7 @@ def test_info_counts_the_experts(files, case):
 
 
 def test_qwen3_moe_dense_layers_are_refused():
-    base = tm.hf_config(tm.MOE_CASES["qwen3_moe"])
+    base = hf_config(tm.MOE_CASES["qwen3_moe"])
     assert config_from_hf(base).n_experts == 16
     with pytest.raises(Exception, match="mlp_only_layers"):
         config_from_hf(base | {"mlp_only_layers": [0]})
@@ -271,7 +278,7 @@ def test_quantized_gpt_oss_config_other_than_mxfp4_is_one_line():
     """The released files' "mxfp4" is read (tests/test_gpt_oss_mxfp4.py); another method is refused by name."""
     from localllm.errors import LocalLLMError
 
-    base = tm.hf_config(tm.MOE_CASES["gpt_oss"])
+    base = hf_config(tm.MOE_CASES["gpt_oss"])
     assert config_from_hf(base | {"quantization_config": {"quant_method": "mxfp4"}}).n_experts == 8
     with pytest.raises(LocalLLMError, match="fp8"):
         config_from_hf(base | {"quantization_config": {"quant_method": "fp8"}})
@@ -282,7 +289,7 @@ def test_gpt_oss_config_bad_values_are_one_line():
     limit beyond float range."""
     from localllm.errors import LocalLLMError
 
-    base = tm.hf_config(tm.MOE_CASES["gpt_oss"])
+    base = hf_config(tm.MOE_CASES["gpt_oss"])
     with pytest.raises(LocalLLMError, match="layer_types"):
         config_from_hf(base | {"layer_types": [[], "full_attention", "sliding_attention"]})
     with pytest.raises(LocalLLMError, match="rope base 1.0 with YaRN"):
@@ -316,7 +323,7 @@ def test_block_weight_row_range(qtype, rows, cpp):
     """BlockQWeight rows [n0, n1) (tiled or raw, C++ or the torch fallback) against the dense product
     of the decoded rows; a tiled range off a tile boundary decodes only its rows."""
     rng = np.random.default_rng(3)
-    raw = torch.from_numpy(np.ascontiguousarray(tm.random_tensor_data(qtype, 48, 256, rng)).view(np.uint8).reshape(48, -1))
+    raw = torch.from_numpy(np.ascontiguousarray(random_tensor_data(qtype, 48, 256, rng)).view(np.uint8).reshape(48, -1))
     w = BlockQWeight.from_blocks(raw, qtype, torch.float32)
     if cpp:
         w = pack_for_cpu(w, load_extension(DEFAULT_CPU.cache_dir))
@@ -399,7 +406,7 @@ def test_expected_shapes_match_the_model():
     from localllm.weights import gguf_name
 
     for case in tm.MOE_CASES:
-        cfg = config_from_hf(tm.hf_config(tm.MOE_CASES[case]))
+        cfg = config_from_hf(hf_config(tm.MOE_CASES[case]))
         with torch.device("meta"):
             model = Transformer(cfg)
         built = {gguf_name(n): tuple(t.shape) for n, t in model.state_dict().items()}

@@ -11,7 +11,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
-for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_mma", "triton_q8"):
+for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_mma",
+              "triton_table16", "triton_units", "triton_quant_act", "triton_q8"):
     if f"localllm.kernels.{_name}" in sys.modules:
         importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 

@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
 from localllm.commands import quantize_cmd, quantize_native
@@ -37,7 +38,7 @@ def cuda_alloc_fails(*args, **kwargs):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return tm.write_gguf(tm.CASES["llama"], tmp_path_factory.mktemp("oom") / "llama-f32.gguf")
+    return write_gguf(tm.CASES["llama"], tmp_path_factory.mktemp("oom") / "llama-f32.gguf")
 
 
 def encode_then(fail, real):

@@ -14,6 +14,8 @@ import torch
 from transformers import AutoConfig
 
 import tiny_models as tm
+from tiny_spec import GGUF_ARCH, Q
+from tiny_weights import make_weights
 from localllm.errors import LocalLLMError
 from localllm.load import load_model
 from localllm.model import Transformer
@@ -102,7 +104,7 @@ def _rewrite_gguf(src, dst, drop=(), reshape=None):
             continue
         data = (reshape or {}).get(t.name)
         if data is None:
-            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type) if t.tensor_type != tm.Q.F32 else \
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type) if t.tensor_type != Q.F32 else \
                 w.add_tensor(t.name, t.data.copy())
         else:
             w.add_tensor(t.name, data)
@@ -139,7 +141,7 @@ def _gguf_fields(path) -> dict:
 
 @pytest.mark.parametrize("case", GGUF_CASES)
 def test_quantize_from_safetensors_matches_converter(files, tokens, tmp_path, case):
-    """F32 from the HF folder = the converter's F32 file (tiny_models.write_gguf): the same tensors
+    """F32 from the HF folder = the converter's F32 file (tiny_gguf.write_gguf): the same tensors
     (fused names, LongRoPE tensors, smollm3 q/k permuted) and metadata; then a Q8_0 one runs close."""
     from localllm.commands.quantize_cmd import quantize_model
 
@@ -159,7 +161,7 @@ def test_quantize_from_safetensors_matches_converter(files, tokens, tmp_path, ca
 def test_real_phi_configs():
     """The config.json values of Phi-3-mini-4k (window 2047), Phi-3.5-mini (LongRoPE, a window longer
     than the context: none) and Phi-4-mini (partial rotary 0.75, tied) -> our fields."""
-    from localllm.config import config_from_hf
+    from localllm.config_hf import config_from_hf
 
     base = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064, "rms_norm_eps": 1e-5,
@@ -184,7 +186,8 @@ def test_real_phi_configs():
 def test_imatrix_and_mixed_plan_use_the_files_fused_names(files, tmp_path):
     """Calibration statistics of a phi3 model are keyed as its file holds the tensors (attn_qkv, the
     2*ffn ffn_up): the imatrix a quantize run measures is read back by the next against the file."""
-    from localllm.calibrate import collect_imatrix, model_tensors
+    from localllm.calibrate import model_tensors
+    from localllm.imatrix import collect_imatrix
     from localllm.commands.quantize_cmd import quantize_model
     from localllm.fused import fused_parts
 
@@ -213,7 +216,7 @@ def test_hf_names_are_ggufs(case):
     from localllm.weights import hf_name
 
     spec = tm.PHI_CASES[case]
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[tm.GGUF_ARCH[case].upper()], spec.n_layers)
-    for key in tm.make_weights(spec):
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[GGUF_ARCH[case].upper()], spec.n_layers)
+    for key in make_weights(spec):
         base, suffix = key.rsplit(".", 1)
         assert hf_name(key) == f"{name_map.get_name(base)}.{suffix}", key

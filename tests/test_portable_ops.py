@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import tiny_models as tm
+from tiny_spec import Q
 from localllm.backends.cpu import CpuRuntime
 from localllm.generate import generate
 from localllm.load import load_model
@@ -54,7 +54,7 @@ SAMPLED = SamplingSettings(temperature=0.8, top_k=20, top_p=0.9, seed=1)
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "qwen3", "llama3"])
-@pytest.mark.parametrize("qtype", [tm.Q.F16, tm.Q.Q8_0, tm.Q.Q4_K, tm.Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_K, Q.Q6_K])
 def test_portable_backend_uses_mps_ops_only(tiny, case, qtype):
     """Prefill, decode and sampling of every architecture, dense and block-quantized weights, float16 (the
     MPS default dtype)."""
@@ -79,7 +79,7 @@ def test_op_recorder_sees_ops_outside_the_list():
 def test_portable_backend_matches_the_cpu_backend(tiny, case):
     """The portable backend on the CPU and the CPU backend (C++ products, int8-rounded activations) give
     the same logits to that rounding, step by step, and the same greedy ids."""
-    path = str(tiny.gguf(case, tm.Q.Q8_0))
+    path = str(tiny.gguf(case, Q.Q8_0))
     portable = load_model(path, "cpu", torch.float32, backend=Runtime).runtime
     cpu = load_model(path, "cpu", torch.float32).runtime
     assert isinstance(cpu, CpuRuntime) and type(portable) is Runtime

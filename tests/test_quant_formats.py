@@ -381,9 +381,9 @@ def test_kernel_tables_are_read_from_formats(monkeypatch):
     assert all((blocks.FLOAT_ENCODERS | blocks.BLOCK_ENCODERS)[t] is f.encode for t, f in FORMATS.items())
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the Triton tests set it: their modules read it at import
-    from localllm.kernels import triton_gemv, triton_q8
+    from localllm.kernels import triton_gemv, triton_units
 
     assert {t: triton_gemv.FIELDS[fmt] for t, fmt in triton_gemv.FMT_OF.items()} == {
         t: FORMATS[t].gemv for t in qweight.KERNEL_TYPES}
-    assert triton_q8.FIELDS == {t: FORMATS[t].int_dot.args for t in qweight.INT_DOT_TYPES}
-    assert triton_q8.UNIT == {t: FORMATS[t].int_dot.unit for t in qweight.INT_DOT_TYPES}
+    assert triton_units.FIELDS == {t: FORMATS[t].int_dot.args for t in qweight.INT_DOT_TYPES}
+    assert triton_units.UNIT == {t: FORMATS[t].int_dot.unit for t in qweight.INT_DOT_TYPES}

@@ -3,7 +3,7 @@ exactly as the gguf package decodes them, metadata copied, all-or-nothing writin
 
 Oracles: the per-tensor types written out below from llama.cpp's llama_tensor_get_type (and the
 default model's own Q4_1 file, made by llama-quantize); gguf.quants.dequantize of the written
-blocks; tiny_models.write_gguf (what convert_hf_to_gguf writes) for safetensors input.
+blocks; tiny_gguf.write_gguf (what convert_hf_to_gguf writes) for safetensors input.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-import tiny_models as tm
+import tiny_gguf
+from tiny_hf import write_hf_folder
+from tiny_raw import write_raw_gguf
+from tiny_spec import TinySpec
 from cli_helpers import assert_one_error
 from cli_helpers import invoke_quantize as invoke
 from localllm.cache import make_cache
@@ -32,13 +35,13 @@ from localllm.quantize.presets import PRESETS, ModelShape, more_bits, preset_typ
 Q = gguf.GGMLQuantizationType
 
 # dim 64: every row of 64 values falls back from the K-quants; ffn_down's rows (256) take them.
-SMALL = tm.TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=11)
+SMALL = TinySpec("llama", dim=64, ffn_dim=256, n_heads=4, n_kv_heads=2, n_layers=2, seed=11)
 IDS = torch.tensor([[1, 5, 9, 30, 40, 100, 200, 300]])
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    return tm.write_gguf(SMALL, tmp_path_factory.mktemp("quantize") / "small-f32.gguf")
+    return tiny_gguf.write_gguf(SMALL, tmp_path_factory.mktemp("quantize") / "small-f32.gguf")
 
 
 def fields(path_or_reader) -> dict:
@@ -381,11 +384,11 @@ def test_errors(small, tmp_path):
     assert_one_error(invoke(tmp_path / "missing.gguf", out, "--type", "Q8_0"), "file not found")
     assert_one_error(invoke(small, tmp_path / "no" / "x.gguf", "--type", "Q8_0"), "output folder does not exist")
     assert_one_error(invoke(small, "--type", "Q8_0"), "missing OUT")
-    odd = tm.write_raw_gguf(tmp_path / "iq3.gguf", {"blk.0.ffn_up.weight": (
+    odd = write_raw_gguf(tmp_path / "iq3.gguf", {"blk.0.ffn_up.weight": (
         np.random.default_rng(0).integers(0, 256, (4, 110), dtype=np.uint8), Q.IQ3_S)})
     assert_one_error(invoke(odd, out, "--type", "Q8_0"), "unsupported type IQ3_S")
     hf = tmp_path / "hf"
-    tm.write_hf_folder(SMALL, hf)
+    write_hf_folder(SMALL, hf)
     (hf / "tokenizer.json").unlink()  # no tokenizer to build the metadata from
     assert_one_error(invoke(hf, out, "--type", "Q8_0"), "--tokenizer-from")
     assert not out.exists()
@@ -437,7 +440,7 @@ def test_table_without_errors():
 
 @pytest.mark.parametrize("case", ["llama", "mistral", "qwen2", "llama3"])
 def test_safetensors_input_matches_converter(tiny, tmp_path, case):
-    """F32 from a HF folder = convert_hf_to_gguf's F32 file (tiny_models.write_gguf): same tensors
+    """F32 from a HF folder = convert_hf_to_gguf's F32 file (tiny_gguf.write_gguf): same tensors
     (q/k permuted for llama), same metadata but general.name/type; the tokenizer from --tokenizer-from."""
     ref = tiny.gguf(case)
     out = tmp_path / f"{case}.gguf"
@@ -461,7 +464,7 @@ def test_safetensors_quantized(tiny, tmp_path):
     assert result.exit_code == 0, result.stderr
     ref, got = logits(tiny.gguf("mistral")), logits(out)
     assert ((got - ref).norm() / ref.norm()).item() < 0.05
-    other = tm.write_gguf(tm.TinySpec("llama", n_layers=1), tmp_path / "t.gguf")
+    other = tiny_gguf.write_gguf(TinySpec("llama", n_layers=1), tmp_path / "t.gguf")
     with pytest.raises(LocalLLMError, match="has 384 tokens"):  # a tokenizer of another vocabulary size
         tokenizer_metadata(other, 1000)
 

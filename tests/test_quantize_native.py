@@ -17,7 +17,8 @@ import gguf
 import numpy as np
 import pytest
 
-import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
+from tiny_spec import TinySpec
 from localllm.commands.quantize_cmd import quantize_model
 from localllm.commands.quantize_native import quantize_native
 from localllm.errors import LocalLLMError
@@ -27,13 +28,13 @@ from localllm.quantize import blocks
 Q = gguf.GGMLQuantizationType
 ROOT = Path(__file__).resolve().parents[1]
 # dim 256: the K-quants apply to the attention matrices too; ffn rows of 512
-SPEC = tm.TinySpec("llama", dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, n_layers=2, seed=5)
+SPEC = TinySpec("llama", dim=256, ffn_dim=512, n_heads=4, n_kv_heads=2, n_layers=2, seed=5)
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("native")
-    return {q: tm.write_gguf(SPEC, folder / f"in-{q.name}.gguf", q) for q in (Q.F32, Q.F16, Q.BF16)}
+    return {q: write_gguf(SPEC, folder / f"in-{q.name}.gguf", q) for q in (Q.F32, Q.F16, Q.BF16)}
 
 
 def both(tmp_path, src, preset, **kw) -> tuple[bytes, bytes]:
@@ -73,10 +74,10 @@ def test_declines_what_it_cannot_encode(inputs, tmp_path, monkeypatch, capsys):
 
 
 def test_non_finite_refused(tmp_path):
-    w = tm.gguf_tensors(SPEC)
+    w = gguf_tensors(SPEC)
     w["blk.0.attn_q.weight"][3, 7] = np.nan
     src = tmp_path / "nan.gguf"
-    tm.write_gguf(SPEC, src, Q.F16, raw={"blk.0.attn_q.weight": (w["blk.0.attn_q.weight"].astype(np.float16), Q.F16)})
+    write_gguf(SPEC, src, Q.F16, raw={"blk.0.attn_q.weight": (w["blk.0.attn_q.weight"].astype(np.float16), Q.F16)})
     with pytest.raises(LocalLLMError, match="cannot quantize tensor 'blk.0.attn_q.weight' to Q4_K: cannot quantize non-finite"):
         quantize_native(str(src), tmp_path / "out.gguf", "Q4_K_M", threads=1, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.gguf"]

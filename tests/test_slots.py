@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import tiny_gemma4 as g4
-import tiny_models as tm
+from tiny_spec import Q
 from localllm.config import ModelConfig
 from localllm.errors import LocalLLMError
 from localllm.generate import generate
@@ -62,7 +62,7 @@ def gemma4(tmp_path_factory):
     """The E2B-style tiny Gemma 4 (PLE, KV-shared layers: per-layer caches) as a Q8_0 GGUF."""
     root = tmp_path_factory.mktemp("slots_gemma4")
     spec = replace(g4.CASES["e2b"], ple_dim=32, tied=False)
-    return g4.write_gguf(spec, g4.write_hf_folder(spec, root / "hf"), root / "e2b.gguf", tm.Q.Q8_0)
+    return g4.write_gguf(spec, g4.write_hf_folder(spec, root / "hf"), root / "e2b.gguf", Q.Q8_0)
 
 
 def sequences(rt: Runtime, seed: int = 1) -> list[list[int]]:

@@ -17,6 +17,10 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
+from tiny_hf import hf_config, write_hf_folder
+from tiny_raw import random_tensor_data
+from tiny_spec import TinySpec
 from tp_worker import slot_logits
 from localllm.backends.cpu import CpuEagerRuntime, CpuRuntime
 from localllm.errors import LocalLLMError
@@ -37,10 +41,10 @@ PROMPT, STEPS = [1, 40, 41, 42, 100, 7, 300, 5], 16
 # (name, spec, GGUF type or "hf"): llama's permuted q/k (F32), qwen3's q/k norms (Q8_0), a K-quant whose
 # column parts are whole 256-value super-blocks (q_dim 512, ffn 512: 256 per rank), qwen2's biases (safetensors)
 MODELS = [
-    ("llama-f32", tm.TinySpec("llama", seed=1), Q.F32),
-    ("qwen3-q8_0", tm.TinySpec("qwen3", seed=2), Q.Q8_0),
-    ("llama-q4_k", tm.TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=3), Q.Q4_K),
-    ("qwen2-hf", tm.TinySpec("qwen2", seed=4), "hf"),
+    ("llama-f32", TinySpec("llama", seed=1), Q.F32),
+    ("qwen3-q8_0", TinySpec("qwen3", seed=2), Q.Q8_0),
+    ("llama-q4_k", TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=3), Q.Q4_K),
+    ("qwen2-hf", TinySpec("qwen2", seed=4), "hf"),
     # beyond the Llama layer: Gemma 2's post norms, soft-caps, sliding window and tied head; Phi-3's fused
     # q|k|v and gate|up (split, then cut) with LongRoPE; SmolLM3's NoPE layers, tied, permuted q/k (Q8_0)
     ("gemma2-f32", tm.FAMILY_CASES["gemma2"], Q.F32),
@@ -48,19 +52,19 @@ MODELS = [
     ("smollm3-q8_0", tm.PHI_CASES["smollm3"], Q.Q8_0),
 ]
 # shapes that do not split at TP=2: one kv head; Q8_0 ffn_down columns of 48 per rank (blocks of 32)
-BAD = [("one-kv-head", tm.TinySpec("llama", n_kv_heads=1, seed=5), Q.F32, "n_kv_heads (1) does not split into 2"),
-       ("q8-ffn-96", tm.TinySpec("llama", ffn_dim=96, seed=6), Q.Q8_0, "not on a 32-value block boundary")]
+BAD = [("one-kv-head", TinySpec("llama", n_kv_heads=1, seed=5), Q.F32, "n_kv_heads (1) does not split into 2"),
+       ("q8-ffn-96", TinySpec("llama", ffn_dim=96, seed=6), Q.Q8_0, "not on a 32-value block boundary")]
 
 
-def write_model(folder: Path, name: str, spec: tm.TinySpec, qtype) -> Path:
+def write_model(folder: Path, name: str, spec: TinySpec, qtype) -> Path:
     if qtype == "hf":
-        return tm.write_hf_folder(spec, folder / name)
+        return write_hf_folder(spec, folder / name)
     if qtype == Q.Q4_K:  # gguf cannot quantize K-quants: random blocks of small values for every 2-D tensor
         rng = np.random.default_rng(spec.seed)
-        raw = {n: (tm.random_tensor_data(Q.Q4_K, *d.shape, rng), Q.Q4_K)
-               for n, d in tm.gguf_tensors(spec).items() if d.ndim == 2}
-        return tm.write_gguf(spec, folder / f"{name}.gguf", Q.F32, raw=raw)
-    return tm.write_gguf(spec, folder / f"{name}.gguf", qtype)
+        raw = {n: (random_tensor_data(Q.Q4_K, *d.shape, rng), Q.Q4_K)
+               for n, d in gguf_tensors(spec).items() if d.ndim == 2}
+        return write_gguf(spec, folder / f"{name}.gguf", Q.F32, raw=raw)
+    return write_gguf(spec, folder / f"{name}.gguf", qtype)
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +128,9 @@ def test_splits_of_each_weight():
 
 
 def tm_config():
-    from localllm.config import config_from_hf
+    from localllm.config_hf import config_from_hf
 
-    return config_from_hf(tm.hf_config(tm.TinySpec("llama")))
+    return config_from_hf(hf_config(TinySpec("llama")))
 
 
 def test_vocab_parts_cover_the_vocabulary_uneven():
@@ -293,8 +297,8 @@ class ThreadTP(TensorParallel):
 def test_uneven_vocabulary_five_ranks(tmp_path):
     import threading
 
-    spec = tm.TinySpec("llama", dim=160, n_heads=5, n_kv_heads=5, ffn_dim=320, seed=11)  # Q8_0 parts of 32 columns
-    path = tm.write_gguf(spec, tmp_path / "five.gguf", Q.Q8_0)
+    spec = TinySpec("llama", dim=160, n_heads=5, n_kv_heads=5, ffn_dim=320, seed=11)  # Q8_0 parts of 32 columns
+    path = write_gguf(spec, tmp_path / "five.gguf", Q.Q8_0)
     ref = oracle(path)
     world = 5
     hub = {"slots": [None] * world, "barrier": threading.Barrier(world)}

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_spec import TinySpec
 from localllm.backends.cpu import CpuEagerRuntime
 from localllm.load import load_model
 
@@ -27,8 +28,8 @@ from ports import free_port
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("tp_runtime")
-    target = tm.write_gguf(tm.TinySpec("llama", seed=11), folder / "target.gguf")
-    draft = tm.write_gguf(tm.TinySpec("llama", n_layers=1, seed=12), folder / "draft.gguf")
+    target = write_gguf(TinySpec("llama", seed=11), folder / "target.gguf")
+    draft = write_gguf(TinySpec("llama", n_layers=1, seed=12), folder / "draft.gguf")
     return target, draft
 
 

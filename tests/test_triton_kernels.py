@@ -14,8 +14,9 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
-for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_dense", "triton_mma", "triton_q8", "triton_decode",
-              "triton_attention", "triton_prefill", "triton_rope", "triton_norm_fused"):
+for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_dense", "triton_mma", "triton_table16",
+              "triton_units", "triton_quant_act", "triton_q8", "triton_decode", "triton_attention", "triton_prefill",
+              "triton_rope", "triton_norm_fused"):
     if f"localllm.kernels.{_name}" in sys.modules:
         importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 
@@ -494,11 +495,11 @@ def test_split_k_is_deterministic_and_leaves_counters_zero(quantized):
     """Split K sums its parts in part order (triton_epilogue.split_finish): the same call twice gives the
     same bits, one row alone the same bits as in a batch, and the counters are zero afterwards."""
     qtype, _, w = quantized
-    from localllm.kernels import triton_q8
+    from localllm.kernels import triton_q8, triton_quant_act
 
     def product(x, r, split, counters=None):  # the decode step's kernel for this type
         if qtype in INT_DOT_TYPES:
-            return triton_q8.gemv_q8(triton_q8.quantize_act(x), w.to_blocks(), residual=r, split=split,
+            return triton_q8.gemv_q8(triton_quant_act.quantize_act(x), w.to_blocks(), residual=r, split=split,
                                      act_dtype=torch.float32, counters=counters)
         return triton_gemv.gemv(x, w, residual=r, split=split, act_dtype=torch.float32, counters=counters)
 
@@ -516,11 +517,11 @@ def test_fixed_point_accumulators_read_like_fp32_ones():
     """q|k|v and gate/up sums split over K add into int64 fixed-point accumulators (triton_epilogue.FIXED_ONE):
     the parts' sum equals the fp32 product, and their readers (rope_store, quantize_act's GLU form)
     give what they give for fp32 sums, clearing the accumulator."""
-    from localllm.kernels import triton_q8
+    from localllm.kernels import triton_q8, triton_quant_act
 
     g = torch.Generator().manual_seed(23)
     w = QWeight.from_raw(torch.from_numpy(quantize_tensor(torch.randn(64, 512, generator=g), Q.Q8_0)), Q.Q8_0)
-    xa = triton_q8.quantize_act(torch.randn(2, 512, generator=g))
+    xa = triton_quant_act.quantize_act(torch.randn(2, 512, generator=g))
     acc = torch.zeros(2, 64, dtype=torch.int64)
     triton_q8.gemv_q8(xa, w.to_blocks(), residual=acc, inplace=True, split=4, act_dtype=torch.float32)
     want = triton_q8.gemv_q8(xa, w.to_blocks(), act_dtype=torch.float32)
@@ -531,8 +532,8 @@ def test_fixed_point_accumulators_read_like_fp32_ones():
 
     gu = torch.randn(2, 128, generator=g)
     gi = fixed(gu)
-    want = triton_q8.quantize_act(gi.double().div(triton_epilogue.FIXED_ONE.value).float(), glu_dtype=torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(triton_q8.quantize_act(gi, glu_dtype=torch.float32), want))
+    want = triton_quant_act.quantize_act(gi.double().div(triton_epilogue.FIXED_ONE.value).float(), glu_dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(triton_quant_act.quantize_act(gi, glu_dtype=torch.float32), want))
     assert not gi.any()
     H, HKV, D = 4, 2, 64
     qkv = fixed(torch.randn(1, (H + 2 * HKV) * D, generator=g))

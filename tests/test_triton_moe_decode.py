@@ -12,7 +12,8 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
-for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_mma", "triton_q8", "triton_moe"):
+for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_mma",
+              "triton_table16", "triton_units", "triton_quant_act", "triton_q8", "triton_moe"):
     if f"localllm.kernels.{_name}" in sys.modules:
         importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 

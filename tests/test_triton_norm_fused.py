@@ -137,7 +137,7 @@ def test_qk_norm_verify_rows_equal_single_steps(name, monkeypatch):
 def test_add_normed_quantizes_the_next_products_input(C):
     """With quantize: x as without it, and the next product's int8 input as quantize_act(x, weight,
     eps) gives it, bit for bit."""
-    from localllm.kernels.triton_q8 import quantize_act
+    from localllm.kernels.triton_quant_act import quantize_act
 
     g = torch.Generator().manual_seed(C + 1)
     x = to_fixed(torch.randn(2, C, generator=g))

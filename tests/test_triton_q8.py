@@ -14,7 +14,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 # re-decorate if imported uninterpreted (the base first: the others read its INTERPRET)
-for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_mma", "triton_q8"):
+for _name in ("triton_base", "triton_epilogue", "triton_gemv", "triton_mma",
+              "triton_table16", "triton_units", "triton_quant_act", "triton_q8"):
     if f"localllm.kernels.{_name}" in sys.modules:
         importlib.reload(sys.modules[f"localllm.kernels.{_name}"])
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from localllm.kernels import triton_q8  # noqa: E402
+from localllm.kernels import triton_q8, triton_quant_act, triton_table16  # noqa: E402
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight  # noqa: E402
 from localllm.kernels.linear import dequantize_qweight  # noqa: E402
 from localllm.quantize import dequantize_torch, quantize_tensor  # noqa: E402
@@ -56,7 +57,7 @@ def test_quantize_act_kernel_matches_reference(norm):
     x = torch.randn(2, 4096, generator=g) * 3
     x[1, 64:96] = 0.0
     nw = 1 + 0.1 * torch.randn(4096, generator=g) if norm else None
-    q, d, s = triton_q8.quantize_act(x, nw, 1e-5)
+    q, d, s = triton_quant_act.quantize_act(x, nw, 1e-5)
     if norm:  # the kernel's rstd sums in another order: compare on the values it normalised with
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
     qr, dr, sr = quantize_act(x)
@@ -70,7 +71,7 @@ def test_quantize_act_kernel_matches_reference(norm):
 @triton.jit
 def _e2m1_words_kernel(inp, out, N: tl.constexpr):
     i = tl.arange(0, N)
-    tl.store(out + i, triton_q8._e2m1_bytes(tl.load(inp + i)))
+    tl.store(out + i, triton_table16.e2m1_bytes(tl.load(inp + i)))
 
 
 def test_mxfp4_code_bytes_are_the_e2m1_table():
@@ -85,12 +86,12 @@ def test_mxfp4_code_bytes_are_the_e2m1_table():
 @triton.jit
 def _iq4_values_kernel(inp, out, N: tl.constexpr):
     i = tl.arange(0, N)
-    tl.store(out + i, triton_q8._table16_values(tl.load(inp + i), triton_q8.IQ4_T0, triton_q8.IQ4_T1,
-                                                 triton_q8.IQ4_T2, triton_q8.IQ4_T3))
+    tl.store(out + i, triton_table16._table16_values(tl.load(inp + i), triton_table16.IQ4_T0, triton_table16.IQ4_T1,
+                                                     triton_table16.IQ4_T2, triton_table16.IQ4_T3))
 
 
 def test_iq4_code_values_are_the_kvalues_table():
-    """The interpreter's lookup (_table16_values, under _table16_dot) of every IQ4_NL / IQ4_XS code:
+    """The interpreter's lookup (_table16_values, under table16_dot) of every IQ4_NL / IQ4_XS code:
     gguf's IQ4_NL.kvalues."""
     out = torch.empty(16, dtype=torch.int32)
     _iq4_values_kernel[(1,)](torch.arange(16, dtype=torch.int32), out, N=16)
@@ -100,14 +101,14 @@ def test_iq4_code_values_are_the_kvalues_table():
 @pytest.mark.parametrize("ptx,table", [("E2M1_PTX", gguf.quants.MXFP4.kvalues),
                                        ("IQ4_PTX", gguf.quants.IQ4_NL.kvalues)], ids=["MXFP4", "IQ4"])
 def test_table_lookup_ptx_gives_the_gguf_table(ptx, table):
-    """The byte-permute lookups the GPU runs (_table16_lookup's PTX, which the interpreter cannot run),
+    """The byte-permute lookups the GPU runs (table16_lookup's PTX, which the interpreter cannot run),
     executed by a model of their instructions: a word of 8 codes -> the int8 values of its low nibbles,
     of its high nibbles, gguf's table's (every code at every position, and random words)."""
     words = [sum(c << (4 * i) for i in range(8)) for c in range(16)]  # one code everywhere
     words += [sum(((c + i) % 16) << (4 * i) for i in range(8)) for c in range(16)]  # every code at every nibble
     words += torch.randint(0, 1 << 32, (500,), generator=torch.Generator().manual_seed(3)).tolist()
     for w in words:
-        regs = run_ptx(getattr(triton_q8, ptx).value, {"$2": w})
+        regs = run_ptx(getattr(triton_table16, ptx).value, {"$2": w})
         lo, hi = regs["$0"], regs["$1"]
         want = [table[(w >> (4 * i)) & 15] for i in range(8)]
         got = list(np.array([lo, hi], dtype=np.uint32).view(np.int8))
@@ -196,7 +197,7 @@ def test_quantize_act_glu_reads_and_clears_the_sums():
     sums = torch.randn(1, 2 * 256, generator=torch.Generator().manual_seed(3)) * 4
     gate, up = sums[:, 0::2].half(), sums[:, 1::2].half()
     want = quantize_act((F.silu(gate) * up).float())
-    got = triton_q8.quantize_act(sums, glu_dtype=torch.float16)
+    got = triton_quant_act.quantize_act(sums, glu_dtype=torch.float16)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not sums.any()
 

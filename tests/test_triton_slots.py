@@ -32,7 +32,8 @@ from localllm.kernels import triton_epilogue  # noqa: E402
 from localllm.kernels.linear import dequantize_qweight  # noqa: E402
 from localllm.kernels.triton_epilogue import from_fixed  # noqa: E402
 from localllm.kernels.qweight import QWeight  # noqa: E402
-from localllm.kernels.triton_q8 import gemv_q8, quantize_act  # noqa: E402
+from localllm.kernels.triton_q8 import gemv_q8  # noqa: E402
+from localllm.kernels.triton_quant_act import quantize_act  # noqa: E402
 from localllm.load import build_model  # noqa: E402
 from localllm.quantize import quantize_tensor  # noqa: E402
 

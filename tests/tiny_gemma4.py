@@ -1,7 +1,7 @@
 """Tiny random-weight Gemma 4 text models, written the way real ones are (tiny_models.py's companion).
 
 The HF folder is what transformers' Gemma4ForCausalLM.save_pretrained writes (config.json with
-model_type gemma4_text and per_layer_config, model.safetensors), plus tiny_models' tokenizer files.
+model_type gemma4_text and per_layer_config, model.safetensors), plus tiny_hf's tokenizer files.
 The GGUF is what llama.cpp's converter (conversion/gemma.py Gemma4Model) writes for that folder:
 gemma4.* keys (per-layer head_count_kv / feed_forward_length arrays, sliding_window_pattern, key_length
 of the full layers and key_length_swa of the sliding ones, shared_kv_layers, embedding_length_per_layer_
@@ -22,7 +22,10 @@ import gguf
 import numpy as np
 import torch
 
-import tiny_models as tm
+from tiny_gguf import add_tensor, add_tokenizer, encode_tensor
+from tiny_spec import GGUF_FILE_TYPE, Q
+import tiny_tokenizer
+from tiny_tokenizer import BOS_ID, EOS_ID, SPECIAL_TOKENS, tokenizer_json
 
 S, F = "sliding_attention", "full_attention"
 
@@ -71,14 +74,14 @@ CASES = {
 def text_config(spec: Gemma4Spec) -> dict:
     """The Gemma4TextConfig arguments (transformers then saves them with per_layer_config)."""
     cfg = dict(
-        vocab_size=tm.vocab_size(), hidden_size=spec.dim, intermediate_size=spec.ffn_dim,
+        vocab_size=tiny_tokenizer.vocab_size(), hidden_size=spec.dim, intermediate_size=spec.ffn_dim,
         num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads,
         head_dim=spec.head_dim, global_head_dim=spec.global_head_dim, attention_k_eq_v=spec.k_eq_v,
         layer_types=list(spec.layer_types), sliding_window=spec.sliding_window, max_position_embeddings=256,
         final_logit_softcapping=spec.final_softcap, hidden_size_per_layer_input=spec.ple_dim,
-        vocab_size_per_layer_input=tm.vocab_size(), num_kv_shared_layers=spec.n_kv_shared,
+        vocab_size_per_layer_input=tiny_tokenizer.vocab_size(), num_kv_shared_layers=spec.n_kv_shared,
         use_double_wide_mlp=spec.double_wide, tie_word_embeddings=spec.tied, rms_norm_eps=1e-6,
-        bos_token_id=tm.BOS_ID, eos_token_id=tm.EOS_ID, pad_token_id=0,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=0,
         rope_parameters={S: {"rope_type": "default", "rope_theta": 10000.0},
                          F: {"rope_type": "proportional", "partial_rotary_factor": spec.partial_rotary,
                              "rope_theta": 1e6}},
@@ -116,9 +119,9 @@ def make_model(spec: Gemma4Spec):
 def write_hf_folder(spec: Gemma4Spec, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     make_model(spec).save_pretrained(str(folder))
-    (folder / "tokenizer.json").write_text(tm.tokenizer_json())
-    tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": tm.SPECIAL_TOKENS[tm.BOS_ID],
-               "eos_token": tm.SPECIAL_TOKENS[tm.EOS_ID], "add_bos_token": False, "model_max_length": 256}
+    (folder / "tokenizer.json").write_text(tokenizer_json())
+    tok_cfg = {"tokenizer_class": "GPT2Tokenizer", "bos_token": SPECIAL_TOKENS[BOS_ID],
+               "eos_token": SPECIAL_TOKENS[EOS_ID], "add_bos_token": False, "model_max_length": 256}
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     return folder
 
@@ -147,7 +150,7 @@ def gguf_tensors(spec: Gemma4Spec, state: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
-def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: tm.Q = tm.Q.F32,
+def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: Q = Q.F32,
                extra: dict[str, np.ndarray] | None = None) -> Path:
     """The GGUF of the HF folder's weights (folder: write_hf_folder's); extra: more tensors written
     (a converted checkpoint that stored k/v for its KV-shared layers has them)."""
@@ -191,12 +194,12 @@ def write_gguf(spec: Gemma4Spec, folder: Path, path: Path, qtype: tm.Q = tm.Q.F3
         w.add_expert_count(spec.n_experts)
         w.add_expert_used_count(spec.top_k)
         w.add_expert_feed_forward_length(spec.expert_ffn_dim)
-    w.add_file_type(tm.GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
-    tm.add_tokenizer(w)
+    w.add_file_type(GGUF_FILE_TYPE.get(qtype, gguf.LlamaFileType.GUESSED))
+    add_tokenizer(w)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, data in (gguf_tensors(spec, state) | (extra or {})).items():
-        raw = tm.encode_tensor(data, qtype) if name != "rope_freqs.weight" else (data, tm.Q.F32)
-        tm._add_tensor(w, name, *raw)
+        raw = encode_tensor(data, qtype) if name != "rope_freqs.weight" else (data, Q.F32)
+        add_tensor(w, name, *raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

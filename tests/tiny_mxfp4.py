@@ -19,6 +19,10 @@ import numpy as np
 import torch
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
+from tiny_hf import hf_config, write_tokenizer_files
+from tiny_spec import TinySpec
+from tiny_weights import make_weights
 
 Q = gguf.GGMLQuantizationType
 SPEC = tm.MOE_CASES["gpt_oss"]
@@ -51,10 +55,10 @@ def expert_rows(weights: dict[str, torch.Tensor], layer: int) -> dict[str, np.nd
             "down": gguf_mxfp4_rows(weights[p + "down_proj"].transpose(-1, -2).contiguous())}
 
 
-def released_tensors(spec: tm.TinySpec = SPEC) -> tuple[dict[str, torch.Tensor], dict[str, tuple[np.ndarray, Q]]]:
+def released_tensors(spec: TinySpec = SPEC) -> tuple[dict[str, torch.Tensor], dict[str, tuple[np.ndarray, Q]]]:
     """-> (the checkpoint's tensors: dense ones in the spec's dtype, experts as uint8 blocks / scales;
-    the GGUF's expert tensors as (raw MXFP4, type) for tm.write_gguf's raw)."""
-    weights = tm.make_weights(spec)
+    the GGUF's expert tensors as (raw MXFP4, type) for write_gguf's raw)."""
+    weights = make_weights(spec)
     dtype = getattr(torch, spec.storage_dtype)
     hf, raw = {}, {}
     for i in range(spec.n_layers):
@@ -72,7 +76,7 @@ def released_tensors(spec: tm.TinySpec = SPEC) -> tuple[dict[str, torch.Tensor],
     return dense | hf, raw
 
 
-def write_released_folder(folder: Path, spec: tm.TinySpec = SPEC,
+def write_released_folder(folder: Path, spec: TinySpec = SPEC,
                           tensors: dict[str, torch.Tensor] | None = None, split_scales: bool = False) -> Path:
     """The folder as OpenAI's holds it; tensors: released_tensors(spec)[0] or a variant. split_scales:
     two shards and an index, the scales in the second (a pair read from two files)."""
@@ -89,11 +93,11 @@ def write_released_folder(folder: Path, spec: tm.TinySpec = SPEC,
             save_file(part, str(folder / name), metadata={"format": "pt"})
         weight_map = {k: name for name, part in shards.items() for k in part}
         (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps(tm.hf_config(spec) | {"quantization_config": QUANT_CONFIG}, indent=2))
-    tm.write_tokenizer_files(spec, folder)
+    (folder / "config.json").write_text(json.dumps(hf_config(spec) | {"quantization_config": QUANT_CONFIG}, indent=2))
+    write_tokenizer_files(spec, folder)
     return folder
 
 
-def write_mxfp4_gguf(path: Path, spec: tm.TinySpec = SPEC) -> Path:
+def write_mxfp4_gguf(path: Path, spec: TinySpec = SPEC) -> Path:
     """The same model as an MXFP4 GGUF: experts the same blocks, the rest F32 (as the folder's values)."""
-    return tm.write_gguf(spec, path, raw=released_tensors(spec)[1])
+    return write_gguf(spec, path, raw=released_tensors(spec)[1])

@@ -20,11 +20,12 @@ sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
 def open_runtime(path: str, tp, device: str):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     if path == "synthetic":
-        import tiny_models as tm
-        from localllm.config import config_from_hf
+        from tiny_hf import hf_config
+        from tiny_spec import TinySpec
+        from localllm.config_hf import config_from_hf
         from localllm.synthetic import synthetic_model
 
-        cfg = config_from_hf(tm.hf_config(tm.TinySpec("llama")))
+        cfg = config_from_hf(hf_config(TinySpec("llama")))
         return synthetic_model(cfg, "Q8_0", device, dtype, tp=tp)[0]
     from localllm.load import load_model
 

@@ -48,7 +48,7 @@ from localllm.kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, gr
 from localllm.kernels.triton_epilogue import COUNTERS
 from localllm.kernels.triton_norm_fused import add_normed, norm_rope_store
 from localllm.kernels.triton_prefill import rmsnorm_rows
-from localllm.kernels.triton_q8 import WHOLE_ROW_BLOCKS, quantize_act
+from localllm.kernels.triton_quant_act import WHOLE_ROW_BLOCKS, quantize_act
 from localllm.kernels.triton_rope import rope_store_family
 
 from ..cache import KVCache
@@ -128,7 +128,7 @@ class GraphDecoder:
         self.moe = MoEDecode(model, rows, self.act) if cfg.n_experts else None
         # post norms (Gemma): the sums of the product they normalise (add_normed reads and clears it)
         self.h_acc = torch.zeros(rows, cfg.dim, dtype=torch.int64, device=dev) if cfg.post_norms else None
-        # the next products' int8 input (triton_q8.quantize_act's (q, d, s) of RMSNorm(x)) where the post
+        # the next products' int8 input (triton_quant_act.quantize_act's (q, d, s) of RMSNorm(x)) where the post
         # norm's kernel made it (add_normed's quantize), taken by them (_take_xq)
         self.xq_next: tuple | None = None
         # split products' per-program counters (zero between kernels; kernels/triton_epilogue.split_buffers)

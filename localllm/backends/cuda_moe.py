@@ -27,7 +27,7 @@ from localllm.kernels.qweight import INT_DOT_TYPES, QWeight
 from localllm.kernels.triton_epilogue import to_fixed
 from localllm.kernels.triton_moe import combine, expert_glu, expert_products, route_rows
 from localllm.kernels.triton_prefill import rmsnorm_rows
-from localllm.kernels.triton_q8 import quantize_act
+from localllm.kernels.triton_quant_act import quantize_act
 from localllm.quantize import dequantize_torch
 
 

@@ -28,7 +28,7 @@ from localllm.kernels.linear import dequantize_qweight
 from localllm.kernels.qweight import QWeight
 from localllm.kernels.triton_moe import expert_products, route_rows
 from localllm.kernels.triton_moe_gemm import align_slots, block_m, combine_rows, grouped_products
-from localllm.kernels.triton_q8 import quantize_act
+from localllm.kernels.triton_quant_act import quantize_act
 
 from .cuda_moe import expert_weight, int_dot
 

@@ -87,17 +87,17 @@ def rmsnorm_rows():
 
 
 def quant_act():
-    from localllm.kernels import triton_q8
+    from localllm.kernels import triton_quant_act
 
     types = {"x_ptr": "*i64", "nw_ptr": "*bf16", "act_ptr": "*fp32", "q_ptr": "*i8", "d_ptr": "*fp32",
              "s_ptr": "*i32", "eps": "fp32"}
     const = {"NORM": True, "GLU": False, "BLOCKS": 128, "RSTD_BLOCK": 4096, "WHOLE": True, "PDL": True}
-    return case(triton_q8._quant_act_kernel, types, const, 8)
+    return case(triton_quant_act._quant_act_kernel, types, const, 8)
 
 
 def q8_product(fmt: int, chain: int):
-    """_q8_gemv_kernel (weight format fmt: triton_q8.FMT) into an int64 accumulator, K split."""
-    from localllm.kernels import triton_q8
+    """_q8_gemv_kernel (weight format fmt: triton_units.FMT) into an int64 accumulator, K split."""
+    from localllm.kernels import triton_q8, triton_units
 
     # the fields' pointer types (weight_args: word fields as int32, the others as stored)
     fields = {2: ("*fp16", "*fp16", "*u8", "*u8"), 4: ("*u8", "*i32", "*i8", "*u8"),
@@ -105,9 +105,9 @@ def q8_product(fmt: int, chain: int):
     types = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*i32", "out_ptr": "*i64", "bias_ptr": "*i64",
              "res_ptr": "*i64", "act_ptr": "*bf16", "ws_ptr": "*i64", "cnt_ptr": "*i32", "P0": "*i32",
              **dict(zip(("P1", "P2", "P3", "P4"), fields))}
-    qtype = list(triton_q8.FMT)[fmt]
+    qtype = list(triton_units.FMT)[fmt]
     bn, bk, warps = triton_q8.CONFIGS[qtype]
-    const = {"FMT": fmt, "UNIT": triton_q8.UNIT[qtype], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
+    const = {"FMT": fmt, "UNIT": triton_units.UNIT[qtype], "BN": bn, "BK": bk, "GLU": False, "HAS_BIAS": False,
              "HAS_RES": False, "ROUND": True, "SPLIT": 4, "ROWS": 1, "ASM": True, "EVEN": True, "CHAIN": chain,
              "PRELOAD": triton_q8.PRELOAD[qtype], "PDL": True}
     return case(triton_q8._q8_gemv_kernel, types, const, warps, odd=("M", "step"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
 from test_fisher_rows import whole_fisher  # the oracle: the whole diagonal as plan_mixed computed it before
 from localllm.runtime import Runtime
 
@@ -31,7 +32,7 @@ def test_cuda_fisher_rows_equal_whole_fisher_rows(tmp_path):
 
     chunks = [list(range(3, 19)), list(range(100, 116))]  # within the tiny vocabularies
     for case, spec in (("llama", tm.CASES["llama"]), ("phi3", tm.PHI_CASES["phi3"]), ("mixtral", tm.MOE_CASES["mixtral"])):
-        lm = load_model(str(tm.write_gguf(spec, tmp_path / f"{case}.gguf")), "cuda", torch.float32, keep_quantized=False,
+        lm = load_model(str(write_gguf(spec, tmp_path / f"{case}.gguf")), "cuda", torch.float32, keep_quantized=False,
                         backend=Runtime)  # as quantize_cmd.mixed_plan loads it: each Linear's own weight
         rows = sampled(lm)
         got, want = fisher_rows(lm.model, chunks, rows), whole_fisher(lm.model, chunks)
@@ -78,7 +79,7 @@ def test_cuda_out_of_memory_is_one_line(tmp_path, monkeypatch):
         return torch.empty(2**50, dtype=torch.uint8, device="cuda")
 
     monkeypatch.setattr(mixed, "fisher_rows", too_big)
-    src = tm.write_gguf(tm.CASES["llama"], tmp_path / "llama.gguf")
+    src = write_gguf(tm.CASES["llama"], tmp_path / "llama.gguf")
     out = tmp_path / "out.gguf"
     result = CliRunner().invoke(app, ["quantize", str(src), str(out), "--target-bpw", "6", "--device", "cuda"])
     lines = result.stderr.strip().splitlines()

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import tiny_gemma4 as g4
-import tiny_models as tm
+from tiny_spec import Q
+from tiny_tokenizer import vocab_size
 
 from .gpu_helpers import check_speculative_equals_plain, random_ids, rel, round_inputs_as_int_dot, take_dense_values
 
@@ -37,11 +38,11 @@ def test_cuda_gemma4_logits_match_cpu_fp32(tmp_path, case, wtype, dtype):
 
     spec = g4.CASES[case]
     folder = g4.write_hf_folder(spec, tmp_path / "hf")
-    path = g4.write_gguf(spec, folder, tmp_path / f"{case}-{wtype}.gguf", tm.Q[wtype])
+    path = g4.write_gguf(spec, folder, tmp_path / f"{case}-{wtype}.gguf", Q[wtype])
     gpu = load_model(str(path), "cuda", dtype).runtime
     ref = load_model(str(path), "cpu", torch.float32, keep_quantized=False).runtime
     take_dense_values(ref.model, gpu.model)
-    ids = random_ids(tm.vocab_size(), PROMPT + STEPS, seed=3)
+    ids = random_ids(vocab_size(), PROMPT + STEPS, seed=3)
     want, got = logits(ref, ids), logits(gpu, ids)
     if dtype == torch.float32:
         bounds = [1e-3] * len(want)
@@ -64,5 +65,5 @@ def test_cuda_gemma4_greedy_speculative_equals_plain(tmp_path, case, wtype, dtyp
 
     spec = g4.CASES[case]
     folder = g4.write_hf_folder(spec, tmp_path / "hf")
-    rt = load_model(str(g4.write_gguf(spec, folder, tmp_path / f"{case}.gguf", tm.Q[wtype])), "cuda", dtype).runtime
-    check_speculative_equals_plain(rt, random_ids(tm.vocab_size(), 12, seed=2) * 4, 40)
+    rt = load_model(str(g4.write_gguf(spec, folder, tmp_path / f"{case}.gguf", Q[wtype])), "cuda", dtype).runtime
+    check_speculative_equals_plain(rt, random_ids(vocab_size(), 12, seed=2) * 4, 40)

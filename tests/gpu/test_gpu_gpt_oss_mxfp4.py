@@ -11,7 +11,7 @@ import gguf
 import pytest
 import torch
 
-import tiny_models as tm
+from tiny_tokenizer import vocab_size
 import tiny_mxfp4 as tx
 
 from .gpu_helpers import random_ids, rel
@@ -32,7 +32,7 @@ def test_cuda_mxfp4_folder_runs_as_its_gguf(tmp_path, dtype):
     for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
         qw = getattr(a.model.blk[0].moe, name).qweight
         assert qw is not None and qw.qtype == Q.MXFP4, name
-    ids = random_ids(tm.vocab_size(), PROMPT, seed=3)
+    ids = random_ids(vocab_size(), PROMPT, seed=3)
     ca, cb = a.new_cache(32), b.new_cache(32)
     la, lb = a.prefill(ca, [ids], 0)[0].float(), b.prefill(cb, [ids], 0)[0].float()  # (V,)
     assert rel(la, lb) < 1e-5

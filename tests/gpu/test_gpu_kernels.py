@@ -96,18 +96,18 @@ def test_integer_dot_products(shape):
     """The integer-dot products (kernels/triton_q8.py, dp4a) on x quantized to int8 by quantize_act:
     against the fp64 product of the same int8 x and the reference weights (measured 2e-7: the integer
     sums are exact), and against W @ x (measured 5.6e-3: Q8_0's rounding of x)."""
-    from localllm.kernels import triton_q8
+    from localllm.kernels import triton_q8, triton_quant_act, triton_units
     from localllm.kernels.qweight import QWeight
     from localllm.quantize import dequantize_torch, quantize_tensor
     from localllm.quantize.act import dequantize_act
 
     n, k = shape
-    for qtype in sorted(triton_q8.FMT, key=lambda t: t.name):
+    for qtype in sorted(triton_units.FMT, key=lambda t: t.name):
         g = torch.Generator(device=DEV).manual_seed(0)
         raw = torch.from_numpy(quantize_tensor(torch.randn(n, k, device=DEV, generator=g), qtype)).to(DEV)
         w, ref = QWeight.from_raw(raw, qtype).to_blocks(), dequantize_torch(raw, qtype).double()
         x = torch.randn(2, k, device=DEV) * 3
-        q, d, s = triton_q8.quantize_act(x)
+        q, d, s = triton_quant_act.quantize_act(x)
         xq = dequantize_act(q, d)
         assert rel(xq, x) < 1e-2, qtype.name  # Q8_0 of x: under half a step of 1/127 of a block's max
         y = triton_q8.gemv_q8((q, d, s), w, act_dtype=torch.float32)

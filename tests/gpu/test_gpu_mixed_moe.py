@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import write_gguf
 
 CASES = {"mixtral": 6.0, "qwen3_moe": 6.0, "gpt_oss": 7.5}  # target bits per weight (as the CPU tests)
 IDS = torch.tensor([[1, 5, 9, 30, 40, 100, 200, 300, 7, 64, 128, 250, 3, 17, 90, 333]])
@@ -17,13 +18,13 @@ IDS = torch.tensor([[1, 5, 9, 30, 40, 100, 200, 300, 7, 64, 128, 250, 3, 17, 90,
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cuda_expert_imatrix_matches_cpu(tmp_path, case):
-    from localllm import calibrate as C
+    from localllm import imatrix as IM
     from localllm.load import load_model
 
-    src = tm.write_gguf(tm.MOE_CASES[case], tmp_path / f"{case}.gguf")
+    src = write_gguf(tm.MOE_CASES[case], tmp_path / f"{case}.gguf")
     chunks = [list(range(3, 43)), list(range(200, 240))]
-    cpu = C.collect_imatrix(load_model(str(src), "cpu", torch.float32, keep_quantized=False).model, chunks)
-    gpu = C.collect_imatrix(load_model(str(src), "cuda", torch.float32, keep_quantized=False).model, chunks)
+    cpu = IM.collect_imatrix(load_model(str(src), "cpu", torch.float32, keep_quantized=False).model, chunks)
+    gpu = IM.collect_imatrix(load_model(str(src), "cuda", torch.float32, keep_quantized=False).model, chunks)
     assert set(gpu) == set(cpu) and any(n.endswith("_exps.weight") for n in cpu)
     for name, v in cpu.items():
         assert gpu[name].shape == v.shape and gpu[name].device.type == "cpu", name
@@ -38,7 +39,7 @@ def test_cuda_target_bpw_moe(tmp_path, case):
     from localllm.quantize.plan import total_bpw
 
     target = CASES[case]
-    src = tm.write_gguf(tm.MOE_CASES[case], tmp_path / f"{case}.gguf")
+    src = write_gguf(tm.MOE_CASES[case], tmp_path / f"{case}.gguf")
     out = tmp_path / "mixed.gguf"
     result = quantize_model(str(src), out, None, target_bpw=target, device="cuda", progress=False)
     assert target - 0.02 <= total_bpw(result.plan) <= target

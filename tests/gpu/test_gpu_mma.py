@@ -33,7 +33,7 @@ def weight(qtype, n: int, k: int, seed: int):
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_mma_bits_equal_dp4a(qtype, shape):
-    from localllm.kernels import triton_q8
+    from localllm.kernels import triton_q8, triton_quant_act
     from localllm.kernels.triton_epilogue import from_fixed, to_fixed
     from localllm.quantize import dequantize_torch
     from localllm.quantize.act import dequantize_act
@@ -43,7 +43,7 @@ def test_mma_bits_equal_dp4a(qtype, shape):
     ref = dequantize_torch(raw, qtype).double().cuda()
     for m in (16, 64):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m), dtype=torch.float32).cuda()
-        xa = triton_q8.quantize_act(x)
+        xa = triton_quant_act.quantize_act(x)
         res = to_fixed(torch.randn(m, n, device="cuda"))
         got, want = res.clone(), res.clone()
         triton_q8.gemv_q8(xa, qw, residual=got, inplace=True, split=None, act_dtype=torch.bfloat16)
@@ -80,13 +80,13 @@ def down_weight(qtype):
 def test_mma_configs_bits_equal_dp4a(qtype, config):
     """Each config's product of 64 rows (the down shape: K in 16 parts) += into an int64 accumulator
     with a bias is the dp4a kernel's bits."""
-    from localllm.kernels import triton_q8
+    from localllm.kernels import triton_q8, triton_quant_act
     from localllm.kernels.triton_epilogue import to_fixed
 
     qw = down_weight(qtype)
     n, k = qw.shape
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(2), dtype=torch.float32).cuda()
-    xa = triton_q8.quantize_act(x)
+    xa = triton_quant_act.quantize_act(x)
     res, b = to_fixed(torch.randn(64, n, device="cuda")), torch.randn(n, device="cuda")
     got, want = res.clone(), res.clone()
     triton_q8.gemv_q8(xa, qw, bias=b, residual=got, inplace=True, split=None, act_dtype=torch.bfloat16, mma=config)

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import tiny_models as tm
+from tiny_gguf import gguf_tensors, write_gguf
+from tiny_tokenizer import vocab_size
 
 from .gpu_helpers import random_ids, rel, round_inputs_as_int_dot, take_dense_values
 
@@ -28,7 +30,7 @@ PROMPT, STEPS = 10, 5
 def mxfp4_experts(spec) -> dict:
     """GGUF name -> (raw, MXFP4) for every expert tensor (llama.cpp's gpt-oss files hold them so)."""
     return {n: (gguf.quants.quantize(d.reshape(-1, d.shape[-1]), Q.MXFP4).reshape(*d.shape[:-1], -1), Q.MXFP4)
-            for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
+            for n, d in gguf_tensors(spec).items() if "_exps.weight" in n}
 
 
 def q4k_experts(spec) -> dict:
@@ -36,7 +38,7 @@ def q4k_experts(spec) -> dict:
     from localllm.quantize import quantize_tensor
 
     return {n: (quantize_tensor(torch.from_numpy(d.reshape(-1, d.shape[-1]).copy()), Q.Q4_K).reshape(*d.shape[:-1], -1),
-                Q.Q4_K) for n, d in tm.gguf_tensors(spec).items() if "_exps.weight" in n}
+                Q.Q4_K) for n, d in gguf_tensors(spec).items() if "_exps.weight" in n}
 
 
 @pytest.mark.parametrize("wtype,dtype,bound", [("F32", torch.float32, 1e-3), ("Q8_0", torch.bfloat16, 5e-2),
@@ -51,17 +53,17 @@ def test_cuda_moe_logits_match_cpu_fp32(tmp_path, case, wtype, dtype, bound):
     spec = tm.MOE_CASES[case]
     path = tmp_path / f"{case}-{wtype}.gguf"
     if wtype == "MXFP4":
-        tm.write_gguf(spec, path, raw=mxfp4_experts(spec))
+        write_gguf(spec, path, raw=mxfp4_experts(spec))
     elif wtype == "Q4_K":
         spec = replace(spec, dim=256, ffn_dim=256, expert_ffn_dim=256)  # (Mixtral: ffn_dim is the experts')
-        tm.write_gguf(spec, path, raw=q4k_experts(spec))
+        write_gguf(spec, path, raw=q4k_experts(spec))
     else:
-        tm.write_gguf(spec, path, Q[wtype])
+        write_gguf(spec, path, Q[wtype])
     gpu = load_model(str(path), "cuda", dtype).runtime
     assert isinstance(gpu, CudaRuntime)
     ref = load_model(str(path), "cpu", torch.float32, keep_quantized=False).runtime
     take_dense_values(ref.model, gpu.model)  # the GPU's bf16 router, norms, biases, sinks: the same choices
-    ids = random_ids(tm.vocab_size(), PROMPT + STEPS, seed=2)
+    ids = random_ids(vocab_size(), PROMPT + STEPS, seed=2)
     want, got = logits(ref, ids), logits(gpu, ids)
     bounds = [bound] * len(want)
     if dtype != torch.float32:  # and no tighter than the CPU's own bf16 forward of these weights allows

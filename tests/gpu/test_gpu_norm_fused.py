@@ -74,7 +74,7 @@ def test_add_normed_quantizes_like_quantize_act():
     sum in another order may move a value by one step)."""
     from localllm.kernels.triton_epilogue import from_fixed, to_fixed
     from localllm.kernels.triton_norm_fused import add_normed
-    from localllm.kernels.triton_q8 import quantize_act
+    from localllm.kernels.triton_quant_act import quantize_act
 
     g = torch.Generator(device="cuda").manual_seed(3)
     x = to_fixed(torch.randn(3, 2560, generator=g, device="cuda"))

@@ -17,7 +17,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-import tiny_models as tm  # noqa: E402
+from tiny_gguf import write_gguf  # noqa: E402
+from tiny_spec import TinySpec  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
@@ -31,8 +32,8 @@ def cli(*args, stdin: str = "") -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    spec = tm.TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=21)
-    return tm.write_gguf(spec, tmp_path_factory.mktemp("tprun") / "tiny.gguf", gguf.GGMLQuantizationType.Q8_0)
+    spec = TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=21)
+    return write_gguf(spec, tmp_path_factory.mktemp("tprun") / "tiny.gguf", gguf.GGMLQuantizationType.Q8_0)
 
 
 def test_tp2_greedy_repeats_and_speculative_agrees(model):

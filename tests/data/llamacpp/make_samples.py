@@ -26,7 +26,9 @@ import torch
 
 import test_evaluate
 import tiny_models as tm
-from localllm.calibrate import collect_imatrix_stats, save_imatrix
+from tiny_gguf import write_gguf
+import tiny_spec
+from localllm.imatrix import collect_imatrix_stats, save_imatrix
 from localllm.commands import evaluate as ev
 from localllm.commands import llama_logits as ll
 from localllm.load import load_model
@@ -67,9 +69,9 @@ def main(bin_dir: Path) -> None:
     results: dict = {"ctx": CTX, "kld_chunks": KLD_CHUNKS, "imatrix_chunks": IMATRIX_CHUNKS}
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        f32 = tm.write_gguf(tm.case_spec("llama"), d / "tiny-f32.gguf")
-        q4 = tm.write_gguf(tm.case_spec("llama"), d / "tiny-q4_0.gguf", tm.Q.Q4_0)
-        wide = tm.write_gguf(tm.MIXED, d / "wide-f32.gguf")
+        f32 = write_gguf(tm.case_spec("llama"), d / "tiny-f32.gguf")
+        q4 = write_gguf(tm.case_spec("llama"), d / "tiny-q4_0.gguf", tiny_spec.Q.Q4_0)
+        wide = write_gguf(tm.MIXED, d / "wide-f32.gguf")
         common = ["-c", CTX, "-t", 2, "-b", CTX]
         run(bin_dir / "llama-imatrix", "-m", f32, "-f", text, *common, "--chunks", IMATRIX_CHUNKS, "--process-output",
             "--no-ppl", "-o", HERE / "imatrix.gguf")
