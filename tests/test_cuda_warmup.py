@@ -11,6 +11,13 @@ dropped fails here. (On the GPU, that requests then compile nothing: tests/gpu/t
 
 from __future__ import annotations
 
+import os
+
+# This module imports the kernels' modules, so triton: set the interpreter first, as the Triton test
+# modules do (triton.language's own @triton.jit helpers are interpretable only if TRITON_INTERPRET=1 was
+# set when triton was first imported; collected before them, this file would import it uninterpreted)
+os.environ["TRITON_INTERPRET"] = "1"
+
 from dataclasses import replace
 from types import SimpleNamespace
 
