@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from uvicorn.config import LOG_LEVELS
+
 from localllm.chat_template import resolve_template
 from localllm.draft import open_drafter
 from localllm.engine import Engine
@@ -23,12 +25,9 @@ def model_names(spec: str | None, path: Path) -> tuple[str, ...]:
     return tuple(dict.fromkeys((first, path.name, path.stem, str(path))))
 
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's (its Config's keys)
-
-
 def check_serve_options(parallel: int, port: int, api_key: str | None, log_level: str = "info") -> None:
     """Before the model loads."""
-    if log_level not in LOG_LEVELS:
+    if log_level not in LOG_LEVELS:  # uvicorn's names (its Config raises KeyError on another)
         raise LocalLLMError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if parallel < 1:
         raise LocalLLMError(f"--parallel must be at least 1, got {parallel}")

@@ -51,9 +51,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve_forever(served: Served, sock: socket.socket, log_level: str = "info") -> None:
     """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0). log_level
-    "debug": the engine's line per prefill pass too (localllm/engine.py's log), on stderr."""
+    "debug" (or uvicorn's finer "trace"): the engine's line per prefill pass too (localllm/engine.py's
+    log), on stderr."""
     host, port = sock.getsockname()[:2]
-    if log_level == "debug":
+    if uvicorn.config.LOG_LEVELS[log_level] <= logging.DEBUG:
         engine_log = logging.getLogger("localllm.engine")
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
