@@ -134,8 +134,11 @@ def measure_imatrix(path: Path, chunks: list[list[int]], device: str, save_to: s
     imatrix format (GGUF; legacy .dat when save_to ends in .dat), which llama-quantize also reads."""
     from localllm.imatrix import collect_imatrix_stats, save_imatrix
     from localllm.load import load_model
+    from localllm.runtime import Runtime
 
-    lm = load_model(str(path), device, torch.float32, keep_quantized=False)  # dense, also on CUDA
+    # dense, also on CUDA; the portable backend: its mixture-of-experts forward runs each expert's
+    # ExpertLinear, whose inputs the expert statistics record (CUDA's grouped products would skip them)
+    lm = load_model(str(path), device, torch.float32, keep_quantized=False, backend=Runtime)
     stats = collect_imatrix_stats(lm.model, chunks, dataset=dataset)
     save_imatrix(save_to, stats)
     return stats.means()

@@ -16,7 +16,7 @@ from .calibrate import Progress, device_cache, model_tensors
 from .fused import file_imatrix
 from .imatrix_files import (ImatrixStats, fit_shapes, read_dat_imatrix, read_gguf_imatrix, write_dat_imatrix,
                             write_gguf_imatrix)
-from .model import Linear, Transformer
+from .model import Linear, Transformer, moe_mlp
 from .moe import ExpertLinear
 from .weights import ROPE_BUFFERS, gguf_name
 
@@ -28,7 +28,12 @@ IMATRIX_VERSION = 1
 def recording_imatrix(model: Transformer, dataset: str = "") -> Iterator[Callable[[Sequence[Sequence[int]]], ImatrixStats]]:
     """While open, every forward pass of `model` adds to the imatrix statistics (collect_imatrix_stats'),
     with or without autograd (mixed.plan_mixed records them during its Fisher passes: no forward of its
-    own). Yields stats(chunks): the statistics so far, of those chunks (their count and size)."""
+    own). Yields stats(chunks): the statistics so far, of those chunks (their count and size). The
+    model's mixture-of-experts layers must run the reference MoE forward (TORCH_OPS: each expert's
+    ExpertLinear, whose inputs the hooks record; a backend's grouped products would leave them out)."""
+    if any(b.moe is not None and b.ops.moe is not moe_mlp for b in model.blk):
+        raise ValueError("imatrix statistics need the reference mixture-of-experts forward: load the model "
+                         "with the portable backend (load_model(..., backend=Runtime))")
     sums: dict[str, torch.Tensor] = {}  # name -> (in,) or (E, in) float64 sum of x^2 over tokens
     counts: dict[str, int | torch.Tensor] = {}  # tokens seen: int, or (E,) float64 per expert
     memo: list = [None, None]  # (last input, its sums): q/k/v and gate/up read the very same tensor

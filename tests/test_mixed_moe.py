@@ -184,6 +184,27 @@ def test_expert_imatrix_matches_transformers(moe_sources, case):
         torch.testing.assert_close(ours[name].double(), v, rtol=1e-4, atol=1e-7, msg=name)
 
 
+def test_imatrix_refuses_a_forward_that_skips_the_experts(moe_sources):
+    # CUDA's prompt ops run the experts as grouped products, not through each ExpertLinear: statistics
+    # recorded there would silently lack the expert stacks (quantize then encodes them without an
+    # imatrix); the recorder refuses such a model, naming the backend to load instead
+    from dataclasses import replace
+
+    from localllm.model import TORCH_OPS
+    from localllm.runtime import Runtime
+
+    class GroupedExperts(Runtime):  # a backend whose MoE op is not the reference forward
+        ops = replace(TORCH_OPS, moe=lambda moe, h: moe(h))
+
+    path = str(moe_sources("mixtral", "gguf"))
+    grouped = load_model(path, "cpu", torch.float32, keep_quantized=False, backend=GroupedExperts)
+    with pytest.raises(ValueError, match="backend=Runtime"):
+        IM.collect_imatrix(grouped.model, [[5, 9]])
+    im = IM.collect_imatrix(load_model(path, "cpu", torch.float32, keep_quantized=False, backend=Runtime).model,
+                            [[5, 9]])
+    assert "blk.0.ffn_gate_exps.weight" in im
+
+
 def test_unrouted_expert_gets_ones(moe_sources):
     """Two tokens reach at most 4 of 8 experts: the others' rows are 1 (llama-quantize's zero count)."""
     lm = load_model(str(moe_sources("mixtral", "gguf")), "cpu", torch.float32)

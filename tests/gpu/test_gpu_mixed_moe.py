@@ -18,13 +18,15 @@ IDS = torch.tensor([[1, 5, 9, 30, 40, 100, 200, 300, 7, 64, 128, 250, 3, 17, 90,
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cuda_expert_imatrix_matches_cpu(tmp_path, case):
+    # quantize's own measurement (--imatrix-out on --device cuda): the portable forward on the GPU
     from localllm import imatrix as IM
+    from localllm.commands.quantize_mixed import measure_imatrix
     from localllm.load import load_model
 
     src = write_gguf(tm.MOE_CASES[case], tmp_path / f"{case}.gguf")
     chunks = [list(range(3, 43)), list(range(200, 240))]
     cpu = IM.collect_imatrix(load_model(str(src), "cpu", torch.float32, keep_quantized=False).model, chunks)
-    gpu = IM.collect_imatrix(load_model(str(src), "cuda", torch.float32, keep_quantized=False).model, chunks)
+    gpu = measure_imatrix(src, chunks, "cuda", tmp_path / "imatrix.gguf")
     assert set(gpu) == set(cpu) and any(n.endswith("_exps.weight") for n in cpu)
     for name, v in cpu.items():
         assert gpu[name].shape == v.shape and gpu[name].device.type == "cpu", name
@@ -45,7 +47,7 @@ def test_cuda_target_bpw_moe(tmp_path, case):
     assert target - 0.02 <= total_bpw(result.plan) <= target
     assert all(r.note == "" for r in result.plan if r.name.endswith("_exps.weight"))
     # every phase timed on the GPU path too (the CLI prints them as "time: read ... s, ...")
-    assert list(result.phases) == ["read", "load", "imatrix", "fisher", "errors", "search", "write"]
+    assert list(result.phases) == ["read", "load", "fisher+imatrix", "errors", "search", "write"]
     assert 0 <= sum(result.phases.values()) <= result.seconds
 
     def logits(path):

@@ -1,19 +1,32 @@
-"""The decode step's Triton kernels compile for Hopper (sm_90) with the argument types and constexprs
-the decode step passes (bf16 activations, bf16 dense weights, int64 fixed-point accumulators), and fit
-the SM's shared memory (was bench/compile_check.py). Uses Triton's compiler with a GPUTarget; nothing
-runs, so it also works on a machine without a GPU given Triton's CUDA backend (ptxas)."""
+"""The decode step's Triton kernels compiled for Hopper (sm_90) with the argument types and constexprs
+the decode step passes (bf16 activations, bf16 dense weights, int64 fixed-point accumulators), checked
+to fit the SM's shared memory. Triton's compiler with a GPUTarget: nothing runs, so no GPU is needed,
+only Triton's CUDA backend (its ptxas). tests/test_compile_sm90.py runs this module as a script in a
+process of its own: the interpreter (TRITON_INTERPRET, which the Triton test modules set) turns the
+kernels into interpreted functions that cannot be compiled.
+
+    python tests/compile_sm90.py    -> one JSON line per case: {"case", "error"} (error null: compiled)
+"""
 
 from __future__ import annotations
 
-import pytest
+import inspect
+import json
 
 SHARED_MAX = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB)
 
 
 def case(fn, types: dict, const: dict, warps: int = 4, odd: tuple[str, ...] = ("M",)):
-    """fn's signature (the named pointer / float types, i32 for the other arguments, the constexprs),
-    its constexpr values, warps and the integer arguments not divisible by 16."""
-    sig = {a: types.get(a, "i32") for a in fn.arg_names}
+    """fn's signature (the named pointer / float types, *i32 for other `*_ptr` arguments, i32 for the
+    rest, the constexprs), its constexpr values (const, else the kernel's own defaults: a constexpr added
+    to a kernel later, such as the slot rows' ROWS, is compiled as the decode step passes it by default),
+    warps and the integer arguments not divisible by 16."""
+    params = inspect.signature(fn.fn).parameters
+    const = {**{a: p.default for a, p in params.items() if "constexpr" in str(p.annotation)
+                and p.default is not inspect.Parameter.empty}, **const}
+    missing = [a for a, p in params.items() if "constexpr" in str(p.annotation) and a not in const]
+    assert not missing, f"{fn.__name__}: constexprs without a value: {missing}"
+    sig = {a: types.get(a, "*i32" if a.endswith("_ptr") else "i32") for a in fn.arg_names}
     sig.update({a: "constexpr" for a in const})
     return fn, sig, const, warps, odd
 
@@ -113,6 +126,26 @@ def q8_product(fmt: int, chain: int):
     return case(triton_q8._q8_gemv_kernel, types, const, warps, odd=("M", "step"))
 
 
+def mma_product(qtype_name: str, rows: int):
+    """_mma_kernel (triton_mma: batched decode's int8 tensor-core product) with CONFIGS' entry for `rows`,
+    into an int64 accumulator, K split over programs."""
+    from localllm.kernels import triton_mma
+    from localllm.kernels.qweight import Q
+
+    qtype = Q[qtype_name]
+    bm, bn, warps, stages, trans, _, _ = triton_mma.config_for(qtype, rows)
+    fields = {"Q8_0": ("*i8", "*fp16"), "Q4_0": ("*u8", "*fp16"), "Q4_K": ("*u8", "*fp16", "*fp16", "*u8", "*u8"),
+              "Q6_K": ("*u8", "*fp16", "*u8", "*i8")}[qtype_name]
+    fields = fields + (fields[0],) * (5 - len(fields))
+    types = {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs2_ptr": "*i64", "xd2_ptr": "*i64", "out_ptr": "*i64",
+             "bias_ptr": "*i64", "res_ptr": "*i64", "act_ptr": "*bf16",
+             **{f"P{i}": t for i, t in enumerate(fields)}}
+    const = {"FMT": triton_mma.MMA_FMT[qtype], "UNIT": triton_mma.UNIT[qtype], "BM": bm, "BN": bn, "BK": 2,
+             "TRANS": bool(trans), "EVEN": True, "HAS_BIAS": False, "HAS_RES": False, "ROUND": True,
+             "STAGES": stages, "ASM": True}
+    return case(triton_mma._mma_kernel, types, const, warps, odd=("M", "N", "per_split", "split", "parts"))
+
+
 CASES = {
     "dense fixed": lambda: dense(True),
     "dense logits": lambda: dense(False),
@@ -125,15 +158,29 @@ CASES = {
     "rmsnorm_rows int64": rmsnorm_rows,
     "quant_act int64 norm": quant_act,
     **{f"q8 product fmt {f} chain {c}": (lambda f=f, c=c: q8_product(f, c)) for f, c in ((0, 0), (1, 0), (2, 1), (3, 2), (4, 0), (5, 0), (6, 1))},
+    **{f"mma {t} rows {r}": (lambda t=t, r=r: mma_product(t, r)) for t in ("Q8_0", "Q4_0", "Q4_K", "Q6_K") for r in (16, 64)},
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_decode_kernel_compiles_for_sm90(name):
+def check(name: str) -> str | None:
+    """None if case `name` compiles as required, else what went wrong."""
     fn, sig, const, warps, odd = CASES[name]()
-    k = compile_sm90(fn, sig, const, warps, odd)
-    assert k.asm["ptx"], name
-    assert k.metadata.shared <= SHARED_MAX, f"{name}: {k.metadata.shared} B of shared memory"
-    if name.startswith("dense"):  # the tensor-core product must pipeline its loads and use wgmma
-        ptx = k.asm["ptx"]
-        assert ptx.count("wgmma.mma_async") > 0 and ptx.count("cp.async") > 0, name
+    try:
+        k = compile_sm90(fn, sig, const, warps, odd)
+    except Exception as e:  # noqa: BLE001 -- reported per case
+        return f"{type(e).__name__}: {e}"
+    if not k.asm["ptx"]:
+        return "no PTX"
+    if k.metadata.shared > SHARED_MAX:
+        return f"{k.metadata.shared} B of shared memory"
+    ptx = k.asm["ptx"]
+    if name.startswith("dense") and not (ptx.count("wgmma.mma_async") and ptx.count("cp.async")):
+        return "the tensor-core product must pipeline its loads (cp.async) and use wgmma"
+    if name.startswith("mma") and "mma.sync" not in ptx and "wgmma" not in ptx:
+        return "the batched-decode product must use the tensor cores"
+    return None
+
+
+if __name__ == "__main__":
+    for case_name in CASES:
+        print(json.dumps({"case": case_name, "error": check(case_name)}), flush=True)
