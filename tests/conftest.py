@@ -4,10 +4,19 @@ random-weight models of tiny_models.py, written once per session into a temporar
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter, which works only if TRITON_INTERPRET=1 is
+# set before triton is first imported (triton.language's own @triton.jit helpers are made interpretable
+# then): set here, before any test module, so the collection order cannot matter. (Twice a test module
+# that imported triton first, before the Triton test modules set it, failed 365 of their tests in CI.)
+# With a GPU (tests/gpu), the kernels compile for it: the Triton test modules still set it themselves.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import tiny_models as tm
 from tiny_gguf import write_gguf
