@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, pdl_start
+from .triton_base import FUSION, PDL, pdl_start
 from .triton_epilogue import from_fixed_jit
 from .triton_quant_act import act_buffers, store_blocks
 from .triton_rope import row_seq_pos
@@ -349,7 +349,7 @@ def rope_store(qkv, k_cache, v_cache, pos, inv_freq, n_heads: int, n_kv: int, he
     _rope_store_kernel[grid](qkv, q, k_cache, v_cache, pos, inv_freq, k_cache.stride(1), k_cache.stride(0),
                              1 if slots is not None else t // k_cache.shape[0], n_heads, n_kv, D=head_dim,
                              CLEAR=clear, PDL=PDL, slot_ptr=slots, ROWS=slots is not None, num_warps=1,
-                             launch_pdl=PDL)
+                             launch_pdl=PDL, **FUSION)
     return q
 
 
@@ -393,15 +393,15 @@ def decode_attention(q, k_cache, v_cache, pos, n_kv: int, chunk: int | None = No
             nsplit, float(softcap or 0.0), int(window or 0), GROUP=group, GP=max(16, triton.next_power_of_2(group)),
             D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, IEEE=k_cache.dtype == torch.float32, ROPE=rope is not None,
             ONE=tokens == 1, PDL=PDL, SOFTCAP=softcap is not None, WINDOW=window is not None, num_warps=4,
-            launch_pdl=PDL, **rows)
+            launch_pdl=PDL, **rows, **FUSION)
     else:
         _attn_partial_kernel[(h, nsplit, t)](q, k_cache, v_cache, ws, pos, *strides, scale, nsplit,
                                           GROUP=h // n_kv, D=d, BLOCK_S=min(chunk, 64), CHUNK=chunk, PDL=PDL,
-                                          num_warps=4, launch_pdl=PDL, **rows)
+                                          num_warps=4, launch_pdl=PDL, **rows, **FUSION)
     out = torch.empty((t, h * d), dtype=k_cache.dtype, device=k_cache.device)
     xq = act_buffers(t, h * d, k_cache.device) if quantize else (out, out, out)
     _attn_combine_kernel[(h, t)](ws, out, *xq, rope[0] if rope else out, nsplit, h + 2 * n_kv, D=d,
                                NS=triton.next_power_of_2(nsplit), QUANT=quantize, CLEAR=rope is not None, PDL=PDL,
                                sink_ptr=sinks if sinks is not None else ws, SINKS=sinks is not None,
-                               num_warps=4, launch_pdl=PDL)
+                               num_warps=4, launch_pdl=PDL, **FUSION)
     return (out, xq) if quantize else out

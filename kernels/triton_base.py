@@ -24,6 +24,11 @@ def _pdl_available() -> bool:
             and "launch_pdl" in CUDAOptions.__dataclass_fields__)
 
 
+# Every launch asks for FMA contraction (a * b + c rounded once) by name: Triton's default so far, with
+# which every kernel here was measured and its bits checked (triton_mma's products equal triton_q8's
+# because both contract the same expressions); Triton 3.9 warns that 3.10 turns the default off.
+FUSION = {"enable_fp_fusion": True}
+
 # Decode-step kernels launch with programmatic dependent launch where it exists: each waits
 # (griddepcontrol.wait, first thing) until the kernel before it has finished and its writes are
 # visible, and every read and write of a kernel comes after that wait, so their effects keep the

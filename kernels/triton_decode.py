@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, pdl_start
+from .triton_base import FUSION, PDL, pdl_start
 from .triton_epilogue import FIXED_ONE, from_fixed_jit, gate_act
 
 
@@ -56,7 +56,7 @@ def embed_fixed(tokens: torch.Tensor, emb: torch.Tensor, x: torch.Tensor, block:
     scale_t = float(torch.tensor(scale, dtype=emb.dtype))  # the dtype's value of scale, as the reference's
     _embed_fixed_kernel[(t, triton.cdiv(c, block))](tokens, emb, x, c, scale_t, first or 0, emb.shape[0],
                                                    BLOCK=block, PDL=PDL, SCALE=scale != 1.0,
-                                                   PART=first is not None, num_warps=4, launch_pdl=PDL)
+                                                   PART=first is not None, num_warps=4, launch_pdl=PDL, **FUSION)
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024, gelu: boo
     assert acc.dtype == torch.int64 and acc.is_contiguous()
     out = torch.empty((t, f), dtype=dtype, device=acc.device)
     _glu_rows_kernel[(t, triton.cdiv(f, block))](acc, out, f, BLOCK=block, PDL=PDL, GELU=gelu, num_warps=4,
-                                                launch_pdl=PDL)
+                                                launch_pdl=PDL, **FUSION)
     return out
 
 
@@ -138,5 +138,5 @@ def greedy_ids(logits: torch.Tensor, out: torch.Tensor, best: torch.Tensor, coun
     grid = (triton.cdiv(v, ARGMAX_BLOCK), t)
     _greedy_kernel[grid](logits, out, best, count, pos if pos is not None else count, v, logits.stride(0),
                          advance if pos is not None else 0, BLOCK=ARGMAX_BLOCK, PDL=PDL, num_warps=8,
-                         launch_pdl=PDL)
+                         launch_pdl=PDL, **FUSION)
     return out

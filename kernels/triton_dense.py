@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import INTERPRET, PDL, pdl_start, round_act
+from .triton_base import FUSION, INTERPRET, PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE
 
 ROWS = 16  # x rows per tile: the smallest tensor-core operand width
@@ -162,6 +162,6 @@ def gemv_dense(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         m, n, k, x.stride(0), w.stride(0), out.stride(0), per,
         BN=bn, BK=bk, STAGES=stages, SPLIT=triton.cdiv(k, per), GLU=glu, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None and not fixed, ROUND=act != torch.float32,
-        IEEE=w.dtype == torch.float32 or INTERPRET, PDL=PDL, num_warps=warps, launch_pdl=PDL,
+        IEEE=w.dtype == torch.float32 or INTERPRET, PDL=PDL, num_warps=warps, launch_pdl=PDL, **FUSION
     )
     return out

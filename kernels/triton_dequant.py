@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .qweight import QWeight
+from .triton_base import FUSION
 from .triton_gemv import e2m1_value, int_f32, iq4_value
 
 Q8_0, Q4_0, Q4_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS = 0, 1, 2, 3, 4, 5, 6
@@ -149,7 +150,7 @@ def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 32) ->
     ptrs, units, rows = field_args(w)
     out = torch.empty((n, k), dtype=dtype, device=w.device)
     grid = (triton.cdiv(n, bn), triton.cdiv(k, STEP))
-    _dequant_kernel[grid](out, *ptrs, *units, *rows, n, k, k // UNIT[fmt], FMT=fmt, BN=bn, num_warps=4)
+    _dequant_kernel[grid](out, *ptrs, *units, *rows, n, k, k // UNIT[fmt], FMT=fmt, BN=bn, num_warps=4, **FUSION)
     return out
 
 

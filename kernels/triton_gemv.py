@@ -30,7 +30,7 @@ import triton.language as tl
 from localllm.quantize.formats import FORMATS
 
 from .qweight import KERNEL_TYPES, Q, QWeight
-from .triton_base import INTERPRET, PDL, pdl_wait
+from .triton_base import FUSION, INTERPRET, PDL, pdl_wait
 from .triton_epilogue import epilogue, from_fixed_jit, part_out, plan, split_finish
 
 # Format ids (constexpr FMT) and each format's group width W in stored bytes / dense values.
@@ -369,7 +369,7 @@ def gemv(x: torch.Tensor, w: QWeight | torch.Tensor, bias: torch.Tensor | None =
         m, n, k, x.stride(0), out.stride(0), eps, L.per_split,
         FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, NORM=norm_weight is not None, GLU=glu,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act != torch.float32,
-        SPLIT=L.split, ROWS=L.rows, PDL=PDL, num_warps=warps, launch_pdl=PDL,
+        SPLIT=L.split, ROWS=L.rows, PDL=PDL, num_warps=warps, launch_pdl=PDL, **FUSION
     )
     return out
 
@@ -381,5 +381,5 @@ def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 16, g:
     out = torch.empty((n, k), dtype=dtype, device=w.device)
     groups = k // (2 * WIDTH[fmt])
     grid = (triton.cdiv(n, bn), triton.cdiv(groups, g))
-    _dequant_kernel[grid](out, *ptrs, *strides, n, k, FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, num_warps=4)
+    _dequant_kernel[grid](out, *ptrs, *strides, n, k, FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, num_warps=4, **FUSION)
     return out

@@ -47,7 +47,7 @@ import triton.language as tl
 from localllm.quantize.formats import FORMATS
 
 from .qweight import Q, QWeight
-from .triton_base import INTERPRET, load_even, round_act
+from .triton_base import FUSION, INTERPRET, load_even, round_act
 from .triton_bytes import Q4_0_PTX, nibbles, packed, q6_values
 from .triton_epilogue import FIXED_ONE, Launch
 
@@ -368,5 +368,5 @@ def gemv_mma(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, la
         *ps, *us, *rs, m, n, k, out.stride(0), launch.per_split, launch.split, parts,
         FMT=MMA_FMT[w.qtype], UNIT=UNIT[w.qtype], BM=bm, BN=bn, BK=bk, TRANS=bool(trans), EVEN=even,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, STAGES=stages,
-        ASM=not INTERPRET, num_warps=warps, **({"maxnreg": regs} if regs else {}))
+        ASM=not INTERPRET, num_warps=warps, **({"maxnreg": regs} if regs else {}), **FUSION)
     return out

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .qweight import INT_DOT_TYPES, QWeight
-from .triton_base import INTERPRET, round_act
+from .triton_base import FUSION, INTERPRET, round_act
 from .triton_epilogue import FIXED_ONE, auto_split, from_fixed_jit, split_k
 from .triton_gemv import CONFIGS as GEMV_CONFIGS
 from .triton_gemv import WIDTH, decode_tile
@@ -161,7 +161,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
         _moe_q8_kernel[(stacks * tiles, slots, parts)](
             q.view(torch.int32), d, s, ids, out, bias, *ptrs, *strides, step, n, k, out.stride(0), per_split, n_used,
             tiles, stack_rows, FMT=FMT[w.qtype], UNIT=UNIT[w.qtype], BN=bn, BK=bk, PER_SLOT=per_slot,
-            HAS_BIAS=has_bias, SPLIT=parts, ASM=not INTERPRET, num_warps=warps)
+            HAS_BIAS=has_bias, SPLIT=parts, ASM=not INTERPRET, num_warps=warps, **FUSION)
         return out
     x = x.contiguous()
     fmt, (_, k), ptrs, strides = gemv_weight_args(w)
@@ -172,7 +172,7 @@ def expert_products(x, w: QWeight | torch.Tensor, ids: torch.Tensor, out: torch.
     parts, per_split = split_k(parts, False, 1, groups, g, out.device)
     _moe_gemv_kernel[(stacks * tiles, slots, parts)](
         x, ids, out, bias, *ptrs, *strides, n, k, x.stride(0), out.stride(0), per_split, n_used, tiles, stack_rows,
-        FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, PER_SLOT=per_slot, HAS_BIAS=has_bias, SPLIT=parts, num_warps=warps)
+        FMT=fmt, W=WIDTH[fmt], BN=bn, G=g, PER_SLOT=per_slot, HAS_BIAS=has_bias, SPLIT=parts, num_warps=warps, **FUSION)
     return out
 
 
@@ -224,7 +224,7 @@ def expert_glu(gate: torch.Tensor, up: torch.Tensor, act_dtype: torch.dtype, oai
     q, d, s = act_buffers(slots, f, gate.device) if quantize else (out, out, out)
     _expert_glu_kernel[(slots, triton.cdiv(f // 32, blocks))](
         gate, up, out, q, d, s, out, f, gate.stride(0), float(limit or 0.0), BLOCKS=blocks,
-        ROUND=act_dtype != torch.float32, OAI=oai, LIMIT=limit is not None, QUANT=quantize, num_warps=4)
+        ROUND=act_dtype != torch.float32, OAI=oai, LIMIT=limit is not None, QUANT=quantize, num_warps=4, **FUSION)
     return (q, d, s) if quantize else out
 
 
@@ -259,7 +259,7 @@ def combine(down: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, act_dtyp
     block = min(block, triton.next_power_of_2(c))
     act_ref = torch.empty(1, dtype=act_dtype, device=x.device)
     _combine_kernel[(t, triton.cdiv(c, block))](down, weights, x, act_ref, c, KUSED=k, BLOCK=block,
-                                                 ROUND=act_dtype != torch.float32, num_warps=4)
+                                                 ROUND=act_dtype != torch.float32, num_warps=4, **FUSION)
     return x
 
 
@@ -303,5 +303,5 @@ def route_rows(logits: torch.Tensor, k: int, gating: str, norm_topk: bool) -> tu
     weights = torch.empty((t, k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t, k), dtype=torch.int32, device=logits.device)
     _route_kernel[(t,)](logits, weights, ids, e, KUSED=k, BE=triton.next_power_of_2(e), SOFTMAX=gating == "softmax",
-                        NORM=norm_topk, num_warps=1 if e <= 256 else 4)
+                        NORM=norm_topk, num_warps=1 if e <= 256 else 4, **FUSION)
     return weights, ids

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import INTERPRET
+from .triton_base import FUSION, INTERPRET
 
 
 def block_m(slots: int, n_experts: int) -> int:
@@ -119,7 +119,7 @@ def grouped_products(x: torch.Tensor, w: torch.Tensor, slots: torch.Tensor, bloc
     _grouped_kernel[(block_expert.numel(), stacks * tiles)](
         x, w, bias if bias is not None else out, out, slots, block_expert, n, k, x.stride(0), out.stride(0),
         stack_stride, n_used, tiles, BM=bm, BN=bn, BK=bk, PER_SLOT=per_slot, HAS_BIAS=bias is not None,
-        IEEE=ieee, num_warps=warps, num_stages=stages)
+        IEEE=ieee, num_warps=warps, num_stages=stages, **FUSION)
     return out
 
 
@@ -143,5 +143,5 @@ def combine_rows(down: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype, 
     assert down.shape[0] == t * k and down.is_contiguous() and weights.is_contiguous()
     out = torch.empty((t, c), dtype=dtype, device=down.device)
     block = min(block, triton.next_power_of_2(c))
-    _combine_rows_kernel[(t, triton.cdiv(c, block))](down, weights, out, c, KUSED=k, BLOCK=block, num_warps=4)
+    _combine_rows_kernel[(t, triton.cdiv(c, block))](down, weights, out, c, KUSED=k, BLOCK=block, num_warps=4, **FUSION)
     return out

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, pdl_start, round_act
+from .triton_base import FUSION, PDL, pdl_start, round_act
 from .triton_epilogue import FIXED_ONE, from_fixed_jit
 from .triton_quant_act import WHOLE_ROW_BLOCKS, act_buffers, store_blocks
 from .triton_rope import rotate_pair, row_seq_pos
@@ -107,7 +107,7 @@ def norm_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         qkv, q, k_cache, v_cache, pos, inv_freq if inv_freq is not None else q, q_weight, k_weight, float(eps),
         float(factor), k_cache.stride(1), k_cache.stride(0), 1 if slots is not None else t // k_cache.shape[0],
         n_heads, n_kv, R=rotary, D=head_dim, ROTATE=inv_freq is not None, PDL=PDL, slot_ptr=slots,
-        ROWS=slots is not None, num_warps=1, launch_pdl=PDL)
+        ROWS=slots is not None, num_warps=1, launch_pdl=PDL, **FUSION)
     return q
 
 
@@ -165,5 +165,5 @@ def add_normed(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: floa
     # rmsnorm_rows' block and warps (the same reduction)
     _add_normed_kernel[(m,)](x, h, weight, act_ref, nw, *xq, c, eps, eps2, BLOCK=block,
                              ROUND=act_dtype != torch.float32, QUANT=quantize is not None, PDL=PDL,
-                             num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
+                             num_warps=min(16, max(1, block // 256)), launch_pdl=PDL, **FUSION)
     return x if quantize is None else (x, xq)

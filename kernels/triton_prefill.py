@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, pdl_start
+from .triton_base import FUSION, PDL, pdl_start
 from .triton_epilogue import from_fixed_jit
 
 
@@ -42,7 +42,7 @@ def rmsnorm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     block = triton.next_power_of_2(c)
     _rmsnorm_rows_kernel[(x.numel() // c,)](x, weight, out, c, eps, BLOCK=block, PDL=PDL,
-                                            num_warps=min(16, max(1, block // 256)), launch_pdl=PDL)
+                                            num_warps=min(16, max(1, block // 256)), launch_pdl=PDL, **FUSION)
     return out
 
 
@@ -97,7 +97,7 @@ def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch
     assert k_cache.stride(3) == 1 and k_cache.stride(2) == head_dim and k_cache.stride() == v_cache.stride()
     _rope_cache_kernel[(b * t, n_heads + 2 * n_kv)](
         q, k, v, q_out, k_cache, v_cache, cos.contiguous(), sin.contiguous(), t, start, *rows,
-        k_cache.stride(0), k_cache.stride(1), n_heads, n_kv, D=head_dim, num_warps=1)
+        k_cache.stride(0), k_cache.stride(1), n_heads, n_kv, D=head_dim, num_warps=1, **FUSION)
     end = start + t
     return q_out.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end]
 
@@ -125,5 +125,5 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor
         g, u, step = gate.contiguous(), up.contiguous(), 1
         out = torch.empty_like(g)
     n = out.numel()
-    _silu_mul_kernel[(triton.cdiv(n, 2048),)](g, u, out, n, step, BLOCK=2048, num_warps=4)
+    _silu_mul_kernel[(triton.cdiv(n, 2048),)](g, u, out, n, step, BLOCK=2048, num_warps=4, **FUSION)
     return out

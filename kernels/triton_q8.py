@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .qweight import Q, QWeight
-from .triton_base import INTERPRET, PDL, pdl_trigger, pdl_wait
+from .triton_base import FUSION, INTERPRET, PDL, pdl_trigger, pdl_wait
 from .triton_epilogue import epilogue, part_out, plan, split_finish
 from .triton_mma import gemv_mma, takes as mma_takes
 from .triton_units import FMT, TYPES, UNIT, unit_dot, unit_weights, weight_args
@@ -209,6 +209,6 @@ def gemv_q8(xa: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w: QWeight, bia
         HAS_RES=residual is not None, ROUND=act_dtype != torch.float32, SPLIT=L.split, ROWS=L.rows,
         ASM=not INTERPRET,
         EVEN=even, CHAIN=chain, PRELOAD=preload, PDL=PDL, GROUPS_FIRST=groups_first,
-        num_warps=warps, launch_pdl=PDL,
+        num_warps=warps, launch_pdl=PDL, **FUSION
     )
     return out

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .qweight import QWeight
-from .triton_base import INTERPRET
+from .triton_base import FUSION, INTERPRET
 from .triton_dequant import FMT, Q6_K, STEP, UNIT, WIDTH, block_tile, field_args
 from .triton_dequant import covers as block_major
 
@@ -153,7 +153,7 @@ def qgemm(x2d: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None,
     out = torch.empty((x2d.shape[0], w.shape[0]), dtype=x2d.dtype, device=x2d.device)
     if out.numel():
         kernel, grid, args, options = launch(x2d, w, bias, out, config)
-        kernel[grid](*args, **options)
+        kernel[grid](*args, **options, **FUSION)
     return out
 
 

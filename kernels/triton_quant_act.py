@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import INTERPRET, PDL, pdl_trigger, pdl_wait
+from .triton_base import FUSION, INTERPRET, PDL, pdl_trigger, pdl_wait
 from .triton_epilogue import from_fixed_jit, gate_act
 from .triton_gemv import row_rstd
 
@@ -112,5 +112,5 @@ def quantize_act(x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: 
     _quant_act_kernel[grid](x, norm_weight if norm_weight is not None else x, act_ref, q, d, s, k, x.stride(0), eps,
                             NORM=norm_weight is not None, GLU=glu_dtype is not None, BLOCKS=blocks,
                             RSTD_BLOCK=min(triton.next_power_of_2(k), 8192), WHOLE=blocks * 32 >= k,
-                            PDL=PDL, GELU=gelu, num_warps=warps, launch_pdl=PDL)
+                            PDL=PDL, GELU=gelu, num_warps=warps, launch_pdl=PDL, **FUSION)
     return q, d, s

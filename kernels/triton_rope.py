@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import PDL, pdl_start
+from .triton_base import FUSION, PDL, pdl_start
 from .triton_epilogue import from_fixed_jit
 
 
@@ -106,5 +106,5 @@ def rope_store_family(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         qkv, q, k_cache, v_cache, pos, inv_freq if inv_freq is not None else q, float(factor), k_cache.stride(1),
         k_cache.stride(0), 1 if slots is not None else t // k_cache.shape[0], n_heads, n_kv, R=rotary, D=head_dim,
         ROTATE=inv_freq is not None, CLEAR=clear, PDL=PDL, slot_ptr=slots, ROWS=slots is not None, num_warps=1,
-        launch_pdl=PDL)
+        launch_pdl=PDL, **FUSION)
     return q

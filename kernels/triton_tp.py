@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_base import FUSION
+
 ADD_BLOCK = 1024
 P2P_BLOCK = 2048  # int64 values a reduce_p2p program handles per pass
 P2P_PROGRAMS = 32  # at most this many programs (signal pad slots: programs x ranks)
@@ -46,7 +48,7 @@ def add_fixed(x: torch.Tensor, red: torch.Tensor, assign: bool = False) -> torch
     """x (T, C) int64 += red (same shape, int64; assign: x = red); red is zeroed -> x."""
     assert x.dtype == red.dtype == torch.int64 and x.shape == red.shape and x.is_contiguous() and red.is_contiguous()
     n = x.numel()
-    _add_fixed_kernel[(triton.cdiv(n, ADD_BLOCK),)](x, red, n, ASSIGN=assign, BLOCK=ADD_BLOCK, num_warps=4)
+    _add_fixed_kernel[(triton.cdiv(n, ADD_BLOCK),)](x, red, n, ASSIGN=assign, BLOCK=ADD_BLOCK, num_warps=4, **FUSION)
     return x
 
 
@@ -117,5 +119,5 @@ def reduce_p2p(x: torch.Tensor, bufs: torch.Tensor, pads: torch.Tensor, err: tor
     n = x.numel()
     grid = (min(P2P_PROGRAMS, triton.cdiv(n, P2P_BLOCK)),)
     _reduce_p2p_kernel[grid](x, bufs, pads, err, prev if prev is not None else x, rank, world, n, spins,
-                             ASSIGN=assign, CLEAR=prev is not None, BLOCK=P2P_BLOCK, num_warps=8)
+                             ASSIGN=assign, CLEAR=prev is not None, BLOCK=P2P_BLOCK, num_warps=8, **FUSION)
     return x

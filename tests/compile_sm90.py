@@ -39,11 +39,13 @@ def compile_sm90(fn, sig: dict, const: dict, warps: int, odd: tuple[str, ...]):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from localllm.kernels.triton_base import FUSION  # (the launches' own option)
+
     idx = {a: (fn.arg_names.index(a),) for a in fn.arg_names}
     div = [a for a in fn.arg_names if a not in const and a not in odd and sig[a] != "fp32"]
     src = ASTSource(fn, sig, constexprs={idx[k]: v for k, v in const.items()},
                     attrs={idx[a]: [["tt.divisibility", 16]] for a in div})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True, **FUSION})
 
 
 def dense(fixed: bool):
