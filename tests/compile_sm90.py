@@ -131,18 +131,23 @@ def q8_product(fmt: int, chain: int):
 def mma_product(qtype_name: str, rows: int):
     """_mma_kernel (triton_mma: batched decode's int8 tensor-core product) with CONFIGS' entry for `rows`,
     into an int64 accumulator, K split over programs."""
-    from localllm.kernels import triton_mma
-    from localllm.kernels.qweight import Q
+    import torch
+
+    from localllm.kernels import triton_mma, triton_q8
+    from localllm.kernels.qweight import Q, QWeight
+    from localllm.quantize.formats import FORMATS
 
     qtype = Q[qtype_name]
     bm, bn, warps, stages, trans, _, _ = triton_mma.config_for(qtype, rows)
-    fields = {"Q8_0": ("*i8", "*fp16"), "Q4_0": ("*u8", "*fp16"), "Q4_K": ("*u8", "*fp16", "*fp16", "*u8", "*u8"),
-              "Q6_K": ("*u8", "*fp16", "*u8", "*i8")}[qtype_name]
-    fields = fields + (fields[0],) * (5 - len(fields))
+    # the fields' pointer types as the launch passes them: a block-major weight's own (gemv_mma's field_args)
+    fmt = FORMATS[qtype]
+    w = QWeight.from_raw(torch.zeros(64, 256 // fmt.block * fmt.nbytes, dtype=torch.uint8), qtype).to_blocks()
+    names = {torch.uint8: "*u8", torch.int8: "*i8", torch.float16: "*fp16", torch.int32: "*i32"}
     types = {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs2_ptr": "*i64", "xd2_ptr": "*i64", "out_ptr": "*i64",
              "bias_ptr": "*i64", "res_ptr": "*i64", "act_ptr": "*bf16",
-             **{f"P{i}": t for i, t in enumerate(fields)}}
-    const = {"FMT": triton_mma.MMA_FMT[qtype], "UNIT": triton_mma.UNIT[qtype], "BM": bm, "BN": bn, "BK": 2,
+             **{f"P{i}": names[p.dtype] for i, p in enumerate(triton_mma.field_args(w)[0])}}
+    bk = triton_q8.CONFIGS[qtype][1]  # the dp4a plan's units a step, which gemv_q8 hands gemv_mma
+    const = {"FMT": triton_mma.MMA_FMT[qtype], "UNIT": triton_mma.UNIT[qtype], "BM": bm, "BN": bn, "BK": bk,
              "TRANS": bool(trans), "EVEN": True, "HAS_BIAS": False, "HAS_RES": False, "ROUND": True,
              "STAGES": stages, "ASM": True}
     return case(triton_mma._mma_kernel, types, const, warps, odd=("M", "N", "per_split", "split", "parts"))
