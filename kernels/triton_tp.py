@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_base import FUSION
+from .triton_base import FUSION, PDL, pdl_start
 
 ADD_BLOCK = 1024
 P2P_BLOCK = 2048  # int64 values a reduce_p2p program handles per pass
@@ -120,4 +120,195 @@ def reduce_p2p(x: torch.Tensor, bufs: torch.Tensor, pads: torch.Tensor, err: tor
     grid = (min(P2P_PROGRAMS, triton.cdiv(n, P2P_BLOCK)),)
     _reduce_p2p_kernel[grid](x, bufs, pads, err, prev if prev is not None else x, rank, world, n, spins,
                              ASSIGN=assign, CLEAR=prev is not None, BLOCK=P2P_BLOCK, num_warps=8, **FUSION)
+    return x
+
+
+# The push all-reduce (backends/cuda_tp.PushReducer). Every rank's symmetric buffer holds, at these
+# int64 offsets: flags (2, PUSH_SLOTS, world), then receive areas (2, world, n): epoch parity, sender.
+# Program g of a reduction (1) takes the next epoch e (its counter slot, and every slot no program of
+# this reduction owns: all slots then hold the count of reductions so far, whatever the grid was),
+# (2) stores its chunks of this rank's accumulator into every peer's receive area [e % 2][rank]
+# (posted writes: no round trip) and then, released at system scope, e into the peer's flag
+# [e % 2][g][rank], (3) waits until its own flags [e % 2][g][p] hold e (a local poll), (4) adds its
+# accumulator and the received parts into x and clears the accumulator (no peer reads it). A peer
+# can run at most one reduction ahead (its next needs our flags of this one, set only once our
+# previous reduction ended), so two parities of areas and flags never overwrite unread ones, and flags
+# compare for equality (int64 epochs: no wrap).
+# LL (small messages; NCCL's low-latency protocol's idea): no flags, no fence, no barrier. Each value
+# travels as two int64 words, (tag << 32) | its low / high 32 bits, tag = the epoch as a positive
+# int32; an 8-byte store arrives whole, so a word carrying this epoch's tag is this epoch's value, and
+# the reader polls its received words until every one carries the tag. Receive areas (2, world, 2, n).
+PUSH_BLOCK = 512  # int64 values a push program handles per pass (4 KB: one row of 4096 takes 8 SMs)
+PUSH_SLOTS = 128  # at most this many programs a reduction
+LL_MAX = 16 * 4096  # messages of up to this many values take LL (twice the bytes, no fence)
+
+
+@triton.jit
+def _epoch(ctr_ptr, SLOTS: tl.constexpr):
+    """Step (1): program g's epoch e, every slot it owns advanced to e."""
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    e = tl.load(ctr_ptr + g) + 1
+    for s in range(g, SLOTS, G):
+        tl.store(ctr_ptr + s, e)
+    return e
+
+
+@triton.jit
+def _push_ll(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: tl.constexpr):
+    """LL's push: program g's chunks of the accumulator as tagged words into every peer's area."""
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    tag = ((e - 1) % 0x7FFFFFFF + 1) << 32
+    for c in range(g, tl.cdiv(n, BLOCK), G):
+        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
+        m = i < n
+        v = tl.load(acc_ptr + i, mask=m, other=0)
+        for p in range(world):
+            if p != rank:
+                area = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64)) + 2 * SLOTS * world
+                area += ((e % 2) * world + rank) * 2 * n
+                tl.store(area + i, tag | (v & 0xFFFFFFFF), mask=m)
+                tl.store(area + n + i, tag | ((v >> 32) & 0xFFFFFFFF), mask=m)
+
+
+@triton.jit
+def _sum_ll(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: tl.constexpr,
+            BLOCK: tl.constexpr, SLOTS: tl.constexpr):
+    """LL's sum: each chunk's received words polled until all carry the tag, then summed into x."""
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    tag = (e - 1) % 0x7FFFFFFF + 1
+    mine = tl.load(peers_ptr + rank).to(tl.pointer_type(tl.int64)) + 2 * SLOTS * world
+    for c in range(g, tl.cdiv(n, BLOCK), G):
+        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
+        m = i < n
+        s = tl.load(acc_ptr + i, mask=m, other=0)
+        tl.store(acc_ptr + i, tl.zeros_like(s), mask=m)
+        for p in range(world):
+            if p != rank:
+                area = mine + ((e % 2) * world + p) * 2 * n
+                lo = tl.load(area + i, mask=m, other=0, volatile=True)
+                hi = tl.load(area + n + i, mask=m, other=0, volatile=True)
+                late = tl.sum((((lo >> 32) != tag) | ((hi >> 32) != tag)) & m, axis=0)
+                k = 0
+                while (late > 0) & (k < spins):
+                    lo = tl.load(area + i, mask=m, other=0, volatile=True)
+                    hi = tl.load(area + n + i, mask=m, other=0, volatile=True)
+                    late = tl.sum((((lo >> 32) != tag) | ((hi >> 32) != tag)) & m, axis=0)
+                    k += 1
+                if late > 0:
+                    tl.store(err_ptr, 1)
+                s += (hi << 32) | (lo & 0xFFFFFFFF)
+        if ASSIGN:
+            tl.store(x_ptr + i, s, mask=m)
+        else:
+            tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m, other=0) + s, mask=m)
+
+
+@triton.jit
+def _push_parts(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: tl.constexpr):
+    """Step (2) of program g, epoch e."""
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    par = e % 2
+    for c in range(g, tl.cdiv(n, BLOCK), G):
+        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
+        m = i < n
+        v = tl.load(acc_ptr + i, mask=m, other=0)
+        for p in range(world):
+            if p != rank:
+                peer = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64))
+                tl.store(peer + 2 * SLOTS * world + (par * world + rank) * n + i, v, mask=m)
+    tl.debug_barrier()  # every thread's stores come before the flags
+    for p in range(world):
+        if p != rank:
+            peer = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64))
+            tl.atomic_xchg(peer + (par * SLOTS + g) * world + rank, e, sem="release", scope="sys")
+
+
+@triton.jit
+def _sum_parts(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: tl.constexpr,
+               BLOCK: tl.constexpr, SLOTS: tl.constexpr):
+    """Steps (3) and (4) of program g, epoch e."""
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    par = e % 2
+    mine = tl.load(peers_ptr + rank).to(tl.pointer_type(tl.int64))
+    for p in range(world):
+        if p != rank:
+            flag = mine + (par * SLOTS + g) * world + p
+            seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")  # (a read: it stores what is there)
+            k = 0
+            while (seen != e) & (k < spins):
+                seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")
+                k += 1
+            if seen != e:
+                tl.store(err_ptr, 1)
+    tl.debug_barrier()  # every thread reads after the flags were seen
+    for c in range(g, tl.cdiv(n, BLOCK), G):
+        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
+        m = i < n
+        s = tl.load(acc_ptr + i, mask=m, other=0)
+        tl.store(acc_ptr + i, tl.zeros_like(s), mask=m)
+        for p in range(world):
+            if p != rank:
+                s += tl.load(mine + 2 * SLOTS * world + (par * world + p) * n + i, mask=m, other=0, volatile=True)
+        if ASSIGN:
+            tl.store(x_ptr + i, s, mask=m)
+        else:
+            tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m, other=0) + s, mask=m)
+
+
+@triton.jit
+def _reduce_push_kernel(x_ptr, acc_ptr, peers_ptr, ctr_ptr, err_ptr, rank, world, n, spins, ASSIGN: tl.constexpr,
+                        PUSH: tl.constexpr, SUM: tl.constexpr, BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+                        LL: tl.constexpr, PDL: tl.constexpr):
+    """PUSH and SUM both set: one reduction. One of them: that half (the interpreter's tests run two
+    ranks' halves in turn, one program at a time). PDL: launched while the product before ends (its
+    launch hidden), it reads the accumulator only once that product is complete. LL: the tagged words."""
+    pdl_start(PDL)
+    if PUSH:
+        e = _epoch(ctr_ptr, SLOTS)
+        if LL:
+            _push_ll(acc_ptr, peers_ptr, e, rank, world, n, BLOCK, SLOTS)
+        else:
+            _push_parts(acc_ptr, peers_ptr, e, rank, world, n, BLOCK, SLOTS)
+    else:
+        e = tl.load(ctr_ptr + tl.program_id(0))
+    if SUM:
+        if LL:
+            _sum_ll(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN, BLOCK, SLOTS)
+        else:
+            _sum_parts(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN, BLOCK, SLOTS)
+
+
+def push_grid(n: int, block: int = PUSH_BLOCK) -> int:
+    """Programs of a reduction of n values."""
+    return min(PUSH_SLOTS, triton.cdiv(n, block))
+
+
+def push_buffer_size(n: int, world: int) -> int:
+    """int64 values of a rank's symmetric buffer for messages of n values (LL's areas: twice)."""
+    return 2 * PUSH_SLOTS * world + 2 * world * n * (2 if n <= LL_MAX else 1)
+
+
+def reduce_push(x: torch.Tensor, acc: torch.Tensor, peers: torch.Tensor, ctr: torch.Tensor, err: torch.Tensor,
+                rank: int, world: int, assign: bool = False, spins: int = 1 << 30, block: int = PUSH_BLOCK,
+                halves: str = "both", ll: bool | None = None) -> torch.Tensor:
+    """x (T, C) int64 (+)= the sum over ranks of their accumulators acc (T, C) int64 (this rank's: local
+    memory; cleared). peers (world,) int64: each rank's symmetric buffer address (push_buffer_size(
+    x.numel(), world) values, laid out as above); ctr (PUSH_SLOTS,) int64 this rank's epoch counters
+    (zero with the buffers at set-up); err (1,) int32 set on a wait that timed out. halves: 'push' /
+    'sum' run one half (tests). ll: the LL protocol (None: for n <= LL_MAX). Every rank calls it with the
+    same n and ll (the same grid and protocol). -> x"""
+    assert x.dtype == acc.dtype == torch.int64 and x.is_contiguous() and acc.is_contiguous()
+    assert x.numel() == acc.numel() and world >= 1
+    n = x.numel()
+    ll = n <= LL_MAX if ll is None else ll
+    assert n <= LL_MAX or not ll, "LL's areas are sized for messages of up to LL_MAX values"
+    _reduce_push_kernel[(push_grid(n, block),)](x, acc, peers, ctr, err, rank, world, n, spins, ASSIGN=assign,
+                                                PUSH=halves != "sum", SUM=halves != "push", BLOCK=block,
+                                                SLOTS=PUSH_SLOTS, LL=ll, PDL=PDL, num_warps=4, launch_pdl=PDL,
+                                                **FUSION)
     return x

@@ -153,6 +153,16 @@ def mma_product(qtype_name: str, rows: int):
     return case(triton_mma._mma_kernel, types, const, warps, odd=("M", "N", "per_split", "split", "parts"))
 
 
+def reduce_push(ll: bool):
+    """_reduce_push_kernel: int64 accumulators, int64 addresses and epochs (the TP decode's all-reduce)."""
+    from localllm.kernels import triton_tp
+
+    types = {a: "*i64" for a in ("x_ptr", "acc_ptr", "peers_ptr", "ctr_ptr")}
+    const = {"ASSIGN": False, "PUSH": True, "SUM": True, "BLOCK": triton_tp.PUSH_BLOCK, "SLOTS": triton_tp.PUSH_SLOTS,
+             "LL": ll, "PDL": True}
+    return case(triton_tp._reduce_push_kernel, types, const, 4, odd=("rank", "world", "n", "spins"))
+
+
 CASES = {
     "dense fixed": lambda: dense(True),
     "dense logits": lambda: dense(False),
@@ -165,6 +175,7 @@ CASES = {
     "rmsnorm_rows int64": rmsnorm_rows,
     "quant_act int64 norm": quant_act,
     **{f"q8 product fmt {f} chain {c}": (lambda f=f, c=c: q8_product(f, c)) for f, c in ((0, 0), (1, 0), (2, 1), (3, 2), (4, 0), (5, 0), (6, 1))},
+    **{f"reduce_push ll={ll}": (lambda ll=ll: reduce_push(ll)) for ll in (False, True)},
     **{f"mma {t} rows {r}": (lambda t=t, r=r: mma_product(t, r)) for t in ("Q8_0", "Q4_0", "Q4_K", "Q6_K") for r in (16, 64)},
 }
 

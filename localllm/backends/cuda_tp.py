@@ -17,7 +17,11 @@ Two reducers, one picked at load for the process group (make_reducer), the same 
                rank's part and adds them in one kernel (one flag barrier, no NCCL launch): for the decode
                step's small messages (an 8B step has 65 all-reduces of 4096 values a row), where NCCL's
                latency is most of the cost.
-Both are captured inside the decode graphs: every rank captures and replays the same sequence.
+  PushReducer  the accumulator in local memory; kernels/triton_tp.reduce_push stores it into every
+               peer's receive area in symmetric memory, flags it (an epoch, released), waits for the
+               peers' flags in its own buffer and sums locally: one-way writes, no remote reads or
+               compare-and-swap round trips.
+All are captured inside the decode graphs: every rank captures and replays the same sequence.
 P2PReducer's set-up checks itself on known values (exact sums, buffers cleared) on every rank; unless
 every rank's check passes, NCCL.
 """
@@ -28,11 +32,12 @@ import warnings
 
 import torch
 
-from localllm.kernels.triton_tp import PAD_SLOTS, add_fixed, reduce_p2p
+from localllm.kernels.triton_tp import PAD_SLOTS, PUSH_BLOCK, PUSH_SLOTS, add_fixed, push_buffer_size, reduce_p2p, reduce_push
 
 from ..parallel import TensorParallel
 
-REDUCERS = ("auto", "nccl", "p2p")  # make_reducer's choices ("auto": p2p where it sets up and checks out)
+REDUCERS = ("auto", "nccl", "p2p", "push")  # make_reducer's choices ("auto": AUTO where it sets up and checks out)
+AUTO = "push"
 
 
 class NcclReducer:
@@ -60,6 +65,9 @@ class NcclReducer:
     def check(self) -> None:
         """Raise if a collective failed (NCCL reports its own errors)."""
 
+    def reset(self) -> None:
+        """Nothing to reset (the accumulator is zero after every reduce)."""
+
 
 class P2PReducer(NcclReducer):
     """Three (rows, cols) int64 buffers in symmetric memory: 0 for the embedding's reduction (assign),
@@ -70,26 +78,15 @@ class P2PReducer(NcclReducer):
     name = "p2p"
 
     def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
-        import torch.distributed._symmetric_memory as symm
-
         self.tp = tp
-        group = tp.group or torch.distributed.group.WORLD
-        name = group.group_name
-        if hasattr(symm, "enable_symm_mem_for_group"):  # needed by older torch; deprecated (a no-op) later
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                symm.enable_symm_mem_for_group(name)
         n = rows * cols
-        buf = symm.empty(3 * n, dtype=torch.int64, device=device)
-        self.handle = h = symm.rendezvous(buf, name)
-        if h.world_size != tp.world or h.rank != tp.rank:
-            raise RuntimeError("symmetric memory's ranks are not the process group's")
+        self.handle, buf, ptrs = symmetric_buffer(tp, 3 * n, device)
+        h = self.handle
         if getattr(h, "signal_pad_size", PAD_SLOTS * tp.world * 4) < PAD_SLOTS * tp.world * 4:
             raise RuntimeError("signal pad too small")
-        buf.zero_()
         self.bufs = buf.view(3, rows, cols)
         # (3, world) device addresses of each rank's buffer j (rank order), and (world,) of the signal pads
-        base = torch.tensor(list(h.buffer_ptrs), dtype=torch.int64)
+        base = torch.tensor(ptrs, dtype=torch.int64)
         self.addresses = (base[None, :] + torch.arange(3)[:, None] * n * 8).to(device)
         self.pads = torch.tensor(list(h.signal_pad_ptrs), dtype=torch.int64, device=device)
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
@@ -122,6 +119,63 @@ class P2PReducer(NcclReducer):
             raise RuntimeError("the one-shot all-reduce timed out waiting for a peer")
 
 
+class PushReducer(NcclReducer):
+    """The accumulator (rows, cols) int64 in local memory; one symmetric buffer a rank (flags and
+    receive areas: kernels/triton_tp.push_buffer_size) that the peers write into; epoch counters
+    (PUSH_SLOTS,) that every rank advances alike (the same reductions in the same order, as the graph
+    replays keep them)."""
+
+    name = "push"
+
+    def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
+        self.tp = tp
+        self.handle, self.buf, peers = symmetric_buffer(tp, push_buffer_size(rows * cols, tp.world), device)
+        self.peers = torch.tensor(peers, dtype=torch.int64, device=device)
+        self.red = torch.zeros(rows, cols, dtype=torch.int64, device=device)
+        self.ctr = torch.zeros(PUSH_SLOTS, dtype=torch.int64, device=device)
+        self.err = torch.zeros(1, dtype=torch.int32, device=device)
+        # the protocol (None: LL for small messages) and values a program (bench/allreduce_speed.py sets them)
+        self.ll: bool | None = None
+        self.block = PUSH_BLOCK
+        torch.cuda.synchronize(device)
+        self.handle.barrier()  # every rank's flags are zero before any peer writes them
+
+    def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
+        return reduce_push(x, self.red, self.peers, self.ctr, self.err, self.tp.rank, self.tp.world, assign,
+                           block=self.block, ll=self.ll)
+
+    def reset(self) -> None:
+        """Epochs, flags and accumulator zero on every rank (collective)."""
+        torch.cuda.synchronize(self.red.device)
+        self.handle.barrier()
+        self.buf.zero_()
+        self.ctr.zero_()
+        self.red.zero_()
+        torch.cuda.synchronize(self.red.device)
+        self.handle.barrier()
+
+    check = P2PReducer.check
+
+
+def symmetric_buffer(tp: TensorParallel, n: int, device) -> tuple:
+    """A zeroed int64 buffer of n values in torch symmetric memory for tp's group -> (handle, buffer,
+    each rank's buffer address in rank order). Raises where the group's ranks are not symmetric memory's."""
+    import torch.distributed._symmetric_memory as symm
+
+    group = tp.group or torch.distributed.group.WORLD
+    name = group.group_name
+    if hasattr(symm, "enable_symm_mem_for_group"):  # needed by older torch; deprecated (a no-op) later
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm.enable_symm_mem_for_group(name)
+    buf = symm.empty(n, dtype=torch.int64, device=device)
+    h = symm.rendezvous(buf, name)
+    if h.world_size != tp.world or h.rank != tp.rank:
+        raise RuntimeError("symmetric memory's ranks are not the process group's")
+    buf.zero_()
+    return h, buf, list(h.buffer_ptrs)
+
+
 def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
     """A step's order of reductions (the embedding's assign, then 5 sums: every buffer taken twice and
     cleared) on known values (rank-dependent, large and negative, every value of the buffer) gives
@@ -140,31 +194,31 @@ def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
         torch.cuda.synchronize(dev)
         red.check()
         ok = ok and torch.equal(x, sum(parts) + (0 if assign else 7 + i))
-    if isinstance(red, P2PReducer):
-        red.reset()
+    red.reset()
     return ok
 
 
 def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "auto") -> NcclReducer:
-    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'auto' and 'p2p' set up
-    the one-shot kernel and check it (self_test) on every rank; unless every rank succeeds, NCCL
-    ('p2p' then raises). Collective: every rank calls it with the same arguments."""
+    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'p2p', 'push' and 'auto'
+    (AUTO's kernel) set up the kernel's symmetric memory and check it (self_test) on every rank; unless
+    every rank succeeds, NCCL ('p2p' and 'push' then raise). Collective: every rank calls it with the
+    same arguments."""
     if kind not in REDUCERS:
         raise ValueError(f"all-reduce {kind!r}: one of {', '.join(REDUCERS)}")
     nccl = NcclReducer(tp, rows, cols, device)
     if kind == "nccl" or (kind == "auto" and torch.device(device).type != "cuda"):  # (gloo on the CPU: tests)
         return nccl
-    fast = None
+    fast, chosen = None, AUTO if kind == "auto" else kind
     try:
-        fast = P2PReducer(tp, rows, cols, device)
+        fast = {"p2p": P2PReducer, "push": PushReducer}[chosen](tp, rows, cols, device)
     except Exception:  # no peer access, no symmetric memory in this torch, ...: NCCL serves
         pass
     # every rank set up before any runs the kernel (a rank alone in it would wait for its peers), then
     # every rank's check passed
     if everyone(tp, fast is not None, device) and everyone(tp, passes(fast, tp), device):
         return fast
-    if kind == "p2p":
-        raise RuntimeError("the one-shot all-reduce (symmetric memory) did not set up on every rank")
+    if kind != "auto":
+        raise RuntimeError(f"the {kind} all-reduce (symmetric memory) did not set up on every rank")
     return nccl
 
 

@@ -7,8 +7,8 @@ also runs TP=1 (the oracle) and saves the results that these tests check:
   - TP=2's prompt and decode-step logits against TP=1's within the GPU tests' bf16 tolerance
     (test_gpu_logits: 3e-2 relative), the steps fed TP=1's 64 greedy ids;
   - top-1 agreement on those 64 steps (where TP=1's best two logits are not within rounding);
-  - two TP=2 runs bit-equal (the decode graphs' integer all-reduce), and the NCCL all-reduce's steps
-    bit-equal to the one-shot kernel's;
+  - two TP=2 runs bit-equal (the decode graphs' integer all-reduce), and the steps of every all-reduce
+    (NCCL, the one-shot pull, the push) bit-equal;
   - --lookup and --draft at TP=2 give TP=2's greedy ids.
 Skipped with fewer than 2 GPUs. Run: `pytest -m cuda tests/gpu/test_gpu_tp.py` (a few minutes).
 """
@@ -86,7 +86,8 @@ def test_tp2_repeats_bit_for_bit(results, name):
     assert torch.equal(r["tp2_steps"], r["tp2_steps_again"])
     assert torch.equal(r["tp2_first"], r["tp2_first_again"])
     assert r["tp2_ids"] == r["tp2_ids_again"] and len(r["tp2_ids"]) == 64
-    assert torch.equal(r["tp2_steps_nccl"], r["tp2_steps"])  # NCCL's integer sums: the same bits
+    for kind in ("nccl", "p2p", "push"):  # every all-reduce's integer sums: the same bits
+        assert torch.equal(r[f"tp2_steps_{kind}"], r["tp2_steps"]), kind
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -97,6 +98,8 @@ def test_tp2_speculative_gives_greedy_ids(results, name):
 
 
 def test_tp2_fast_all_reduce_set_up(results):
-    """The one-shot symmetric-memory all-reduce set up and passed its check on both GPUs (else the
-    decoders fell back to NCCL: correct, slower)."""
-    assert {r["all_reduce"] for r in results.values()} == {"p2p"}
+    """The symmetric-memory all-reduce (cuda_tp.AUTO's) set up and passed its check on both GPUs (else
+    the decoders fell back to NCCL: correct, slower)."""
+    from localllm.backends.cuda_tp import AUTO
+
+    assert {r["all_reduce"] for r in results.values()} == {AUTO}

@@ -87,9 +87,11 @@ def run_case(case: dict, tp, out: str) -> None:
     res["lookup_ids"] = speculative_ids(rt, prompt, LookupDrafter(3, 0.05))
     draft = load_model(case["draft"], "cuda", torch.bfloat16).runtime  # whole on every rank: no collectives
     res["draft_ids"] = speculative_ids(rt, prompt, ModelDrafter(draft, Sampler(GREEDY, rt.device), 0.0, 0.2))
-    if hasattr(rt, "all_reduce"):  # the same steps with NCCL's all-reduce: the same integer sums
-        picked, rt.all_reduce = rt.all_reduce, "nccl"
-        _, res["tp2_steps_nccl"] = forced(rt, prompt, g1)
+    if hasattr(rt, "all_reduce"):  # the same steps with the other all-reduces: the same integer sums
+        picked = rt.all_reduce
+        for kind in ("nccl", "p2p", "push"):
+            rt.all_reduce = kind
+            _, res[f"tp2_steps_{kind}"] = forced(rt, prompt, g1)
         rt.all_reduce = picked
     res["seconds"] = time.perf_counter() - t0
     if tp.rank == 0:
