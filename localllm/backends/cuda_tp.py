@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from localllm.kernels.triton_tp import PAD_SLOTS, PUSH_BLOCK, PUSH_SLOTS, add_fixed, push_buffer_size, reduce_p2p, reduce_push
+from localllm.kernels.triton_tp import PAD_SLOTS, PUSH_SLOTS, add_fixed, push_buffer_size, reduce_p2p, reduce_push
 
 from ..parallel import TensorParallel
 
@@ -136,7 +136,7 @@ class PushReducer(NcclReducer):
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
         # the protocol (None: LL for small messages) and values a program (bench/allreduce_speed.py sets them)
         self.ll: bool | None = None
-        self.block = PUSH_BLOCK
+        self.block: int | None = None
         torch.cuda.synchronize(device)
         self.handle.barrier()  # every rank's flags are zero before any peer writes them
 
