@@ -1,6 +1,6 @@
 """The decode step's all-reduce alone (issue 23): microseconds a reduction inside a CUDA graph, per kind.
 
-    python bench/allreduce_speed.py [--kinds nccl,p2p,push-flags,push-ll] [--rows 1,16,64] [--cols 4096] [--rounds 3]
+    python bench/allreduce_speed.py [--kinds nccl,push-flags,push-ll] [--rows 1,16,64] [--cols 4096] [--rounds 3]
 
 (re-executes itself under torch's launcher with 2 processes, NVLink multicast off). For each message of
 (rows, cols) int64 (an 8B step's residual rows) and each reducer of backends/cuda_tp.py, one graph of 64
@@ -79,7 +79,7 @@ def measure(kind: str, rows: int, cols: int, tp) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kinds", default="nccl,p2p,push-flags,push-ll", help="reducers (push-flags / push-ll: "
+    ap.add_argument("--kinds", default="nccl,push-flags,push-ll", help="reducers (push-flags / push-ll: "
                     "the push reducer with that protocol at every size; push: its own choice; @N: programs of N values)")
     ap.add_argument("--rows", default="1,16,64")
     ap.add_argument("--cols", type=int, default=4096)

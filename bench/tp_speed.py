@@ -5,7 +5,7 @@
 
 (re-executes itself under torch's launcher with 2 processes, NVLink multicast off). Prints, per row:
 shape, weight type, TP degree, the decode all-reduce (nccl: torch.distributed's NCCL all_reduce;
-p2p: the one-shot symmetric-memory kernel, backends/cuda_tp.py), greedy decode tokens/s, and the
+push: the symmetric-memory kernel, backends/cuda_tp.py), greedy decode tokens/s, and the
 weight bandwidth it achieves (weight bytes of every rank's step x tokens/s) as a share of the cards'
 copy bandwidth (one card for TP=1, both for TP=2), measured in the same run on each card. Rows (--rows,
 any subset, in the order given): llama-3.1-8b bf16 and Q4_K_M at TP=1 (each rank its own whole model on

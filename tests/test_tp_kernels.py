@@ -1,7 +1,7 @@
 """kernels/triton_tp.py under Triton's interpreter (tiny shapes): add_fixed against torch's integer sums,
-and reduce_p2p's sums and flag protocol with two ranks' buffers and signal pads in one process (the
-interpreter runs one program at a time, so each rank's kernel runs with its peer's signals already
-given; tests/gpu/test_gpu_tp.py runs it across two GPUs)."""
+and reduce_push's sums, epochs and both protocols (flags, LL) with two or three ranks' symmetric
+buffers in one process (the interpreter runs one kernel at a time, so every rank's push half runs
+before any rank's sum half; tests/gpu/test_gpu_tp_graphs.py runs the whole kernel across two GPUs)."""
 
 import os
 
@@ -10,8 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from localllm.kernels.triton_tp import (P2P_BLOCK, P2P_PROGRAMS, PAD_SLOTS, PUSH_SLOTS, add_fixed,  # noqa: E402
-                                       push_buffer_size, push_grid, reduce_p2p, reduce_push)
+from localllm.kernels.triton_tp import PUSH_SLOTS, add_fixed, push_buffer_size, push_grid, reduce_push  # noqa: E402
 
 
 def _fixed(shape, seed):
@@ -29,91 +28,6 @@ def test_add_fixed(assign):
 
 def _addresses(ts):
     return torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)
-
-
-@pytest.mark.parametrize("assign", [False, True])
-def test_reduce_p2p_one_rank(assign):
-    """Rank 0 of 2, its peer's signal given: x gets buffer 0 + buffer 1 (all P2P_PROGRAMS programs, each
-    several chunks); both buffers are left as they were (the peer may still read ours), the previous
-    buffer is cleared; rank 0's own flags are taken and its flags set in rank 1's pad; no timeout."""
-    rows, cols = 2, P2P_BLOCK * P2P_PROGRAMS // 2 + 24  # > P2P_PROGRAMS chunks: programs loop
-    bufs = [_fixed((rows * cols,), 3), _fixed((rows * cols,), 4)]
-    parts = [b.clone() for b in bufs]
-    prev = _fixed((rows, cols), 12)
-    pads = [torch.zeros(PAD_SLOTS * 2, dtype=torch.int32) for _ in range(2)]
-    programs = min(P2P_PROGRAMS, -(-rows * cols // P2P_BLOCK))
-    for g in range(programs):  # rank 1 has begun this reduction
-        pads[0][g * 2 + 1] = 1
-    x = _fixed((rows, cols), 5)
-    want = (parts[0] + parts[1]).view(rows, cols) + (0 if assign else x)
-    err = torch.zeros(1, dtype=torch.int32)
-    reduce_p2p(x, _addresses(bufs), _addresses(pads), err, rank=0, world=2, assign=assign, prev=prev, spins=100)
-    assert err.item() == 0
-    assert torch.equal(x, want)
-    assert torch.equal(bufs[0], parts[0]) and torch.equal(bufs[1], parts[1]) and not prev.any()
-    assert not pads[0].any()  # taken
-    assert pads[1][[g * 2 for g in range(programs)]].eq(1).all() and pads[1].sum().item() == programs
-
-
-def test_reduce_p2p_alone_and_timeout():
-    """world 1: x += its own buffer, no flags; a peer that never signals: err set after `spins` polls."""
-    buf = _fixed((40,), 6)
-    x = _fixed((2, 20), 7)
-    want = x + buf.view(2, 20)
-    err = torch.zeros(1, dtype=torch.int32)
-    pad = torch.zeros(PAD_SLOTS, dtype=torch.int32)
-    reduce_p2p(x, _addresses([buf]), _addresses([pad]), err, rank=0, world=1)
-    assert torch.equal(x, want) and err.item() == 0
-    bufs = [_fixed((40,), 8), _fixed((40,), 9)]
-    pads = [torch.zeros(PAD_SLOTS * 2, dtype=torch.int32) for _ in range(2)]
-    reduce_p2p(x, _addresses(bufs), _addresses(pads), err, rank=1, world=2, spins=5)
-    assert err.item() == 1
-
-
-def _reducers(rows, cols):
-    """Two ranks' P2PReducers (backends/cuda_tp.py) in one process: their buffers, addresses and signal
-    pads as symmetric memory would give them (tensors on the CPU)."""
-    from localllm.backends.cuda_tp import P2PReducer
-    from localllm.parallel import TensorParallel
-
-    bufs = [torch.zeros(3, rows, cols, dtype=torch.int64) for _ in range(2)]
-    pads = [torch.zeros(PAD_SLOTS * 2, dtype=torch.int32) for _ in range(2)]
-    addresses = torch.tensor([[b[j].data_ptr() for b in bufs] for j in range(3)], dtype=torch.int64)
-    out = []
-    for r in range(2):
-        red = object.__new__(P2PReducer)  # (its set-up needs CUDA symmetric memory)
-        red.tp, red.bufs, red.addresses, red.pads = TensorParallel(r, 2), bufs[r], addresses, _addresses(pads)
-        red.err, red.last, red.cur = torch.zeros(1, dtype=torch.int32), None, 0
-        out.append(red)
-    programs = min(P2P_PROGRAMS, -(-rows * cols // P2P_BLOCK))
-    for g in range(programs):  # rank 1 begins first: rank 0's kernel runs first here, then rank 1's, each call
-        pads[0][g * 2 + 1] = 1
-    return out, pads
-
-
-def test_p2p_reducer_steps_in_turn():
-    """Two steps of a decoder's reductions (the embedding's assign, then four sums) of two ranks, each
-    call's kernels run rank 0 then rank 1 (a peer reads our buffer after our kernel ran: the buffer must
-    still hold our part): both ranks get the exact sums, every buffer a product writes is zero before,
-    and no two reductions in a row share a buffer."""
-    rows, cols = 1, 3000
-    reds, pads = _reducers(rows, cols)
-    xs = [torch.zeros(rows, cols, dtype=torch.int64) for _ in range(2)]
-    order = []
-    for i, assign in enumerate([True, False, False, False, False] * 2):
-        parts = [_fixed((rows, cols), 20 + 2 * i + r) for r in range(2)]
-        want = parts[0] + parts[1] + (0 if assign else xs[0])
-        for r, red in enumerate(reds):
-            buf = red.take(assign)
-            assert not buf.any(), f"reduction {i}: rank {r}'s buffer {red.cur} not cleared"
-            buf.copy_(parts[r])
-        order.append(reds[0].cur)
-        for r, red in enumerate(reds):
-            red.reduce(xs[r], assign)
-            assert red.err.item() == 0
-        assert torch.equal(xs[0], want) and torch.equal(xs[1], want), i
-    assert order == [0, 1, 2, 1, 2] * 2
-    assert not pads[1].any()  # every flag rank 0 set was taken (rank 0's own: rank 1's last, for a next call)
 
 
 def test_embed_fixed_vocabulary_parts():

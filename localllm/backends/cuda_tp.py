@@ -12,18 +12,16 @@ NCCL_PROTO to pin). The head's logits (rows, V/N) fp32 per rank are joined by an
 Two reducers, one picked at load for the process group (make_reducer), the same on every rank:
   NcclReducer  torch.distributed.all_reduce of the accumulator (NCCL, int64 sum), then
                kernels/triton_tp.add_fixed (the add, and the clear).
-  P2PReducer   accumulators in torch symmetric memory (peer-visible, no multicast:
-               TORCH_SYMM_MEM_DISABLE_MULTICAST stays set); kernels/triton_tp.reduce_p2p reads every
-               rank's part and adds them in one kernel (one flag barrier, no NCCL launch): for the decode
-               step's small messages (an 8B step has 65 all-reduces of 4096 values a row), where NCCL's
-               latency is most of the cost.
   PushReducer  the accumulator in local memory; kernels/triton_tp.reduce_push stores it into every
-               peer's receive area in symmetric memory, flags it (an epoch, released), waits for the
-               peers' flags in its own buffer and sums locally: one-way writes, no remote reads or
-               compare-and-swap round trips.
-All are captured inside the decode graphs: every rank captures and replays the same sequence.
-P2PReducer's set-up checks itself on known values (exact sums, buffers cleared) on every rank; unless
-every rank's check passes, NCCL.
+               peer's receive area in torch symmetric memory (peer-visible, no multicast:
+               TORCH_SYMM_MEM_DISABLE_MULTICAST stays set) and sums what its peers stored into its own:
+               one kernel, one-way writes, no remote reads or handshakes, no NCCL launch. For the decode
+               step's small messages (an 8B step has 65 all-reduces of 4096 values a row), where NCCL's
+               latency is most of the cost (bench/allreduce_speed.py: ~4 us a row against NCCL's ~10;
+               the kernel before it, which read its peers' sums after a compare-and-swap handshake, ~9).
+Both are captured inside the decode graphs: every rank captures and replays the same sequence.
+PushReducer's set-up checks itself on known values (exact sums, accumulator cleared) on every rank;
+unless every rank's check passes, NCCL.
 """
 
 from __future__ import annotations
@@ -32,11 +30,11 @@ import warnings
 
 import torch
 
-from localllm.kernels.triton_tp import PAD_SLOTS, PUSH_SLOTS, add_fixed, push_buffer_size, reduce_p2p, reduce_push
+from localllm.kernels.triton_tp import PUSH_SLOTS, add_fixed, push_buffer_size, reduce_push
 
 from ..parallel import TensorParallel
 
-REDUCERS = ("auto", "nccl", "p2p", "push")  # make_reducer's choices ("auto": AUTO where it sets up and checks out)
+REDUCERS = ("auto", "nccl", "push")  # make_reducer's choices ("auto": AUTO where it sets up and checks out)
 AUTO = "push"
 
 
@@ -67,56 +65,6 @@ class NcclReducer:
 
     def reset(self) -> None:
         """Nothing to reset (the accumulator is zero after every reduce)."""
-
-
-class P2PReducer(NcclReducer):
-    """Three (rows, cols) int64 buffers in symmetric memory: 0 for the embedding's reduction (assign),
-    1 and 2 in turn for the others, so that two reductions in a row never share one (a step of L
-    layers: 0, 1, 2, 1, 2, .., and the next step's 0; graph replays repeat the captured order) and each
-    reduction clears this rank's buffer of the one before (kernels/triton_tp.reduce_p2p)."""
-
-    name = "p2p"
-
-    def __init__(self, tp: TensorParallel, rows: int, cols: int, device):
-        self.tp = tp
-        n = rows * cols
-        self.handle, buf, ptrs = symmetric_buffer(tp, 3 * n, device)
-        h = self.handle
-        if getattr(h, "signal_pad_size", PAD_SLOTS * tp.world * 4) < PAD_SLOTS * tp.world * 4:
-            raise RuntimeError("signal pad too small")
-        self.bufs = buf.view(3, rows, cols)
-        # (3, world) device addresses of each rank's buffer j (rank order), and (world,) of the signal pads
-        base = torch.tensor(ptrs, dtype=torch.int64)
-        self.addresses = (base[None, :] + torch.arange(3)[:, None] * n * 8).to(device)
-        self.pads = torch.tensor(list(h.signal_pad_ptrs), dtype=torch.int64, device=device)
-        self.err = torch.zeros(1, dtype=torch.int32, device=device)
-        self.last: int | None = None  # the buffer of the previous reduction (cleared by the next)
-        self.cur = 0
-        torch.cuda.synchronize(device)
-        h.barrier()  # every rank's buffers are zero before any reads them
-
-    def take(self, assign: bool = False) -> torch.Tensor:
-        self.cur = next(j for j in ((0, 1, 2) if assign else (1, 2, 0)) if j != self.last)
-        return self.bufs[self.cur]
-
-    def reduce(self, x: torch.Tensor, assign: bool = False) -> torch.Tensor:
-        prev = self.bufs[self.last] if self.last is not None else None
-        reduce_p2p(x, self.addresses[self.cur], self.pads, self.err, self.tp.rank, self.tp.world, assign, prev)
-        self.last = self.cur
-        return x
-
-    def reset(self) -> None:
-        """Every buffer zero on every rank, no reduction before (collective)."""
-        torch.cuda.synchronize(self.bufs.device)
-        self.handle.barrier()
-        self.bufs.zero_()
-        torch.cuda.synchronize(self.bufs.device)
-        self.handle.barrier()
-        self.last = None
-
-    def check(self) -> None:
-        if self.err.item():
-            raise RuntimeError("the one-shot all-reduce timed out waiting for a peer")
 
 
 class PushReducer(NcclReducer):
@@ -154,7 +102,9 @@ class PushReducer(NcclReducer):
         torch.cuda.synchronize(self.red.device)
         self.handle.barrier()
 
-    check = P2PReducer.check
+    def check(self) -> None:
+        if self.err.item():
+            raise RuntimeError("the push all-reduce timed out waiting for a peer")
 
 
 def symmetric_buffer(tp: TensorParallel, n: int, device) -> tuple:
@@ -177,9 +127,9 @@ def symmetric_buffer(tp: TensorParallel, n: int, device) -> tuple:
 
 
 def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
-    """A step's order of reductions (the embedding's assign, then 5 sums: every buffer taken twice and
-    cleared) on known values (rank-dependent, large and negative, every value of the buffer) gives
-    their exact sums, and leaves the buffers that the next reductions take zero."""
+    """A step's order of reductions (the embedding's assign, then 5 sums: both epoch parities, each
+    twice) on known values (rank-dependent, large and negative, every value of the buffer) gives
+    their exact sums, and leaves the accumulator that the next reductions take zero."""
     rows, cols = red.take().shape
     dev = red.take().device
     base = torch.arange(rows * cols, device=dev, dtype=torch.int64).view(rows, cols)
@@ -199,18 +149,18 @@ def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
 
 
 def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "auto") -> NcclReducer:
-    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'p2p', 'push' and 'auto'
-    (AUTO's kernel) set up the kernel's symmetric memory and check it (self_test) on every rank; unless
-    every rank succeeds, NCCL ('p2p' and 'push' then raise). Collective: every rank calls it with the
+    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'push' and 'auto' (AUTO's
+    kernel) set up the kernel's symmetric memory and check it (self_test) on every rank; unless every
+    rank succeeds, NCCL ('push' then raises). Collective: every rank calls it with the
     same arguments."""
     if kind not in REDUCERS:
         raise ValueError(f"all-reduce {kind!r}: one of {', '.join(REDUCERS)}")
     nccl = NcclReducer(tp, rows, cols, device)
     if kind == "nccl" or (kind == "auto" and torch.device(device).type != "cuda"):  # (gloo on the CPU: tests)
         return nccl
-    fast, chosen = None, AUTO if kind == "auto" else kind
+    fast = None
     try:
-        fast = {"p2p": P2PReducer, "push": PushReducer}[chosen](tp, rows, cols, device)
+        fast = {"push": PushReducer}[AUTO if kind == "auto" else kind](tp, rows, cols, device)
     except Exception:  # no peer access, no symmetric memory in this torch, ...: NCCL serves
         pass
     # every rank set up before any runs the kernel (a rank alone in it would wait for its peers), then
@@ -222,7 +172,7 @@ def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "
     return nccl
 
 
-def passes(red: P2PReducer, tp: TensorParallel) -> bool:
+def passes(red: PushReducer, tp: TensorParallel) -> bool:
     """self_test, False where it raises (a timed-out wait)."""
     try:
         return self_test(red, tp)

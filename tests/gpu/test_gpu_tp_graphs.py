@@ -8,7 +8,7 @@ also runs TP=1 (the oracle) and saves the results that these tests check:
     (test_gpu_logits: 3e-2 relative), the steps fed TP=1's 64 greedy ids;
   - top-1 agreement on those 64 steps (where TP=1's best two logits are not within rounding);
   - two TP=2 runs bit-equal (the decode graphs' integer all-reduce), and the steps of every all-reduce
-    (NCCL, the one-shot pull, the push) bit-equal;
+    (NCCL, the push kernel) bit-equal;
   - --lookup and --draft at TP=2 give TP=2's greedy ids.
 Skipped with fewer than 2 GPUs. Run: `pytest -m cuda tests/gpu/test_gpu_tp.py` (a few minutes).
 """
@@ -86,7 +86,7 @@ def test_tp2_repeats_bit_for_bit(results, name):
     assert torch.equal(r["tp2_steps"], r["tp2_steps_again"])
     assert torch.equal(r["tp2_first"], r["tp2_first_again"])
     assert r["tp2_ids"] == r["tp2_ids_again"] and len(r["tp2_ids"]) == 64
-    for kind in ("nccl", "p2p", "push"):  # every all-reduce's integer sums: the same bits
+    for kind in ("nccl", "push"):  # every all-reduce's integer sums: the same bits
         assert torch.equal(r[f"tp2_steps_{kind}"], r["tp2_steps"]), kind
 
 

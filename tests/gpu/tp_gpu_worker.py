@@ -5,7 +5,7 @@ CASES.json: [{"name", "path", "draft"}] (GGUF files; draft: a same-vocabulary mo
 Every rank runs the same calls (the collectives match); rank 0 also runs TP=1 on its GPU (the oracle)
 and saves, per case, OUT/<name>.pt: the TP=1 and TP=2 prompt logits, TP=1's 64 greedy ids and each
 step's logits, TP=2's logits on those same ids (teacher forced) twice (bit-equality run to run) and
-once more with the NCCL all-reduce (the one-shot kernel's sums must be the same bits), TP=2's greedy
+once more with the NCCL all-reduce (the push kernel's sums must be the same bits), TP=2's greedy
 ids (the greedy graph), and its --lookup and --draft ids. The test asserts on them.
 """
 
@@ -89,7 +89,7 @@ def run_case(case: dict, tp, out: str) -> None:
     res["draft_ids"] = speculative_ids(rt, prompt, ModelDrafter(draft, Sampler(GREEDY, rt.device), 0.0, 0.2))
     if hasattr(rt, "all_reduce"):  # the same steps with the other all-reduces: the same integer sums
         picked = rt.all_reduce
-        for kind in ("nccl", "p2p", "push"):
+        for kind in ("nccl", "push"):
             rt.all_reduce = kind
             _, res[f"tp2_steps_{kind}"] = forced(rt, prompt, g1)
         rt.all_reduce = picked
