@@ -76,10 +76,38 @@ def _epoch(ctr_ptr, SLOTS: tl.constexpr):
 
 
 @triton.jit
-def _push_ll(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: tl.constexpr):
-    """LL's push: program g's chunks of the accumulator as tagged words into every peer's area."""
+def _words(area, i, n, m, tag):
+    """LL's received words of chunk i (low halves at area + i, high at area + n + i) -> (lo, hi, how many
+    values do not carry the tag yet)."""
+    lo = tl.load(area + i, mask=m, other=0, volatile=True)
+    hi = tl.load(area + n + i, mask=m, other=0, volatile=True)
+    return lo, hi, tl.sum((((lo >> 32) != tag) | ((hi >> 32) != tag)) & m, axis=0)
+
+
+@triton.jit
+def _take(acc_ptr, i, m):
+    """This rank's partial sums of chunk i, the accumulator cleared there (no peer reads it)."""
+    s = tl.load(acc_ptr + i, mask=m, other=0)
+    tl.store(acc_ptr + i, tl.zeros_like(s), mask=m)
+    return s
+
+
+@triton.jit
+def _give(x_ptr, i, m, s, ASSIGN: tl.constexpr):
+    """x = s (ASSIGN) or x += s at chunk i."""
+    if ASSIGN:
+        tl.store(x_ptr + i, s, mask=m)
+    else:
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m, other=0) + s, mask=m)
+
+
+@triton.jit
+def _push(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: tl.constexpr, LL: tl.constexpr):
+    """Step (2) of program g, epoch e: its chunks of the accumulator into every peer's receive area,
+    then (not LL) the flags; LL: as tagged words, which need no flag."""
     g = tl.program_id(0)
     G = tl.num_programs(0)
+    par = e % 2
     tag = ((e - 1) % 0x7FFFFFFF + 1) << 32
     for c in range(g, tl.cdiv(n, BLOCK), G):
         i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
@@ -88,97 +116,61 @@ def _push_ll(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: 
         for p in range(world):
             if p != rank:
                 area = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64)) + 2 * SLOTS * world
-                area += ((e % 2) * world + rank) * 2 * n
-                tl.store(area + i, tag | (v & 0xFFFFFFFF), mask=m)
-                tl.store(area + n + i, tag | ((v >> 32) & 0xFFFFFFFF), mask=m)
-
-
-@triton.jit
-def _sum_ll(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: tl.constexpr,
-            BLOCK: tl.constexpr, SLOTS: tl.constexpr):
-    """LL's sum: each chunk's received words polled until all carry the tag, then summed into x."""
-    g = tl.program_id(0)
-    G = tl.num_programs(0)
-    tag = (e - 1) % 0x7FFFFFFF + 1
-    mine = tl.load(peers_ptr + rank).to(tl.pointer_type(tl.int64)) + 2 * SLOTS * world
-    for c in range(g, tl.cdiv(n, BLOCK), G):
-        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
-        m = i < n
-        s = tl.load(acc_ptr + i, mask=m, other=0)
-        tl.store(acc_ptr + i, tl.zeros_like(s), mask=m)
-        for p in range(world):
-            if p != rank:
-                area = mine + ((e % 2) * world + p) * 2 * n
-                lo = tl.load(area + i, mask=m, other=0, volatile=True)
-                hi = tl.load(area + n + i, mask=m, other=0, volatile=True)
-                late = tl.sum((((lo >> 32) != tag) | ((hi >> 32) != tag)) & m, axis=0)
-                k = 0
-                while (late > 0) & (k < spins):
-                    lo = tl.load(area + i, mask=m, other=0, volatile=True)
-                    hi = tl.load(area + n + i, mask=m, other=0, volatile=True)
-                    late = tl.sum((((lo >> 32) != tag) | ((hi >> 32) != tag)) & m, axis=0)
-                    k += 1
-                if late > 0:
-                    tl.store(err_ptr, 1)
-                s += (hi << 32) | (lo & 0xFFFFFFFF)
-        if ASSIGN:
-            tl.store(x_ptr + i, s, mask=m)
-        else:
-            tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m, other=0) + s, mask=m)
-
-
-@triton.jit
-def _push_parts(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: tl.constexpr):
-    """Step (2) of program g, epoch e."""
-    g = tl.program_id(0)
-    G = tl.num_programs(0)
-    par = e % 2
-    for c in range(g, tl.cdiv(n, BLOCK), G):
-        i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
-        m = i < n
-        v = tl.load(acc_ptr + i, mask=m, other=0)
+                if LL:
+                    area += (par * world + rank) * 2 * n
+                    tl.store(area + i, tag | (v & 0xFFFFFFFF), mask=m)
+                    tl.store(area + n + i, tag | ((v >> 32) & 0xFFFFFFFF), mask=m)
+                else:
+                    tl.store(area + (par * world + rank) * n + i, v, mask=m)
+    if not LL:
+        tl.debug_barrier()  # every thread's stores come before the flags
         for p in range(world):
             if p != rank:
                 peer = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64))
-                tl.store(peer + 2 * SLOTS * world + (par * world + rank) * n + i, v, mask=m)
-    tl.debug_barrier()  # every thread's stores come before the flags
-    for p in range(world):
-        if p != rank:
-            peer = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64))
-            tl.atomic_xchg(peer + (par * SLOTS + g) * world + rank, e, sem="release", scope="sys")
+                tl.atomic_xchg(peer + (par * SLOTS + g) * world + rank, e, sem="release", scope="sys")
 
 
 @triton.jit
-def _sum_parts(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: tl.constexpr,
-               BLOCK: tl.constexpr, SLOTS: tl.constexpr):
-    """Steps (3) and (4) of program g, epoch e."""
+def _sum(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: tl.constexpr, BLOCK: tl.constexpr,
+         SLOTS: tl.constexpr, LL: tl.constexpr):
+    """Steps (3) and (4) of program g, epoch e: (not LL) its flags awaited, then each chunk's received
+    parts added to the accumulator's into x; LL: each chunk's words polled until all carry the tag."""
     g = tl.program_id(0)
     G = tl.num_programs(0)
     par = e % 2
+    tag = (e - 1) % 0x7FFFFFFF + 1
     mine = tl.load(peers_ptr + rank).to(tl.pointer_type(tl.int64))
-    for p in range(world):
-        if p != rank:
-            flag = mine + (par * SLOTS + g) * world + p
-            seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")  # (a read: it stores what is there)
-            k = 0
-            while (seen != e) & (k < spins):
-                seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")
-                k += 1
-            if seen != e:
-                tl.store(err_ptr, 1)
-    tl.debug_barrier()  # every thread reads after the flags were seen
+    if not LL:
+        for p in range(world):
+            if p != rank:
+                flag = mine + (par * SLOTS + g) * world + p
+                seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")  # (a read: it stores what is there)
+                k = 0
+                while (seen != e) & (k < spins):
+                    seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")
+                    k += 1
+                if seen != e:
+                    tl.store(err_ptr, 1)
+        tl.debug_barrier()  # every thread reads after the flags were seen
     for c in range(g, tl.cdiv(n, BLOCK), G):
         i = tl.arange(0, BLOCK).to(tl.int64) + c * BLOCK
         m = i < n
-        s = tl.load(acc_ptr + i, mask=m, other=0)
-        tl.store(acc_ptr + i, tl.zeros_like(s), mask=m)
+        s = _take(acc_ptr, i, m)
         for p in range(world):
             if p != rank:
-                s += tl.load(mine + 2 * SLOTS * world + (par * world + p) * n + i, mask=m, other=0, volatile=True)
-        if ASSIGN:
-            tl.store(x_ptr + i, s, mask=m)
-        else:
-            tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m, other=0) + s, mask=m)
+                if LL:
+                    area = mine + 2 * SLOTS * world + (par * world + p) * 2 * n
+                    lo, hi, late = _words(area, i, n, m, tag)
+                    k = 0
+                    while (late > 0) & (k < spins):
+                        lo, hi, late = _words(area, i, n, m, tag)
+                        k += 1
+                    if late > 0:
+                        tl.store(err_ptr, 1)
+                    s += (hi << 32) | (lo & 0xFFFFFFFF)
+                else:
+                    s += tl.load(mine + 2 * SLOTS * world + (par * world + p) * n + i, mask=m, other=0, volatile=True)
+        _give(x_ptr, i, m, s, ASSIGN)
 
 
 @triton.jit
@@ -191,17 +183,11 @@ def _reduce_push_kernel(x_ptr, acc_ptr, peers_ptr, ctr_ptr, err_ptr, rank, world
     pdl_start(PDL)
     if PUSH:
         e = _epoch(ctr_ptr, SLOTS)
-        if LL:
-            _push_ll(acc_ptr, peers_ptr, e, rank, world, n, BLOCK, SLOTS)
-        else:
-            _push_parts(acc_ptr, peers_ptr, e, rank, world, n, BLOCK, SLOTS)
+        _push(acc_ptr, peers_ptr, e, rank, world, n, BLOCK, SLOTS, LL)
     else:
         e = tl.load(ctr_ptr + tl.program_id(0))
     if SUM:
-        if LL:
-            _sum_ll(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN, BLOCK, SLOTS)
-        else:
-            _sum_parts(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN, BLOCK, SLOTS)
+        _sum(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN, BLOCK, SLOTS, LL)
 
 
 def push_block(n: int) -> int:
