@@ -34,7 +34,7 @@ def _long_gemm(ext):
     g = torch.Generator().manual_seed(0)
     n = k = 1024
     w = torch.randn(n, k, generator=g).view(torch.uint8).reshape(n, -1).contiguous()
-    for t in (64, 128, 256, 512, 1024, 2048, 4096):
+    for t in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
         x = torch.randn(t, k, generator=g)
         began = time.perf_counter()
         ext.dense_gemm(x, w, F32, n, k, 1)
