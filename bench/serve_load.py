@@ -59,18 +59,27 @@ class Prompts:
 
 
 async def one_request(api: openai.AsyncOpenAI, model: str, ids: list[int], gen: int) -> dict:
-    t0 = time.perf_counter()
-    stamps, tokens = [], 0
-    stream = await api.completions.create(model=model, prompt=ids, max_tokens=gen, temperature=0, stream=True,
-                                          stream_options={"include_usage": True},
-                                          extra_body={"ignore_eos": True, "top_k": 1})
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
-            stamps.append(time.perf_counter())
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    return {"ttft": stamps[0] - t0 if stamps else None,
-            "itl": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": tokens or len(stamps)}
+    """One streamed request -> its TTFT, gaps and tokens. A connection the server dropped before any text
+    (a pooled keep-alive connection it had just closed: llama-server did, once in a 16-client round) is
+    retried once, timed from the retry, and counted ("retried"); any other failure ends the run."""
+    for attempt in (0, 1):
+        t0 = time.perf_counter()
+        stamps, tokens = [], 0
+        try:
+            stream = await api.completions.create(model=model, prompt=ids, max_tokens=gen, temperature=0, stream=True,
+                                                  stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True, "top_k": 1})
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    stamps.append(time.perf_counter())
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+        except openai.APIConnectionError:
+            if attempt or stamps:
+                raise
+            continue
+        return {"ttft": stamps[0] - t0 if stamps else None, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+                "tokens": tokens or len(stamps), "retried": attempt}
 
 
 async def client_loop(api, model, prompts: list[list[int]], args) -> list[dict]:
@@ -89,7 +98,8 @@ async def round_of(api, model, clients: int, args, prompts: Prompts) -> dict:
     return {"clients": clients, "requests": len(flat), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
             "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
-            "short": sum(r["tokens"] != args.gen_tokens for r in flat), "no_text": len(flat) - len(ttft)}
+            "short": sum(r["tokens"] != args.gen_tokens for r in flat), "no_text": len(flat) - len(ttft),
+            "retried": sum(r.get("retried", 0) for r in flat)}
 
 
 async def warm_up(api, model, counts: list[int], args, prompts: Prompts) -> None:
@@ -121,7 +131,8 @@ def describe(r: dict, gen_tokens: int) -> str:
             f"{r['tokens_per_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50_ms']:8.1f} ms  p99 {r['ttft_p99_ms']:8.1f} ms  "
             f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms"
             + (f"  ({r['short']} requests short of {gen_tokens} tokens)" if r["short"] else "")
-            + (f"  ({r['no_text']} requests without text: no TTFT)" if r.get("no_text") else ""))
+            + (f"  ({r['no_text']} requests without text: no TTFT)" if r.get("no_text") else "")
+            + (f"  ({r['retried']} requests retried after a dropped connection)" if r.get("retried") else ""))
 
 
 async def main(args) -> None:

@@ -1,13 +1,16 @@
 """bench/serve_load.py's plan of requests (no server: one_request replaced by a recorder): every prompt
 of a run, warm-ups included, shares no prefix with another (a repeated prompt is served from localllm's
 prefix cache as a 1-id prefill, which is not what the rounds claim to measure: issue 22's 16-client
-TTFT stalls), and requests without any text are counted, not ranked as NaN."""
+TTFT stalls), requests without any text are counted, not ranked as NaN, and a connection dropped before
+any text is retried once and counted."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import serve_load  # noqa: E402
@@ -47,3 +50,38 @@ def test_requests_without_text_have_no_ttft(monkeypatch):
     assert r["no_text"] == 12 - len(timed)
     assert r["ttft_p99_ms"] == 1e3 * max(timed) and r["ttft_p50_ms"] == 1e3 * serve_load.percentile(timed, 50)
     assert "without text" in serve_load.describe(r, 64)
+
+
+class _Chunk:
+    def __init__(self, text, usage=None):
+        self.choices = [type("C", (), {"text": text})()]
+        self.usage = usage
+
+
+class _Api:
+    """completions.create: fails with a dropped connection the first `drops` times (before any text, or
+    after the first chunk if late), then streams 3 chunks."""
+
+    def __init__(self, drops: int, late: bool = False):
+        self.completions, self.drops, self.late, self.calls = self, drops, late, 0
+
+    async def create(self, **kw):
+        self.calls += 1
+        dropped = self.calls <= self.drops
+        if dropped and not self.late:
+            raise serve_load.openai.APIConnectionError(request=None)
+
+        async def chunks():
+            for i in range(3):
+                yield _Chunk("x", usage=type("U", (), {"completion_tokens": 3})() if i == 2 else None)
+                if dropped:
+                    raise serve_load.openai.APIConnectionError(request=None)
+        return chunks()
+
+
+def test_a_dropped_connection_is_retried_once():
+    once = asyncio.run(serve_load.one_request(_Api(1), "m", [1, 2], 3))
+    assert once["retried"] == 1 and once["tokens"] == 3 and len(once["itl"]) == 2
+    for api in (_Api(2), _Api(1, late=True)):  # twice in a row, or after text arrived: the run fails
+        with pytest.raises(serve_load.openai.APIConnectionError):
+            asyncio.run(serve_load.one_request(api, "m", [1, 2], 3))
