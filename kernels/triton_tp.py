@@ -85,6 +85,19 @@ def _words(area, i, n, m, tag):
 
 
 @triton.jit
+def _area(base, par, src, world, n, SLOTS: tl.constexpr, LL: tl.constexpr):
+    """The receive area [par][src] of the symmetric buffer at base (int64 pointer): after the flags
+    (2, SLOTS, world), areas of n values (LL: 2 n words, low halves then high)."""
+    return base + 2 * SLOTS * world + (par * world + src) * n * (2 if LL else 1)
+
+
+@triton.jit
+def _flag(base, par, g, src, world, SLOTS: tl.constexpr):
+    """Flag [par][g][src] of the symmetric buffer at base."""
+    return base + (par * SLOTS + g) * world + src
+
+
+@triton.jit
 def _take(acc_ptr, i, m):
     """This rank's partial sums of chunk i, the accumulator cleared there (no peer reads it)."""
     s = tl.load(acc_ptr + i, mask=m, other=0)
@@ -115,19 +128,18 @@ def _push(acc_ptr, peers_ptr, e, rank, world, n, BLOCK: tl.constexpr, SLOTS: tl.
         v = tl.load(acc_ptr + i, mask=m, other=0)
         for p in range(world):
             if p != rank:
-                area = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64)) + 2 * SLOTS * world
+                area = _area(tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64)), par, rank, world, n, SLOTS, LL)
                 if LL:
-                    area += (par * world + rank) * 2 * n
                     tl.store(area + i, tag | (v & 0xFFFFFFFF), mask=m)
                     tl.store(area + n + i, tag | ((v >> 32) & 0xFFFFFFFF), mask=m)
                 else:
-                    tl.store(area + (par * world + rank) * n + i, v, mask=m)
+                    tl.store(area + i, v, mask=m)
     if not LL:
         tl.debug_barrier()  # every thread's stores come before the flags
         for p in range(world):
             if p != rank:
                 peer = tl.load(peers_ptr + p).to(tl.pointer_type(tl.int64))
-                tl.atomic_xchg(peer + (par * SLOTS + g) * world + rank, e, sem="release", scope="sys")
+                tl.atomic_xchg(_flag(peer, par, g, rank, world, SLOTS), e, sem="release", scope="sys")
 
 
 @triton.jit
@@ -143,7 +155,7 @@ def _sum(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: t
     if not LL:
         for p in range(world):
             if p != rank:
-                flag = mine + (par * SLOTS + g) * world + p
+                flag = _flag(mine, par, g, p, world, SLOTS)
                 seen = tl.atomic_cas(flag, e, e, sem="acquire", scope="sys")  # (a read: it stores what is there)
                 k = 0
                 while (seen != e) & (k < spins):
@@ -158,8 +170,8 @@ def _sum(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: t
         s = _take(acc_ptr, i, m)
         for p in range(world):
             if p != rank:
+                area = _area(mine, par, p, world, n, SLOTS, LL)
                 if LL:
-                    area = mine + 2 * SLOTS * world + (par * world + p) * 2 * n
                     lo, hi, late = _words(area, i, n, m, tag)
                     k = 0
                     while (late > 0) & (k < spins):
@@ -169,7 +181,7 @@ def _sum(x_ptr, acc_ptr, peers_ptr, err_ptr, e, rank, world, n, spins, ASSIGN: t
                         tl.store(err_ptr, 1)
                     s += (hi << 32) | (lo & 0xFFFFFFFF)
                 else:
-                    s += tl.load(mine + 2 * SLOTS * world + (par * world + p) * n + i, mask=m, other=0, volatile=True)
+                    s += tl.load(area + i, mask=m, other=0, volatile=True)
         _give(x_ptr, i, m, s, ASSIGN)
 
 
