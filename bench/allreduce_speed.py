@@ -61,8 +61,9 @@ def measure(kind: str, rows: int, cols: int, tp) -> float:
     if kind == "local":
         red = torch.zeros_like(x)
         return graph_us(lambda: add_fixed(x, red.add_(1)), tp)
-    r = make_reducer(tp, rows, cols, "cuda", kind.split("-")[0])
-    assert r.name == kind.split("-")[0], f"{kind} fell back to {r.name}"
+    name = kind.split("-")[0]  # push-flags / push-ll: the push reducer
+    r = make_reducer(tp, rows, cols, "cuda", name)
+    assert r.name == name, f"{kind} fell back to {r.name}"
     if kind.startswith("push-"):  # push-flags / push-ll: that protocol whatever the size
         r.ll = kind == "push-ll"
     if block:

@@ -203,7 +203,7 @@ class CudaRuntime(Runtime):
         self.decoders: dict[tuple[int, bool], GraphDecoder] = {}
         self.prefill_graph: PrefillGraph | None = None
         # tensor parallelism (model.tp): the decode step's all-reduce (backends/cuda_tp.REDUCERS), picked
-        # by the first decoder ("auto": cuda_tp.AUTO's kernel where it sets up and checks out, else NCCL)
+        # by the first decoder ("auto": the push kernel where it sets up and checks out, else NCCL)
         # and kept for the others; set it before the first step to force one (bench/tp_speed.py)
         self.all_reduce = "auto"
 

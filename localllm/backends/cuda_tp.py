@@ -34,8 +34,7 @@ from localllm.kernels.triton_tp import PUSH_SLOTS, add_fixed, push_buffer_size, 
 
 from ..parallel import TensorParallel
 
-REDUCERS = ("auto", "nccl", "push")  # make_reducer's choices ("auto": AUTO where it sets up and checks out)
-AUTO = "push"
+REDUCERS = ("auto", "nccl", "push")  # make_reducer's choices ("auto": push where it sets up and checks out)
 
 
 class NcclReducer:
@@ -149,7 +148,7 @@ def self_test(red: NcclReducer, tp: TensorParallel) -> bool:
 
 
 def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "auto") -> NcclReducer:
-    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'push' and 'auto' (AUTO's
+    """The reducer of a decoder's (rows, cols) int64 messages. kind: REDUCERS. 'push' and 'auto' (the push
     kernel) set up the kernel's symmetric memory and check it (self_test) on every rank; unless every
     rank succeeds, NCCL ('push' then raises). Collective: every rank calls it with the
     same arguments."""
@@ -160,7 +159,7 @@ def make_reducer(tp: TensorParallel, rows: int, cols: int, device, kind: str = "
         return nccl
     fast = None
     try:
-        fast = {"push": PushReducer}[AUTO if kind == "auto" else kind](tp, rows, cols, device)
+        fast = PushReducer(tp, rows, cols, device)
     except Exception:  # no peer access, no symmetric memory in this torch, ...: NCCL serves
         pass
     # every rank set up before any runs the kernel (a rank alone in it would wait for its peers), then
