@@ -1,11 +1,14 @@
 """A prompt's quantized products on CUDA, in the order of a forward: dequantize (kernels/triton_dequant.py)
 then cuBLAS, one after the other (today) against the next weight decoded on a second stream while the
-current product runs (a two-buffer pipeline). A measurement of the idea, not the runtime's code.
+current product runs (a two-buffer pipeline), and against slabs of rows decoded into one small reused
+buffer (--chunk-mib: the dense values meant to stay in L2). A measurement of ideas, not the runtime's code.
 
-    python bench/prefill_overlap.py --preset llama-3.1-8b --type Q4_0 [--tokens 512] [--layers 8]
+    python bench/prefill_overlap.py --preset llama-3.1-8b --type Q4_0 [--tokens 512] [--layers 8] [--chunk-mib 16 40]
 
-Prints each schedule's time per layer and its share of the bf16 matmul rate (measure.matmul_rate:
-8192^3 bf16), with dense bf16 weights (no decode) as the ceiling of the same products.
+Each schedule runs as one captured CUDA graph. Prints each schedule's time per layer and its share of
+the bf16 matmul rate (measure.matmul_rate: 8192^3 bf16), with dense bf16 weights (no decode) as the
+ceiling of the same products. Measured (docs/PERFORMANCE.md, 2026-11-28 tenth session): both the side
+stream and the slabs are slower than the serial schedule.
 """
 
 from __future__ import annotations
@@ -20,11 +23,38 @@ from localllm.backends.measure import matmul_rate, op_seconds
 from localllm.footprint import linear_weights
 from localllm.kernels.linear import dequantize_qweight
 from localllm.kernels.qweight import QWeight
+from localllm.kernels.triton_dequant import dequantize
 from localllm.registry import shape_preset
 from localllm.synthetic import synthetic_model
 
 
-def schedules(ws: list, xs: list, streams: int):
+def chunked(ws: list, xs: list, mib: int, transposed: bool):
+    """Each weight decoded a slab of rows at a time into one reused scratch buffer of `mib` MiB (small
+    enough to stay in L2, so the dense values need never reach HBM), each slab's product taken at once:
+    y[:, n0:n1] = x slab^T (cuBLAS writes the column range in place: ldc = N), or transposed: y^T's
+    rows n0:n1 = slab x^T (contiguous rows)."""
+    scratch = torch.empty(mib * 2**19, dtype=torch.bfloat16, device=xs[0].device)
+    outs = [torch.empty((w.shape[0], x.shape[0]) if transposed else (x.shape[0], w.shape[0]),
+                        dtype=torch.bfloat16, device=x.device) for w, x in zip(ws, xs)]
+
+    def run():
+        for w, x, y in zip(ws, xs, outs):
+            if not isinstance(w, QWeight):
+                F.linear(x, w)
+                continue
+            n, k = w.shape
+            c = max(64, min(n, scratch.numel() // k // 64 * 64))
+            for n0 in range(0, n, c):
+                n1 = min(n, n0 + c)
+                d = dequantize(w.rows(n0, n1), torch.bfloat16, out=scratch[:(n1 - n0) * k].view(n1 - n0, k))
+                if transposed:
+                    torch.mm(d, x.t(), out=y[n0:n1])
+                else:
+                    torch.mm(x, d.t(), out=y[:, n0:n1])
+    return run
+
+
+def schedules(ws: list, xs: list, streams: int, chunk_mib: list[int]):
     side = torch.cuda.Stream()
     dense = [dequantize_qweight(w, torch.bfloat16) if isinstance(w, QWeight) else w for w in ws]
 
@@ -65,7 +95,27 @@ def schedules(ws: list, xs: list, streams: int):
         for w, x in zip(dense, xs):
             F.linear(x, w)
 
-    return {"serial": serial, "overlapped": overlapped, "dense bf16": ceiling}
+    out = {"serial": serial, "overlapped": overlapped, "dense bf16": ceiling}
+    for mib in chunk_mib:
+        out[f"slabs {mib} MiB"] = chunked(ws, xs, mib, False)
+        out[f"slabs^T {mib} MiB"] = chunked(ws, xs, mib, True)
+    return out
+
+
+def graphed(fn):
+    """fn captured as one CUDA graph (after two warm-up calls: Triton compiles, cuBLAS picks its
+    kernels) -> its replay: the schedules' many launches timed without the host's launch cost (a slab
+    schedule's ~70 us of Python a slab hid the GPU's time when run eagerly)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
 
 
 def main() -> None:
@@ -75,6 +125,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--ahead", type=int, default=1, help="weights decoded ahead of the current product")
+    ap.add_argument("--chunk-mib", type=int, nargs="*", default=[], help="slab schedules' scratch sizes (MiB)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     cfg = replace(shape_preset(args.preset), n_layers=args.layers)
@@ -85,7 +136,11 @@ def main() -> None:
     peak = matmul_rate(dev)
     print(f"{torch.cuda.get_device_name()} | {args.preset} {args.type} {dict(types)} | {len(ws)} products, "
           f"{args.tokens} tokens | bf16 matmul rate {peak / 1e12:.0f} TFLOP/s")
-    for name, fn in schedules(ws, xs, args.ahead + 1).items():
+    for name, fn in schedules(ws, xs, args.ahead + 1, args.chunk_mib).items():
+        try:
+            fn = graphed(fn)
+        except RuntimeError as e:  # timed eagerly then (host launch cost included)
+            print(f"{name}: not captured ({str(e).splitlines()[0]}): eager")
         s = op_seconds(fn, dev, 3)
         print(f"{name:>12}: {s / args.layers * 1e6:8.1f} us a layer, {flop / s / peak * 100:5.1f}% of the matmul rate")
 

@@ -142,15 +142,18 @@ def _dequant_kernel(out_ptr, P0, P1, P2, P3, P4, U0, U1, U2, U3, U4, S0, S1, S2,
     tl.store(row + chi, hi.to(ty), mask=rmask & (chi < K))
 
 
-def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 32) -> torch.Tensor:
+def dequantize(w: QWeight, dtype: torch.dtype = torch.bfloat16, bn: int = 32,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """A block-major QWeight -> dense (N, K) of `dtype`: dequantize_torch's values (fp32, then rounded),
-    read in place (no row-major copy of the fields first)."""
+    read in place (no row-major copy of the fields first); into `out` (contiguous (N, K)) where given."""
     fmt = FMT[w.qtype.name]
     n, k = w.shape
-    ptrs, units, rows = field_args(w)
-    out = torch.empty((n, k), dtype=dtype, device=w.device)
+    ptrs, units, strides = field_args(w)
+    if out is None:
+        out = torch.empty((n, k), dtype=dtype, device=w.device)
+    assert out.shape == (n, k) and out.is_contiguous()
     grid = (triton.cdiv(n, bn), triton.cdiv(k, STEP))
-    _dequant_kernel[grid](out, *ptrs, *units, *rows, n, k, k // UNIT[fmt], FMT=fmt, BN=bn, num_warps=4, **FUSION)
+    _dequant_kernel[grid](out, *ptrs, *units, *strides, n, k, k // UNIT[fmt], FMT=fmt, BN=bn, num_warps=4, **FUSION)
     return out
 
 

@@ -101,3 +101,18 @@ class SegmentKeys:
                                         mask, sinks)
             a += n
         return out
+
+
+class SlotMaskKeys:
+    """The mask argument of a padded one-prompt pass (backends/cuda_prompt.py): the step's T rows
+    (batch 1) are one prompt in the slot held by the device tensor `slot` (1,), seeing that slot's keys
+    under mask (T, S) over its whole capacity S (device tensors: the pass is a captured graph that
+    serves any slot and start)."""
+
+    def __init__(self, slot: torch.Tensor, mask: torch.Tensor):
+        self.slot, self.mask = slot, mask
+
+    def attend(self, cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               sinks: torch.Tensor | None) -> torch.Tensor:
+        """q (1, H, T, D); keys, values: the layer's whole cache buffers (n slots, Hkv, S, D) -> (1, H, T, D)."""
+        return attend(cfg, q, keys.index_select(0, self.slot), values.index_select(0, self.slot), self.mask, sinks)

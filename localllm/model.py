@@ -25,7 +25,7 @@ from localllm.kernels.cpu import BlockQWeight, embed
 from localllm.kernels.linear import linear
 from localllm.kernels.qweight import QWeight
 
-from .attention import RowKeys, SegmentKeys, attend, attention_mask
+from .attention import RowKeys, SegmentKeys, SlotMaskKeys, attend, attention_mask
 from .cache import KVCache
 from .config import ModelConfig
 from .moe import MoE
@@ -201,9 +201,9 @@ class Attention(nn.Module):
         # x: (B, T, C) -> (B, T, C); writes this step's k/v into cache rows [start, start + T).
         cfg, (B, T, _) = self.cfg, x.shape
         sinks = self.attn_sinks.weight if self.attn_sinks is not None else None
-        if isinstance(mask, (RowKeys, SegmentKeys)):  # decode_slots / prefill_slots (slots.py): rows of
-            # slots at their own positions; the reference op (a backend's may write one start for all
-            # rows); cache: slots.RowCache / slots.SegmentCache
+        if isinstance(mask, (RowKeys, SegmentKeys, SlotMaskKeys)):  # decode_slots / prefill_slots (slots.py),
+            # backends/cuda_prompt.py: rows of slots at their own positions; the reference op (a backend's
+            # may write one start for all rows); cache: slots.RowCache / slots.SegmentCache
             q, keys, values = project_qkv(self, x, layer, cache, start, cos, sin)
             y = mask.attend(cfg, q, keys, values, sinks)
         else:

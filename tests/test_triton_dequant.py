@@ -49,6 +49,10 @@ def test_dequantize_is_the_reference_bit_for_bit(qtype):
     # tests/gpu/test_gpu_dequant.py checks equality there)
     got = triton_dequant.dequantize(w.rows(1, 40, 3), torch.bfloat16).float()
     assert ((got - ref[1:40:3]).abs() <= ref[1:40:3].abs() * 2**-7).all()
+    # a slab of rows into a given buffer (bench/prefill_overlap.py's reused scratch)
+    out = torch.full((40 * k,), float("nan"))
+    assert triton_dequant.dequantize(w.rows(8, 24), torch.float32, out=out[:16 * k].view(16, k)).data_ptr() == out.data_ptr()
+    assert torch.equal(out[:16 * k].view(16, k), ref[8:24]) and out[16 * k:].isnan().all()
 
 
 def test_prompt_products_take_the_block_major_decoder(monkeypatch):

@@ -31,10 +31,11 @@ from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from ..settings import DEFAULT_SERVE
-from ..slots import Slots, check_rows
+from ..slots import Slots, check_prefill, check_rows
 from .cuda_graph import GraphDecoder
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
+from .cuda_prompt import prompt_graphs
 from .cuda_warmup import warm_up_prompts
 from . import cuda_slots
 
@@ -264,6 +265,17 @@ class CudaRuntime(Runtime):
                 self.decoder(cache, t).step(torch.zeros(t, dtype=torch.long, device=self.device))
                 cache.length = start
 
+    def prefill_slot(self, slots: Slots, slot: int, ids: list[int], start: int) -> torch.Tensor:
+        """A prompt whose padded length fits the slot replays its bucket's graph (backends/cuda_prompt.py:
+        serve's prompts are host-bound eagerly); others run the eager forward."""
+        graphs = prompt_graphs(self.model, slots)
+        if graphs is None or not graphs.takes(len(ids), start):
+            return super().prefill_slot(slots, slot, ids, start)
+        check_prefill(slots, slot, ids, start)
+        logits = graphs.run(slot, ids, start)
+        slots.lengths[slot] = start + len(ids)
+        return logits
+
     def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """One replayed graph over the step's slots, each at its own position (backends/cuda_slots.py:
         a graph per bucket of slot counts); the logits are the bucket's buffer, overwritten by its
@@ -282,8 +294,11 @@ class CudaRuntime(Runtime):
         n = len(slots.lengths)
         if slots.capacity < 8:
             return 0
-        warm_up_prompts(self, slots, prefill_tokens)
-        captured = cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce)
+        warm_up_prompts(self, slots, prefill_tokens, one=super().prefill_slot)  # the eager pass (prompts no
+        # bucket takes); then every bucket's graph
+        graphs = prompt_graphs(self.model, slots)
+        captured = graphs.capture_all(prefill_tokens) if graphs is not None else 0
+        captured += cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce)
         slots.lengths[:] = [0] * n
         self.sync()
         return captured

@@ -6,7 +6,8 @@ Triton compiles a kernel once per specialization (triton/runtime/jit.py): its co
 argument dtypes, and for each int argument whether it is 1 (then a constant) or a multiple of 16, for
 each pointer whether it is 16-byte aligned. What a request's shape changes, by path (T: the pass's
 rows, start: its first position):
-  prefill_slot (one prompt: the forward with CUDA_OPS, eager: a slot view is a new cache each call):
+  prefill_slot (one prompt: the forward with CUDA_OPS, eager: a slot view is a new cache each call;
+    CudaRuntime replays backends/cuda_prompt.py's graphs instead where a bucket takes the prompt):
     products (kernels/linear.qlinear) of T rows: T <= GEMV_MAX_ROWS the integer-dot / gemv kernels with
       ROWS = T (triton_epilogue.rows_per_program), one variant per T; more rows a Triton dequantize
       (per weight, whatever T) and cuBLAS; the head 1 row (last_only);
@@ -104,15 +105,17 @@ def run_several(rt: Runtime, slots: Slots, lengths: list[int], verify: bool) -> 
         rt.prefill_slots(slots, which, prompts, [0] * len(lengths))
 
 
-def warm_up_prompts(rt: Runtime, slots: Slots, most: int) -> None:
+def warm_up_prompts(rt: Runtime, slots: Slots, most: int, one=None) -> None:
     """Run ONE_PROMPT, SEVERAL, the largest passes (most: the engine's prefill_tokens) and moe_rows'
-    passes; every slot left empty (the rows written are overwritten by the first prompts)."""
+    passes; every slot left empty (the rows written are overwritten by the first prompts). one: the
+    one-prompt pass to warm (default rt.prefill_slot; CudaRuntime's eager one, its graphs captured apart)."""
     n, cap = slots.n, slots.capacity
     slots.lengths[:] = [0] * n
+    one = one or rt.prefill_slot
     for start, t, _ in ONE_PROMPT:
         if start + t < cap:
-            rt.prefill_slot(slots, 0, [1] * t, start)
-    rt.prefill_slot(slots, 0, [1] * min(most, cap - 1), 0)  # a long prompt's largest part
+            one(slots, 0, [1] * t, start)
+    one(slots, 0, [1] * min(most, cap - 1), 0)  # a long prompt's largest part
     for rows, prompts, verify, _ in SEVERAL:
         lengths = split(rows, prompts, n, cap)
         if lengths is not None:

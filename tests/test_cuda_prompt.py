@@ -1,0 +1,64 @@
+"""backends/cuda_prompt.py's padded one-prompt forward, on the CPU (the forward the CUDA graphs
+capture, run eagerly on the portable backend): a prompt padded to its bucket gives the logits and cache
+rows of the same prompt prefilled alone (Runtime.prefill_slot, the reference), within the products'
+rounding, writes only its own slot's rows at and after its start, and which prompts a graph takes.
+The captures themselves run on the GPU (tests/gpu/test_gpu_prompt_graphs.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_slots import BASE, CONFIGS, TOL, noisy_slots, synthetic
+
+from localllm.backends import cuda_prompt
+from localllm.runtime import Runtime
+
+
+def by_slot(t: torch.Tensor) -> torch.Tensor:
+    """A cache buffer (L, n, Hkv, S, D) -> (n, L Hkv, S, D)."""
+    return t.transpose(0, 1).flatten(1, 2)
+
+
+def padded(rt: Runtime, slots, slot: int, ids: list[int], start: int, rows: int) -> torch.Tensor:
+    tokens = torch.zeros(1, rows, dtype=torch.long)
+    tokens[0, :len(ids)] = torch.tensor(ids)
+    pos = torch.arange(start, start + rows)
+    return cuda_prompt.padded_forward(rt.model, slots, tokens, pos, torch.tensor([slot]), torch.tensor([len(ids) - 1]))
+
+
+@pytest.mark.parametrize("name", ["llama", "moe"])
+@pytest.mark.parametrize("slot, start, n", [(2, 5, 7), (0, 0, 3), (1, 0, 16)])
+def test_padded_prompt_equals_the_prompt_alone(name, slot, start, n):
+    rt = synthetic(CONFIGS[name], Runtime)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, rt.cfg.vocab_size, (5,), generator=g).tolist()
+    ids = torch.randint(0, rt.cfg.vocab_size, (n,), generator=g).tolist()
+    alone, want_cache = noisy_slots(rt, prefix)
+    want = rt.prefill_slot(alone, slot, ids, start)
+    got_slots, got_cache = noisy_slots(rt, prefix)
+    noise = [t.clone() for t in got_cache]
+    rows = cuda_prompt.bucket(n)
+    assert rows >= n and start + rows <= got_slots.capacity
+    with torch.inference_mode():
+        got = padded(rt, got_slots, slot, ids, start, rows)
+    assert got.shape == want.shape == (rt.cfg.vocab_size,) and got.dtype == torch.float32
+    assert (got - want).abs().max() <= TOL * want.abs().max()
+    assert torch.equal(got.argmax(), want.argmax())
+    for old, new, ref in zip(*(map(by_slot, c) for c in (noise, got_cache, want_cache))):
+        # the prompt's rows as prefilled alone; the padding's rows past it; nothing else touched
+        end = start + n
+        assert (new[slot, :, :end] - ref[slot, :, :end]).abs().max() <= TOL * ref[slot, :, :end].abs().max()
+        changed = (old != new).any(-1).any(1).nonzero().tolist()  # (slot, position) pairs
+        assert changed and all(s == slot and start <= p < start + rows for s, p in changed)
+
+
+def test_which_prompts_a_graph_takes():
+    rt = synthetic(BASE, Runtime)
+    graphs = cuda_prompt.PromptGraphs(rt.model, rt.new_slots(2, 40))
+    assert [cuda_prompt.bucket(t) for t in (1, 4, 5, 16, 17, 512)] == [1, 4, 16, 16, 32, 512]
+    assert cuda_prompt.bucket(513) is None
+    assert graphs.takes(7, 24) and not graphs.takes(7, 25)  # 25 + 16 rows past the 40 positions
+    assert graphs.takes(3, 37) and not graphs.takes(3, 38) and not graphs.takes(0, 0)
+    assert cuda_prompt.covers(rt.model)
+    for name in ("gemma2", "gemma3"):  # sliding windows: the eager pass
+        assert not cuda_prompt.covers(synthetic(CONFIGS[name], Runtime).model)
