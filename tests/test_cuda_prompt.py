@@ -6,6 +6,9 @@ The captures themselves run on the GPU (tests/gpu/test_gpu_prompt_graphs.py)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from test_slots import BASE, CONFIGS, TOL, noisy_slots, synthetic
@@ -54,11 +57,29 @@ def test_padded_prompt_equals_the_prompt_alone(name, slot, start, n):
 
 def test_which_prompts_a_graph_takes():
     rt = synthetic(BASE, Runtime)
-    graphs = cuda_prompt.PromptGraphs(rt.model, rt.new_slots(2, 40))
+    graphs = cuda_prompt.PromptGraphs(rt.model, 40)
     assert [cuda_prompt.bucket(t) for t in (1, 4, 5, 16, 17, 512)] == [1, 4, 16, 16, 32, 512]
     assert cuda_prompt.bucket(513) is None
     assert graphs.takes(7, 24) and not graphs.takes(7, 25)  # 25 + 16 rows past the 40 positions
     assert graphs.takes(3, 37) and not graphs.takes(3, 38) and not graphs.takes(0, 0)
     assert cuda_prompt.covers(rt.model)
+    slots = rt.new_slots(2, 40)
+    held = cuda_prompt.prompt_graphs(rt.model, slots)
+    assert held is cuda_prompt.prompt_graphs(rt.model, slots) and held.capacity == 40
+
+
+def test_graphs_die_with_their_slots_without_the_garbage_collector():
+    """No reference cycle through the Slots: dropped, its graphs go at once, never inside a later
+    capture (PromptGraphs' docstring says why)."""
+    rt = synthetic(BASE, Runtime)
+    gc.disable()
+    try:
+        slots = rt.new_slots(2, 40)
+        graphs = weakref.ref(cuda_prompt.prompt_graphs(rt.model, slots))
+        held = weakref.ref(slots)
+        del slots
+        assert held() is None and graphs() is None
+    finally:
+        gc.enable()
     for name in ("gemma2", "gemma3"):  # sliding windows: the eager pass
         assert not cuda_prompt.covers(synthetic(CONFIGS[name], Runtime).model)

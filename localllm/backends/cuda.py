@@ -272,7 +272,7 @@ class CudaRuntime(Runtime):
         if graphs is None or not graphs.takes(len(ids), start):
             return super().prefill_slot(slots, slot, ids, start)
         check_prefill(slots, slot, ids, start)
-        logits = graphs.run(slot, ids, start)
+        logits = graphs.run(slots, slot, ids, start)
         slots.lengths[slot] = start + len(ids)
         return logits
 
@@ -297,7 +297,7 @@ class CudaRuntime(Runtime):
         warm_up_prompts(self, slots, prefill_tokens, one=super().prefill_slot)  # the eager pass (prompts no
         # bucket takes); then every bucket's graph
         graphs = prompt_graphs(self.model, slots)
-        captured = graphs.capture_all(prefill_tokens) if graphs is not None else 0
+        captured = graphs.capture_all(slots, prefill_tokens) if graphs is not None else 0
         captured += cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce)
         slots.lengths[:] = [0] * n
         self.sync()

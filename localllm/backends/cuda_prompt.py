@@ -63,9 +63,9 @@ def padded_forward(model: Transformer, slots: Slots, tokens: torch.Tensor, pos: 
 class PromptGraph:
     """One bucket's static inputs, captured forward and logits (V,) fp32."""
 
-    def __init__(self, model: Transformer, slots: Slots, rows: int):
+    def __init__(self, model: Transformer, rows: int):
         dev = model.token_embd.weight.device
-        self.model, self.slots, self.rows = model, slots, rows
+        self.model, self.rows = model, rows
         self.tokens = torch.zeros(1, rows, dtype=torch.long, device=dev)
         self.pos = torch.arange(rows, dtype=torch.long, device=dev)
         self.slot = torch.zeros(1, dtype=torch.long, device=dev)
@@ -84,11 +84,11 @@ class PromptGraph:
         self.tokens.copy_(host[2:].view(1, -1))
         torch.arange(start, start + self.rows, out=self.pos)
 
-    def capture(self, pool) -> None:
+    def capture(self, slots: Slots, pool) -> None:
         """Run the forward (compiling and loading every kernel), then capture it, on the inputs set:
         both write only the rows the replay writes."""
         dev = self.tokens.device
-        args = (self.model, self.slots, self.tokens, self.pos, self.slot, self.last)
+        args = (self.model, slots, self.tokens, self.pos, self.slot, self.last)
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
@@ -101,45 +101,50 @@ class PromptGraph:
 
 class PromptGraphs:
     """A Slots' prompt graphs by bucket, captured on first use (or by capture_all), in one memory pool:
-    they never run at once, and each replay's logits are copied before the next."""
+    they never run at once, and each replay's logits are copied before the next. Kept in slots.tables
+    and holding no reference to the Slots: through a cycle, a dropped Slots' graphs would wait for the
+    cyclic garbage collector, which may run inside a later capture (torch.cuda.graph no longer collects
+    before capturing) and free their memory there, invalidating that capture (seen on the GPU: a
+    decode bucket's capture failed after tests that had dropped such Slots). The graphs write the cache
+    the Slots held at their capture."""
 
-    def __init__(self, model: Transformer, slots: Slots):
-        self.model, self.slots = model, slots
+    def __init__(self, model: Transformer, capacity: int):
+        self.model, self.capacity = model, capacity
         self.graphs: dict[int, PromptGraph] = {}
         self.pool = None  # torch.cuda.graph_pool_handle(), at the first capture
 
     def takes(self, n: int, start: int) -> bool:
         b = bucket(n)
-        return n > 0 and b is not None and start + b <= self.slots.capacity
+        return n > 0 and b is not None and start + b <= self.capacity
 
-    def _ready(self, rows: int, slot: int, ids: list[int], start: int) -> PromptGraph:
+    def _ready(self, slots: Slots, rows: int, slot: int, ids: list[int], start: int) -> PromptGraph:
         """The bucket's graph with these inputs set (captured now if new: on these very rows)."""
         g = self.graphs.get(rows)
         if g is None:
-            g = PromptGraph(self.model, self.slots, rows)
+            g = PromptGraph(self.model, rows)
         g.set(slot, ids, start)
         if g.graph is None:
             self.pool = self.pool or torch.cuda.graph_pool_handle()
-            g.capture(self.pool)
+            g.capture(slots, self.pool)
             self.graphs[rows] = g
         return g
 
     @torch.inference_mode()
-    def run(self, slot: int, ids: list[int], start: int) -> torch.Tensor:
+    def run(self, slots: Slots, slot: int, ids: list[int], start: int) -> torch.Tensor:
         """ids at positions [start, start + len) of `slot` (takes() true) -> the last id's logits (V,)
         fp32 (a copy: the next replay overwrites the graph's)."""
-        g = self._ready(bucket(len(ids)), slot, ids, start)
+        g = self._ready(slots, bucket(len(ids)), slot, ids, start)
         g.graph.replay()
         return g.logits.clone()
 
     @torch.inference_mode()
-    def capture_all(self, most: int) -> int:
+    def capture_all(self, slots: Slots, most: int) -> int:
         """Capture every bucket up to `most` ids that fits a slot -> graphs captured now. Writes padding
         rows into slot 0 from position 0 (its length unchanged: its first prompt overwrites them)."""
         before = len(self.graphs)
         for b in BUCKETS:
-            if b <= max(most, 1) and b <= self.slots.capacity:
-                self._ready(b, 0, [0], 0)
+            if b <= max(most, 1) and b <= self.capacity:
+                self._ready(slots, b, 0, [0], 0)
         return len(self.graphs) - before
 
 
@@ -148,5 +153,5 @@ def prompt_graphs(model: Transformer, slots: Slots) -> PromptGraphs | None:
     if not covers(model):
         return None
     if "cuda prompts" not in slots.tables:
-        slots.tables["cuda prompts"] = PromptGraphs(model, slots)
+        slots.tables["cuda prompts"] = PromptGraphs(model, slots.capacity)
     return slots.tables["cuda prompts"]
