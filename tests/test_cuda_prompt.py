@@ -83,3 +83,39 @@ def test_graphs_die_with_their_slots_without_the_garbage_collector():
         gc.enable()
     for name in ("gemma2", "gemma3"):  # sliding windows: the eager pass
         assert not cuda_prompt.covers(synthetic(CONFIGS[name], Runtime).model)
+
+
+def test_a_bucket_without_memory_for_its_graph_runs_eagerly(monkeypatch):
+    """A capture that runs out of memory: run() says so (None), the bucket is never taken again, and
+    capture_all skips it."""
+    rt = synthetic(BASE, Runtime)
+    slots = rt.new_slots(2, 40)
+    graphs = cuda_prompt.PromptGraphs(rt.model, slots.capacity)
+    tried = []
+
+    def no_memory(self, slots, pool):
+        tried.append(self.rows)
+        raise torch.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr(cuda_prompt.PromptGraph, "capture", no_memory)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 1))
+    assert graphs.takes(9, 0)
+    assert graphs.run(slots, 1, list(range(9)), 0) is None
+    assert not graphs.takes(9, 0) and not graphs.takes(16, 3) and graphs.takes(17, 0)
+    assert graphs.capture_all(slots, 32) == 0 and tried == [16, 1, 2, 3, 4, 32]
+
+    def ended(self, slots, pool):  # the capture's end failing while the allocator's error propagates
+        try:
+            raise torch.OutOfMemoryError("out of memory")
+        except torch.OutOfMemoryError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(cuda_prompt.PromptGraph, "capture", ended)
+    assert graphs.run(slots, 1, list(range(40)), 0) is None and not graphs.takes(40, 0)
+
+    def invalid(self, slots, pool):  # any other failure is not swallowed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_prompt.PromptGraph, "capture", invalid)
+    with pytest.raises(RuntimeError, match="capturing"):
+        graphs.run(slots, 1, [1, 2], 0)

@@ -267,12 +267,15 @@ class CudaRuntime(Runtime):
 
     def prefill_slot(self, slots: Slots, slot: int, ids: list[int], start: int) -> torch.Tensor:
         """A prompt whose padded length fits the slot replays its bucket's graph (backends/cuda_prompt.py:
-        serve's prompts are host-bound eagerly); others run the eager forward."""
+        serve's prompts are host-bound eagerly); others (and a bucket whose graph found no memory) run
+        the eager forward."""
         graphs = prompt_graphs(self.model, slots)
         if graphs is None or not graphs.takes(len(ids), start):
             return super().prefill_slot(slots, slot, ids, start)
         check_prefill(slots, slot, ids, start)
         logits = graphs.run(slots, slot, ids, start)
+        if logits is None:  # no memory for the bucket's graph
+            return super().prefill_slot(slots, slot, ids, start)
         slots.lengths[slot] = start + len(ids)
         return logits
 

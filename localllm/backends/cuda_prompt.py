@@ -112,28 +112,41 @@ class PromptGraphs:
         self.model, self.capacity = model, capacity
         self.graphs: dict[int, PromptGraph] = {}
         self.pool = None  # torch.cuda.graph_pool_handle(), at the first capture
+        # buckets whose capture ran out of memory (a graph's pool stays reserved, where the eager pass
+        # reuses the allocator's cache): their prompts run eagerly
+        self.failed: set[int] = set()
 
     def takes(self, n: int, start: int) -> bool:
         b = bucket(n)
-        return n > 0 and b is not None and start + b <= self.capacity
+        return n > 0 and b is not None and start + b <= self.capacity and b not in self.failed
 
-    def _ready(self, slots: Slots, rows: int, slot: int, ids: list[int], start: int) -> PromptGraph:
-        """The bucket's graph with these inputs set (captured now if new: on these very rows)."""
+    def _ready(self, slots: Slots, rows: int, slot: int, ids: list[int], start: int) -> PromptGraph | None:
+        """The bucket's graph with these inputs set (captured now if new: on these very rows); None
+        where the capture ran out of memory (the bucket then fails for good)."""
         g = self.graphs.get(rows)
         if g is None:
             g = PromptGraph(self.model, rows)
         g.set(slot, ids, start)
         if g.graph is None:
             self.pool = self.pool or torch.cuda.graph_pool_handle()
-            g.capture(slots, self.pool)
+            try:
+                g.capture(slots, self.pool)
+            except RuntimeError as e:  # the allocator's, or the capture's end reporting it
+                if not any(isinstance(x, torch.OutOfMemoryError) for x in (e, e.__context__)):
+                    raise
+                self.failed.add(rows)
+                return None
             self.graphs[rows] = g
         return g
 
     @torch.inference_mode()
-    def run(self, slots: Slots, slot: int, ids: list[int], start: int) -> torch.Tensor:
+    def run(self, slots: Slots, slot: int, ids: list[int], start: int) -> torch.Tensor | None:
         """ids at positions [start, start + len) of `slot` (takes() true) -> the last id's logits (V,)
-        fp32 (a copy: the next replay overwrites the graph's)."""
+        fp32 (a copy: the next replay overwrites the graph's); None: no memory for the bucket's graph
+        (the caller runs the eager pass, which rewrites every row this one wrote)."""
         g = self._ready(slots, bucket(len(ids)), slot, ids, start)
+        if g is None:
+            return None
         g.graph.replay()
         return g.logits.clone()
 
@@ -143,7 +156,7 @@ class PromptGraphs:
         rows into slot 0 from position 0 (its length unchanged: its first prompt overwrites them)."""
         before = len(self.graphs)
         for b in BUCKETS:
-            if b <= max(most, 1) and b <= self.capacity:
+            if b <= max(most, 1) and b <= self.capacity and b not in self.failed:
                 self._ready(slots, b, 0, [0], 0)
         return len(self.graphs) - before
 
