@@ -1,9 +1,9 @@
 """One prompt into one slot as a replayed CUDA graph, by padded length (issue 22: `serve`'s time to
 first token on CUDA).
 
-An eager prompt pass launches ~15 kernels a layer from Python and is bound by the host: a 128-id
-prompt of an 8B model took 24-58 ms of host time for ~10 ms of GPU work, and with 16 clients new
-prompts arrive every few tens of ms, so they queued behind each other's launches (docs/PERFORMANCE.md).
+An eager prompt pass launches ~15 kernels a layer from Python and is bound by the host (a 128-id
+prompt of an 8B model: 24-58 ms of host time on an H100 for ~10 ms of GPU work). Replayed, one client's
+first token of such a prompt came in half the time on an H200 (docs/PERFORMANCE.md, tenth session).
 Here a prompt of T ids at positions [start, start + T) of slot s runs a graph captured for a bucket
 Tb >= T (BUCKETS), whose inputs are device buffers: the ids (padded with id 0), each row's position
 (start + t: the padding rows continue past the prompt), the slot and the last real row. So a graph
