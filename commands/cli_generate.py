@@ -17,7 +17,7 @@ from localllm.commands.cli_options import (
     OPT_MODEL, OPT_NGL, OPT_REPEAT_LAST_N, OPT_REPEAT_PENALTY, OPT_SEED, OPT_TEMP, OPT_THREADS, OPT_TOP_K, OPT_TOP_P,
     OPT_TP, draft_settings, generation_settings, use_threads,
 )
-from localllm.commands.cli_output import err, note
+from localllm.commands.cli_output import err, first_tokens_shown, note
 from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_GENERATION as G
 from localllm.settings import DEFAULT_SERVE as V
@@ -93,7 +93,8 @@ def complete(
     load_s += draft_s
     stats = SpecStats() if drafter else Stats()
     plain_steps = D.plain_steps if verbose else 0
-    pieces = run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps)
+    pieces = first_tokens_shown(lm.runtime.device.type, run_complete(lm, prompt, gen, sampling, stats, drafter, ds,
+                                                                     plain_steps))
     if json_out:
         text = "".join(pieces)
         print(json.dumps(completion_record(text, stats, load_s, gen.max_tokens), ensure_ascii=False))

@@ -1,11 +1,16 @@
 """What every command prints on stderr: the `error:` and `note:` lines (one line each, never rich
-markup read from user text), and the width at which a table prints unfolded."""
+markup read from user text), the spinner over a GPU's first tokens, and the width at which a table
+prints unfolded."""
 
 from __future__ import annotations
+
+from typing import Iterator
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from localllm.progress import first_items_announced
 
 err = Console(stderr=True)
 
@@ -23,3 +28,12 @@ def note(message: str) -> None:
 def unfolded_width(table: Table) -> int:
     """The width at which rich prints `table` without folding any cell (its widest natural row)."""
     return Console(width=10**4).measure(table).maximum
+
+
+FIRST_TOKENS_ON_CUDA = "compiling and loading the GPU kernels (first run: cached for later runs)"
+
+
+def first_tokens_shown(device_type: str, pieces: Iterator[str]) -> Iterator[str]:
+    """Generated text pieces; on CUDA the wait for the first ones (the process's kernel compilations and
+    graph captures: seconds, silent otherwise) under a spinner once it passes a couple of seconds."""
+    return first_items_announced(pieces, FIRST_TOKENS_ON_CUDA) if device_type == "cuda" else pieces

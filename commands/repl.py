@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from localllm.chat import ChatSession
+from localllm.commands.cli_output import first_tokens_shown
 from localllm.errors import LocalLLMError
 
 HELP = """commands:
@@ -80,7 +81,7 @@ def run_command(session: ChatSession, line: str, console: Console) -> bool:
 
 def stream_reply(session: ChatSession, text: str, out: TextIO, after: Callable[[], None] = lambda: None) -> bool:
     """Print the reply as it streams; return False if Ctrl-C cut it."""
-    pieces = session.reply(text)
+    pieces = first_tokens_shown(session.lm.runtime.device.type, session.reply(text))
     try:
         for piece in pieces:
             out.write(piece)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from .settings import PROGRESS_LINE_SECONDS
+from .settings import FIRST_PIECES, FIRST_TOKENS_SPINNER_DELAY, PROGRESS_LINE_SECONDS
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -92,3 +94,19 @@ def elapsed_lines(description: str, console: Console, every: float) -> Iterator[
     finally:
         stop.set()
         thread.join()
+
+
+def first_items_announced(items: Iterable[T], description: str, count: int = FIRST_PIECES,
+                          delay: float = FIRST_TOKENS_SPINNER_DELAY, console: Console | None = None) -> Iterator[T]:
+    """items, the first `count` of them awaited inside elapsed_spinner(description, delay) (work before
+    them that reports nothing: a GPU's first kernel compilations), then the rest as they come. The
+    spinner is gone before the first item is handed on (a caller printing items draws no line under it)."""
+    it = iter(items)
+    first = []
+    with elapsed_spinner(description, delay=delay, console=console):
+        for item in it:
+            first.append(item)
+            if len(first) == count:
+                break
+    yield from first
+    yield from it

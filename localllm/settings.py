@@ -142,3 +142,9 @@ DEFAULT_PARALLEL = ParallelSettings()
 # Seconds between the elapsed-time lines a long silent step (the first C++ kernel build, a first GGUF
 # parse) prints on a non-terminal stderr (a pipe, a CI log), where no spinner is drawn (progress.py).
 PROGRESS_LINE_SECONDS = 10.0
+
+# On CUDA the first tokens of a process compile and load the Triton kernels and capture the decode graph
+# (11 s on a fresh H100 machine, ~1.5 s with warm caches: docs/PERFORMANCE.md): generation awaiting its
+# first FIRST_PIECES pieces for longer than FIRST_TOKENS_SPINNER_DELAY seconds shows a spinner (progress.py)
+FIRST_PIECES = 2
+FIRST_TOKENS_SPINNER_DELAY = 2.0

@@ -9,6 +9,7 @@ import re
 import time
 from functools import partial
 
+import pytest
 from rich.console import Console
 
 from _bad_files import write_tiny_model
@@ -120,3 +121,57 @@ def test_cpu_kernel_build_prints_elapsed_lines_on_a_pipe(tmp_path, monkeypatch, 
     assert first.startswith("building localllm's CPU kernels into ") and first.endswith("(about a minute, once) ...")
     seconds = elapsed_seconds("\n".join(rest), "building localllm's CPU kernels (once)")
     assert len(seconds) >= 2 and seconds == sorted(seconds), rest
+
+
+def test_first_items_wait_under_the_spinner_and_it_ends_before_they_are_handed_on(monkeypatch):
+    """progress.first_items_announced: the first `count` items are awaited inside the spinner, which has
+    ended when the first one is handed on; the rest stream after it; an error ends it too."""
+    from contextlib import contextmanager
+
+    import localllm.progress as progress
+
+    events = []
+
+    @contextmanager
+    def spinner(description, **kw):
+        events.append(("start", description, kw["delay"]))
+        try:
+            yield
+        finally:
+            events.append(("end",))
+
+    def pieces(n):
+        for i in range(n):
+            events.append(("made", i))
+            yield f"p{i}"
+
+    monkeypatch.setattr(progress, "elapsed_spinner", spinner)
+    got = []
+    for item in progress.first_items_announced(pieces(4), "compiling", count=2, delay=1.5):
+        events.append(("handed", item))
+        got.append(item)
+    assert got == ["p0", "p1", "p2", "p3"]
+    assert events == [("start", "compiling", 1.5), ("made", 0), ("made", 1), ("end",), ("handed", "p0"),
+                      ("handed", "p1"), ("made", 2), ("handed", "p2"), ("made", 3), ("handed", "p3")]
+    events.clear()
+    assert list(progress.first_items_announced(pieces(1), "x", count=2)) == ["p0"]  # fewer than count
+
+    def failing():
+        yield "a"
+        raise RuntimeError("boom")
+
+    events.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        list(progress.first_items_announced(failing(), "x", count=3))
+    assert events[-1] == ("end",)
+
+
+def test_first_tokens_spinner_only_on_cuda(monkeypatch):
+    from localllm.commands import cli_output
+
+    seen = []
+    monkeypatch.setattr(cli_output, "first_items_announced", lambda items, description: seen.append(description)
+                        or items)
+    pieces = iter(["a", "b"])
+    assert cli_output.first_tokens_shown("cpu", pieces) is pieces and seen == []
+    assert list(cli_output.first_tokens_shown("cuda", pieces)) == ["a", "b"] and seen == [cli_output.FIRST_TOKENS_ON_CUDA]
