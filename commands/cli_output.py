@@ -10,8 +10,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from localllm.progress import first_items_announced
-
 err = Console(stderr=True)
 
 
@@ -36,4 +34,8 @@ FIRST_TOKENS_ON_CUDA = "compiling and loading the GPU kernels (first run: cached
 def first_tokens_shown(device_type: str, pieces: Iterator[str]) -> Iterator[str]:
     """Generated text pieces; on CUDA the wait for the first ones (the process's kernel compilations and
     graph captures: seconds, silent otherwise) under a spinner once it passes a couple of seconds."""
-    return first_items_announced(pieces, FIRST_TOKENS_ON_CUDA) if device_type == "cuda" else pieces
+    if device_type != "cuda":
+        return pieces
+    from localllm.progress import first_items_announced  # rich.progress: imported where it is drawn
+
+    return first_items_announced(pieces, FIRST_TOKENS_ON_CUDA)

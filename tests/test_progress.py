@@ -167,10 +167,11 @@ def test_first_items_wait_under_the_spinner_and_it_ends_before_they_are_handed_o
 
 
 def test_first_tokens_spinner_only_on_cuda(monkeypatch):
+    import localllm.progress as progress
     from localllm.commands import cli_output
 
     seen = []
-    monkeypatch.setattr(cli_output, "first_items_announced", lambda items, description: seen.append(description)
+    monkeypatch.setattr(progress, "first_items_announced", lambda items, description: seen.append(description)
                         or items)
     pieces = iter(["a", "b"])
     assert cli_output.first_tokens_shown("cpu", pieces) is pieces and seen == []
