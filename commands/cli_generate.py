@@ -93,8 +93,7 @@ def complete(
     load_s += draft_s
     stats = SpecStats() if drafter else Stats()
     plain_steps = D.plain_steps if verbose else 0
-    pieces = first_tokens_shown(lm.runtime.device.type, run_complete(lm, prompt, gen, sampling, stats, drafter, ds,
-                                                                     plain_steps))
+    pieces = first_tokens_shown(lm.runtime, run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps))
     if json_out:
         text = "".join(pieces)
         print(json.dumps(completion_record(text, stats, load_s, gen.max_tokens), ensure_ascii=False))

@@ -28,14 +28,15 @@ def unfolded_width(table: Table) -> int:
     return Console(width=10**4).measure(table).maximum
 
 
-FIRST_TOKENS_ON_CUDA = "compiling and loading the GPU kernels (first run: cached for later runs)"
+FIRST_TOKENS_COMPILE = "compiling and loading the GPU kernels (first run: cached for later runs)"
 
 
-def first_tokens_shown(device_type: str, pieces: Iterator[str]) -> Iterator[str]:
-    """Generated text pieces; on CUDA the wait for the first ones (the process's kernel compilations and
-    graph captures: seconds, silent otherwise) under a spinner once it passes a couple of seconds."""
-    if device_type != "cuda":
+def first_tokens_shown(runtime, pieces: Iterator[str]) -> Iterator[str]:
+    """Generated text pieces; where the runtime's first tokens compile kernels (Runtime.first_tokens_compile:
+    CUDA, seconds on a fresh machine, silent otherwise) the wait for the first ones under a spinner once
+    it passes a couple of seconds."""
+    if not runtime.first_tokens_compile:
         return pieces
     from localllm.progress import first_items_announced  # rich.progress: imported where it is drawn
 
-    return first_items_announced(pieces, FIRST_TOKENS_ON_CUDA)
+    return first_items_announced(pieces, FIRST_TOKENS_COMPILE)

@@ -81,7 +81,7 @@ def run_command(session: ChatSession, line: str, console: Console) -> bool:
 
 def stream_reply(session: ChatSession, text: str, out: TextIO, after: Callable[[], None] = lambda: None) -> bool:
     """Print the reply as it streams; return False if Ctrl-C cut it."""
-    pieces = first_tokens_shown(session.lm.runtime.device.type, session.reply(text))
+    pieces = first_tokens_shown(session.lm.runtime, session.reply(text))
     try:
         for piece in pieces:
             out.write(piece)

@@ -38,6 +38,9 @@ class Runtime:
     prompts_compute_bound: bool = False
     # warm_up_slots prepares something (CUDA: graphs, kernel compilation): `serve` says so while it runs
     warms_up: bool = False
+    # A process's first tokens wait for kernel compilations and graph captures (CUDA: seconds on a fresh
+    # machine): `complete` and `chat` show a spinner over that wait (commands/cli_output.first_tokens_shown)
+    first_tokens_compile: bool = False
 
     def __init__(self, model: Transformer):
         self.model = model

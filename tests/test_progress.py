@@ -166,13 +166,21 @@ def test_first_items_wait_under_the_spinner_and_it_ends_before_they_are_handed_o
     assert events[-1] == ("end",)
 
 
-def test_first_tokens_spinner_only_on_cuda(monkeypatch):
+def test_first_tokens_spinner_only_where_the_runtime_compiles(monkeypatch):
+    """Runtime.first_tokens_compile decides (CUDA's runtimes set it; the CPU's not)."""
+    from types import SimpleNamespace
+
     import localllm.progress as progress
+    from localllm.backends.cpu import CpuRuntime
+    from localllm.backends.cuda import CudaEagerRuntime, CudaRuntime
     from localllm.commands import cli_output
 
     seen = []
     monkeypatch.setattr(progress, "first_items_announced", lambda items, description: seen.append(description)
                         or items)
     pieces = iter(["a", "b"])
-    assert cli_output.first_tokens_shown("cpu", pieces) is pieces and seen == []
-    assert list(cli_output.first_tokens_shown("cuda", pieces)) == ["a", "b"] and seen == [cli_output.FIRST_TOKENS_ON_CUDA]
+    assert not CpuRuntime.first_tokens_compile and CudaRuntime.first_tokens_compile
+    assert CudaEagerRuntime.first_tokens_compile
+    assert cli_output.first_tokens_shown(SimpleNamespace(first_tokens_compile=False), pieces) is pieces and not seen
+    shown = cli_output.first_tokens_shown(SimpleNamespace(first_tokens_compile=True), pieces)
+    assert list(shown) == ["a", "b"] and seen == [cli_output.FIRST_TOKENS_COMPILE]

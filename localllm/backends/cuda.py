@@ -196,6 +196,7 @@ class CudaRuntime(Runtime):
     quantized = "qweight"
     prepare = staticmethod(fuse)
     warms_up = True
+    first_tokens_compile = True
 
     def __init__(self, model: Transformer):
         super().__init__(model)
@@ -315,6 +316,7 @@ class CudaEagerRuntime(Runtime):
     fusion and no graphs (CudaRuntime's ops and decoders implement the Llama layer only)."""
 
     quantized = "qweight"
+    first_tokens_compile = True  # the Triton products' compilations
 
     def verify(self, cache: KVCache, ids: list[int]) -> torch.Tensor:
         """One decode step per id -> logits (T, V), each row plain decoding's bits. A T-row eager forward
