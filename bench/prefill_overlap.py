@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from localllm.backends.cuda_graph import captured
 from localllm.backends.measure import matmul_rate, op_seconds
 from localllm.footprint import linear_weights
 from localllm.kernels.linear import dequantize_qweight
@@ -106,16 +107,8 @@ def graphed(fn):
     """fn captured as one CUDA graph (after two warm-up calls: Triton compiles, cuBLAS picks its
     kernels) -> its replay: the schedules' many launches timed without the host's launch cost (a slab
     schedule's ~70 us of Python a slab hid the GPU's time when run eagerly)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+    fn()  # the first of the two warm-up calls; captured() makes the second
+    return captured(fn)[0].replay
 
 
 def main() -> None:

@@ -23,10 +23,10 @@ def by_slot(t: torch.Tensor) -> torch.Tensor:
 
 
 def padded(rt: Runtime, slots, slot: int, ids: list[int], start: int, rows: int) -> torch.Tensor:
-    tokens = torch.zeros(1, rows, dtype=torch.long)
-    tokens[0, :len(ids)] = torch.tensor(ids)
-    pos = torch.arange(start, start + rows)
-    return cuda_prompt.padded_forward(rt.model, slots, tokens, pos, torch.tensor([slot]), torch.tensor([len(ids) - 1]))
+    """The forward a bucket of `rows` captures, on the inputs its graph's set() writes."""
+    g = cuda_prompt.PromptGraph(rt.model, rows)
+    g.set(slot, ids, start)
+    return cuda_prompt.padded_forward(rt.model, slots, g.tokens, g.pos, g.slot, g.last)
 
 
 @pytest.mark.parametrize("name", ["llama", "moe"])
@@ -119,3 +119,47 @@ def test_a_bucket_without_memory_for_its_graph_runs_eagerly(monkeypatch):
     monkeypatch.setattr(cuda_prompt.PromptGraph, "capture", invalid)
     with pytest.raises(RuntimeError, match="capturing"):
         graphs.run(slots, 1, [1, 2], 0)
+
+
+def test_captured_warms_up_on_a_side_stream_restores_then_captures(monkeypatch):
+    """backends/cuda_graph.captured, the capture every CUDA graph of the runtime takes (decode steps,
+    slot steps, prompts): the run once on a side stream, restore(), then the run inside the capture with
+    the pool given; returns the graph and the captured run's output. (torch.cuda's objects replaced by
+    recorders: no GPU here.)"""
+    from contextlib import contextmanager
+
+    from localllm.backends import cuda_graph
+
+    events = []
+
+    class Stream:
+        def __init__(self, device=None):
+            events.append(("stream", device))
+
+        def wait_stream(self, other):
+            events.append(("wait", type(other).__name__))
+
+    @contextmanager
+    def on(stream):
+        events.append(("on side",))
+        yield
+        events.append(("off side",))
+
+    @contextmanager
+    def graph(g, pool=None):
+        events.append(("capture", pool))
+        yield
+        events.append(("captured",))
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    runs = iter(["warm", "static"])
+    g, out = cuda_graph.captured(lambda: events.append(("run",)) or next(runs), pool=(0, 7),
+                                 restore=lambda: events.append(("restore",)), device="cuda:1")
+    assert (g, out) == ("graph", "static")
+    assert events == [("stream", "cuda:1"), ("stream", "cuda:1"), ("wait", "Stream"), ("on side",), ("run",),
+                      ("off side",), ("stream", "cuda:1"), ("wait", "Stream"), ("restore",), ("capture", (0, 7)),
+                      ("run",), ("captured",)]

@@ -32,7 +32,7 @@ from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from ..settings import DEFAULT_SERVE
 from ..slots import Slots, check_prefill, check_rows
-from .cuda_graph import GraphDecoder
+from .cuda_graph import GraphDecoder, captured
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
 from .cuda_prompt import prompt_graphs
@@ -143,14 +143,7 @@ class PrefillGraph:
     def _capture(self, tokens: torch.Tensor, start: int) -> None:
         self.graph = None  # free the previous graph's pool first
         self.tokens = tokens.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs asks
-            self.model(self.tokens, self.cache, start, last_only=True)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self.model(self.tokens, self.cache, start, last_only=True)
+        self.graph, self.logits = captured(lambda: self.model(self.tokens, self.cache, start, last_only=True))
 
     def run(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """tokens (B, T) at positions [start, start + T) -> logits (B, 1, V) of the last position."""

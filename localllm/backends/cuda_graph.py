@@ -59,6 +59,24 @@ from ..tp_model import gather_logits
 from .cuda_tp import make_reducer
 
 
+def captured(run, pool=None, restore=None, device=None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """run() once on a side stream (it compiles and loads every kernel first, as torch.cuda.graphs asks),
+    restore() (what that run changed which the capture must find as before: positions), then run()
+    captured -> (the graph, what the captured run returned: its static output). pool: a graph memory
+    pool to share (torch.cuda.graph's); device: the streams' (None: the current one)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    if restore is not None:
+        restore()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
+
+
 def int_dot(w) -> bool:
     """w is a QWeight taking the integer-dot kernels (kernels/triton_q8.py)."""
     return isinstance(w, QWeight) and w.qtype in INT_DOT_TYPES
@@ -320,16 +338,8 @@ class GraphDecoder:
         return logits
 
     def _capture(self) -> None:
-        start = self.cache.length
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up: compiles the kernels (same writes as the real step)
-            self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.pos.fill_(start)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._step()
+        start = self.cache.length  # the warm-up step (same writes as the real step) advances pos
+        self.graph, self.logits = captured(self._step, restore=lambda: self.pos.fill_(start))
         self.pos.fill_(start)
 
     @torch.inference_mode()

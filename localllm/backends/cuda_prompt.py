@@ -26,6 +26,7 @@ import torch
 from ..attention import SlotMaskKeys
 from ..model import Transformer
 from ..slots import SegmentCache, Slots, slot_ropes
+from .cuda_graph import captured
 
 # padded prompt lengths: 1..4 exactly (the integer-dot kernels' row counts: a repeated chat prompt
 # prefills only its last ids), then matmul passes
@@ -87,16 +88,8 @@ class PromptGraph:
     def capture(self, slots: Slots, pool) -> None:
         """Run the forward (compiling and loading every kernel), then capture it, on the inputs set:
         both write only the rows the replay writes."""
-        dev = self.tokens.device
         args = (self.model, slots, self.tokens, self.pos, self.slot, self.last)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            padded_forward(*args)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = padded_forward(*args)
+        self.graph, self.logits = captured(lambda: padded_forward(*args), pool, device=self.tokens.device)
 
 
 class PromptGraphs:

@@ -33,7 +33,7 @@ from localllm.kernels.triton_gemv import DENSE_ROWS
 
 from ..model import Transformer
 from ..slots import Slots
-from .cuda_graph import GraphDecoder
+from .cuda_graph import GraphDecoder, captured
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -65,15 +65,8 @@ class SlotDecoder(GraphDecoder):
 
     def _capture(self) -> None:
         meta = self.meta.clone()  # the warm-up step advances pos; it writes this step's cache rows,
-        stream = torch.cuda.Stream()  # which the replay writes again with the same bytes
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.meta.copy_(meta)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._step()
+        # which the replay writes again with the same bytes
+        self.graph, self.logits = captured(self._step, restore=lambda: self.meta.copy_(meta))
         self.meta.copy_(meta)
         self.captures += 1
 
