@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--synthetic", metavar="PRESET:TYPE", help="first write MODEL as a random-weight GGUF of this "
                     "models.toml preset and file type (e.g. smollm2-135m:Q4_1), with --vocab's tokenizer")
     ap.add_argument("--vocab", default="tests/data/vocab/ggml-vocab-gpt-2.gguf")
+    ap.add_argument("--stderr", metavar="PREFIX", help="write each run's whole stderr to PREFIX.N (the spinner "
+                    "and progress lines of a cold run)")
     a = ap.parse_args()
     if a.synthetic:
         write_model(a.synthetic, a.model, a.vocab)
@@ -79,6 +81,9 @@ def main() -> None:
         e = dict(env, HOME=a.cold_home) if a.cold_home and i == 0 else env
         first, end, gen, err = run_once(cmd, e)
         runs.append((first, end, gen))
+        if a.stderr:
+            with open(f"{a.stderr}.{i}", "w") as f:
+                f.write(err)
         print("  " + err.strip().splitlines()[-1] if err.strip() else "")
         print(f"run {i}: first token {first:.2f} s, "
               f"whole {end:.2f} s, generation {gen:.2f} s, whole - generation {end - gen:.2f} s", flush=True)
