@@ -9,6 +9,7 @@ us, or by the user's own `torchrun --nnodes ... -m localllm ...`), rank 0 drives
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -61,12 +62,14 @@ def start(n: int, device: str) -> TensorParallel | None:
             return None
         check_gpus(n, pick_device(device))
         raise SystemExit(launch(n, sys.argv[1:]))
+    if int(os.environ["RANK"]) != 0:  # a worker is silent from its start: one that the launcher ends while
+        quiet()  # it joins the group (the driver failed first: a missing file) printed "interrupted"
     tp = from_launcher(pick_device(device))
+    if tp is not None:  # the group closed at exit, also after an error before the driver's lead()
+        atexit.register(close)
     world = 1 if tp is None else tp.world
     if n not in (1, world):
         raise LocalLLMError(f"--tp {n}, but the launcher started {world} ranks")
-    if tp is not None and not tp.driver:
-        quiet()
     return tp
 
 

@@ -54,6 +54,12 @@ class Runtime:
         """Once at load, after the weights are assigned: a backend's re-layout (CUDA fuses q|k|v and
         gate/up). Nothing for the portable backend."""
 
+    def release(self) -> None:
+        """Drop what the runtime captured for its calls (CUDA graphs), before a tensor-parallel process
+        closes its process group: NCCL's communicator teardown waits for every graph that captured one
+        of its collectives to be destroyed (pytorch/pytorch#115388): with the graphs alive, the process
+        never exits. Later calls capture again. Nothing to drop here."""
+
     @staticmethod
     def block_weight(blocks: torch.Tensor, qtype, dtype: torch.dtype):
         """A "blocks" tensor (raw GGUF blocks (N, row bytes) on the device) as the BlockQWeight this

@@ -26,6 +26,7 @@ ranks down when one fails, so workers never wait forever.
 from __future__ import annotations
 
 import atexit
+import gc
 import pickle
 import weakref
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ STEPS = frozenset({
 })
 # Runtime methods that read nothing of the model's state a worker must share (tests/test_tp_runtime.py
 # checks that every other Runtime method is a STEP).
-LOCAL = frozenset({"prepare", "block_weight", "most_drafts"})
+LOCAL = frozenset({"prepare", "block_weight", "most_drafts", "release"})
 MAKERS = frozenset({"new_cache", "new_slots"})  # return a KV cache / slots: a new handle
 STOP = "stop"
 NOT_NUMPY = (torch.bfloat16,)  # dtypes numpy lacks: sent as tensors
@@ -175,13 +176,15 @@ class Driver:
         return out
 
     def stop(self) -> None:
-        """Tell the workers to leave `follow` (once; safe to call again)."""
+        """Tell the workers to leave `follow` (once; safe to call again); this rank's graphs are dropped
+        (Runtime.release: before close())."""
         if self.stopped:
             return
         self.stopped = True
         settle(self.pending)
         settle(send((STOP, (), {}, [], None), self.group, self.tp.world))
         self.pending = []
+        self.runtime.release()
 
 
 class Worker:
@@ -217,12 +220,16 @@ class Worker:
 
 
 def follow(runtime, tp: TensorParallel, group=None) -> int:
-    """A worker's loop: run the driver's calls on this rank's shard until it says stop -> calls run."""
+    """A worker's loop: run the driver's calls on this rank's shard until it says stop -> calls run. Then
+    the caches and slots the driver made are let go and the runtime's graphs dropped (Runtime.release:
+    before close())."""
     group = control_group(tp) if group is None else group
     worker, n = Worker(runtime), 0
     while True:
         message = receive(group)
         if message[0] == STOP:
+            worker.objects.clear()
+            runtime.release()
             return n
         worker.run(*message)
         n += 1
@@ -239,6 +246,9 @@ def lead(runtime, tp: TensorParallel) -> Driver:
 
 def close() -> None:
     """Leave torch.distributed before the interpreter exits (a group left to its destructor at exit can
-    abort the process, after its peers have gone)."""
+    abort the process, after its peers have gone, and prints a warning). Graphs that captured NCCL
+    collectives must be gone first (Driver.stop and follow release the runtime's; the collector frees
+    any left in cycles), else the NCCL teardown waits for them forever."""
     if torch.distributed.is_initialized():
+        gc.collect()
         torch.distributed.destroy_process_group()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,73 @@ def test_every_runtime_step_is_forwarded():
     methods = {n for n in methods if not n.startswith("_")}
     assert methods - STEPS - LOCAL == set()
     assert (STEPS | LOCAL) - methods == set()
+
+
+class _Recorder:
+    """A runtime that records its calls (new_cache gives an object a worker keeps as a handle)."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def new_cache(self, capacity):
+        self.log.append("new_cache")
+        return _Cache()
+
+    def release(self):
+        self.log.append("release")
+
+
+class _Cache:
+    pass
+
+
+def test_driver_and_workers_release_their_graphs_before_the_group_closes(monkeypatch):
+    """NCCL's teardown waits for every CUDA graph that captured one of its collectives (a TP=2 `complete`
+    on CUDA never exited): the driver's stop, then close() at exit, release the runtime's graphs before
+    destroy_process_group (atexit: stop registered after close, so run first); a worker's follow lets go
+    of the driver's objects and releases on stop; close() collects garbage first."""
+    import atexit
+    import gc
+
+    from localllm import tp_runtime
+
+    log = []
+    monkeypatch.setattr(tp_runtime, "send", lambda message, group, world: log.append(("send", message[0])) or [])
+    monkeypatch.setattr(tp_runtime, "control_group", lambda tp: None)
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    tp = type("TP", (), {"world": 2, "rank": 0, "driver": True, "group": None})()
+    driver = tp_runtime.lead(_Recorder(log), tp)
+    assert registered == [tp_runtime.close, driver.stop]  # atexit runs them last-in first: stop, then close
+    driver.stop()
+    driver.stop()
+    assert log == [("send", tp_runtime.STOP), "release"]
+
+    kept = []
+    messages = iter([("new_cache", (8,), {}, [], 0), (tp_runtime.STOP, (), {}, [], None)])
+    monkeypatch.setattr(tp_runtime, "receive", lambda group: next(messages))
+    worker_log = []
+    runtime = _Recorder(worker_log)
+    real_new = runtime.new_cache
+    runtime.new_cache = lambda capacity: kept.append(weakref.ref(c := real_new(capacity))) or c
+    assert tp_runtime.follow(runtime, tp) == 1
+    assert worker_log == ["new_cache", "release"] and kept[0]() is None
+
+    order = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: order.append("destroy"))
+    monkeypatch.setattr(gc, "collect", lambda: order.append("collect"))
+    tp_runtime.close()
+    assert order == ["collect", "destroy"]
+
+
+def test_cuda_runtime_release_drops_its_graphs():
+    """CudaRuntime.release forgets its decoders and prompt graph (the objects holding captured graphs)."""
+    from localllm.backends.cuda import CudaRuntime
+
+    rt = object.__new__(CudaRuntime)
+    rt.sync = lambda: None  # (no device here)
+    rt.decoders, rt.prefill_graph = {(1, False): _Cache(), (1, True): _Cache()}, _Cache()
+    dead = [weakref.ref(v) for v in [*rt.decoders.values(), rt.prefill_graph]]
+    rt.release()
+    assert rt.decoders == {} and rt.prefill_graph is None and all(r() is None for r in dead)

@@ -202,6 +202,13 @@ class CudaRuntime(Runtime):
         # and kept for the others; set it before the first step to force one (bench/tp_speed.py)
         self.all_reduce = "auto"
 
+    def release(self) -> None:
+        """The decode steps' and the prompt's graphs (the tensor-parallel ones hold NCCL collectives),
+        once the device has finished with them."""
+        self.sync()
+        self.decoders.clear()
+        self.prefill_graph = None
+
     def _reducer_picked(self, dec: GraphDecoder) -> GraphDecoder:
         if dec.reducer is not None:
             self.all_reduce = dec.reducer.name
