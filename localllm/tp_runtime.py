@@ -184,7 +184,10 @@ class Driver:
         settle(self.pending)
         settle(send((STOP, (), {}, [], None), self.group, self.tp.world))
         self.pending = []
-        self.runtime.release()
+        try:
+            self.runtime.release()
+        except RuntimeError:  # a device already in error (the command's own line said so): no graph to wait for
+            pass
 
 
 class Worker:
