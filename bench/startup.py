@@ -7,6 +7,7 @@ The first run of a fresh cache directory is "cold" (Triton / C++ builds: run 0 o
 with --cold-home); later runs are "warm".
 
     python bench/startup.py MODEL --device cuda -n 256 -r 5 [--cold-home DIR]
+    python bench/startup.py NAME --server http://127.0.0.1:8080 -n 256 -r 5   # against a running `localllm serve`
 
 Prints one line per run and the median of the warm runs; the generation time is the process's own
 figure (complete -v's "generated N tokens, X tokens/s").
@@ -68,13 +69,15 @@ def main() -> None:
     ap.add_argument("--synthetic", metavar="PRESET:TYPE", help="first write MODEL as a random-weight GGUF of this "
                     "models.toml preset and file type (e.g. smollm2-135m:Q4_1), with --vocab's tokenizer")
     ap.add_argument("--vocab", default="tests/data/vocab/ggml-vocab-gpt-2.gguf")
+    ap.add_argument("--server", metavar="URL", help="time `complete --server URL` instead (MODEL: a model name the "
+                    "running server lists): the command loads nothing, the server holds the model")
     ap.add_argument("--stderr", metavar="PREFIX", help="write each run's whole stderr to PREFIX.N (the spinner "
                     "and progress lines of a cold run)")
     a = ap.parse_args()
     if a.synthetic:
         write_model(a.synthetic, a.model, a.vocab)
     cmd = [sys.executable, "-m", "localllm.cli", "complete", a.model, "-p", a.prompt, "-n", str(a.n),
-           "--temp", "0", "--device", a.device, "-v"]
+           "--temp", "0", "-v"] + (["--server", a.server] if a.server else ["--device", a.device])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     runs = []
     for i in range(a.runs):

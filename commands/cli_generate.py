@@ -20,6 +20,7 @@ from localllm.commands.cli_options import (
 from localllm.commands.cli_output import err, first_tokens_shown, note
 from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_GENERATION as G
+from localllm.settings import DEFAULT_SAMPLING as S
 from localllm.settings import DEFAULT_SERVE as V
 
 
@@ -66,8 +67,20 @@ def complete(
     n_gpu_layers: Optional[int] = OPT_NGL,
     json_out: bool = typer.Option(False, "--json", help="print one JSON object at the end (text, token counts, timings, finish reason) instead of streaming"),
     tp_n: int = OPT_TP,
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="stream from a running `localllm serve` at URL (e.g. http://127.0.0.1:8080) instead of loading the model here: no load or start-up wait; MODEL then names one of the server's models"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="with --server: the key the server was started with"),
 ):
     """Stream the continuation of PROMPT to stdout (llama.cpp's `-m MODEL -p PROMPT` works too)."""
+    if api_key is not None and server is None:
+        raise typer.BadParameter("--api-key goes with --server", param_hint="--api-key")
+    if server is not None:
+        return complete_from_server(server, api_key, args, model_opt, prompt_opt, file, max_tokens, temp, top_k, top_p,
+                                    min_p, seed, stop, verbose, json_out, {
+                                        "--device": device != "auto", "--dtype": dtype is not None,
+                                        "--threads": threads is not None, "--ctx": ctx is not None,
+                                        "--draft": draft is not None, "--lookup": lookup != 0,
+                                        "--gpu-layers": n_gpu_layers is not None, "--tp": tp_n != 1,
+                                        "--repeat-penalty": repeat_penalty != S.repeat_penalty})
     from localllm.commands import tp_cmd
     from localllm.commands.inputs import model_and_prompt
     from localllm.commands.reports import completion_record
@@ -108,6 +121,22 @@ def complete(
     if verbose:
         err.print(describe_stats(stats, load_s), highlight=False, soft_wrap=True)
 
+
+def complete_from_server(server, api_key, args, model_opt, prompt_opt, file, max_tokens, temp, top_k, top_p, min_p, seed, stop,
+                         verbose, json_out, local_options) -> None:
+    """`complete --server URL`: commands/remote.py (nothing of torch imported)."""
+    from localllm.commands.inputs import model_and_prompt
+    from localllm.commands.remote import complete_remote, refuse_local_options
+
+    from localllm.settings import GenerationSettings, SamplingSettings
+
+    refuse_local_options(local_options)
+    given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
+    # the values' ranges are the server's to check (its 400 is the one error line): sampling.py's checks
+    # would import torch
+    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
+    gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+    complete_remote(server, given.model, given.prompt, sampling, gen, verbose, json_out, api_key)
 
 
 def chat(
