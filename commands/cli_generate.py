@@ -238,7 +238,7 @@ def serve(
     speculative decoding while few requests run (greedy replies unchanged). Ctrl-C stops it."""
     from localllm.chat_template import resolve_template
     from localllm.commands.inputs import one_model
-    from localllm.commands.serve import build_served, check_serve_options
+    from localllm.commands.serve import build_served, check_serve_options, in_own_thread
     from localllm.generate import check_generation
     from localllm.runner import context_notice
     from localllm.server.run import listen, serve_forever
@@ -254,11 +254,17 @@ def serve(
     tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
     tp_cmd.check_draft(ds, tp)
     sock = listen(host, port) if tp is None or tp.driver else None  # a port in use, too; only the driver's
-    lm, load_s = load(model, device, dtype, tp, threads, n_gpu_layers)
-    if notice := context_notice(lm, ctx):
-        note(notice)
-    served = build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template, notify=note,
-                          draft=ds)
+
+    def opened():
+        lm, load_s = load(model, device, dtype, tp, threads, n_gpu_layers)
+        if notice := context_notice(lm, ctx):
+            note(notice)
+        return load_s, build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template,
+                                    notify=note, draft=ds)
+
+    # one process: loaded in a thread that ends (commands/serve.in_own_thread); a --tp worker rank stays
+    # in the main thread, where it follows the driver until the end
+    load_s, served = opened() if tp is not None else in_own_thread(opened)
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
               f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)

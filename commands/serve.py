@@ -37,6 +37,31 @@ def check_serve_options(parallel: int, port: int, api_key: str | None, log_level
         raise LocalLLMError("--api-key is empty")
 
 
+def in_own_thread(fn):
+    """fn() in a thread of its own, which then ends -> fn's result (its exception raised here). The CPU
+    kernels' OpenMP thread pools belong to the thread that opens a parallel region and live as long as
+    it: the load's pool left in the main thread, beside the engine thread's, makes more OpenMP threads
+    than cores, and libgomp then stops spinning at its barriers (dozens a decode step): serve's steps
+    ran 3-4x slower than the same steps in one thread (2-core Xeon: 14.5 against 3.9 ms;
+    docs/PERFORMANCE.md). Loaded in a thread that ends, the engine thread's pool is the only one."""
+    import threading
+
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller as it is
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="localllm-load", daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def warm_up(engine: Engine, notify) -> int:
     """Before listening: the runtime prepares what the slots' first steps and prompts would (CUDA: each
     batch bucket's decode graph, every prompt kernel variant), and so does a draft model's runtime for its

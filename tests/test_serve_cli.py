@@ -76,3 +76,22 @@ def test_bad_options_are_one_line():
                              (["--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid")):
             result = CliRunner().invoke(app, ["serve", "no-such-model-file.gguf", *args])
             assert_one_error(result, needle)
+
+
+def test_serve_loads_in_a_thread_that_ends():
+    """serve's load runs in a thread of its own that has ended when serving starts (its OpenMP pool gone
+    with it: commands/serve.in_own_thread); its result and its exception reach the caller as they are."""
+    import threading
+
+    from localllm.commands.serve import in_own_thread
+    from localllm.errors import LocalLLMError
+
+    seen = []
+    assert in_own_thread(lambda: seen.append(threading.current_thread()) or 42) == 42
+    assert seen[0] is not threading.main_thread() and not seen[0].is_alive()
+
+    def fails():
+        raise LocalLLMError("file not found: x.gguf")
+
+    with pytest.raises(LocalLLMError, match="file not found"):
+        in_own_thread(fails)
