@@ -4,7 +4,6 @@ cli.py registers them). Each starts its ranks under --tp, checks every option, t
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import List, Optional
 
@@ -17,7 +16,7 @@ from localllm.commands.cli_options import (
     OPT_MODEL, OPT_NGL, OPT_REPEAT_LAST_N, OPT_REPEAT_PENALTY, OPT_SEED, OPT_TEMP, OPT_THREADS, OPT_TOP_K, OPT_TOP_P,
     OPT_TP, draft_settings, generation_settings, use_threads,
 )
-from localllm.commands.cli_output import err, first_tokens_shown, note
+from localllm.commands.cli_output import err, first_tokens_shown, note, print_completion
 from localllm.settings import DEFAULT_DRAFT as D
 from localllm.settings import DEFAULT_GENERATION as G
 from localllm.settings import DEFAULT_SAMPLING as S
@@ -107,15 +106,7 @@ def complete(
     stats = SpecStats() if drafter else Stats()
     plain_steps = D.plain_steps if verbose else 0
     pieces = first_tokens_shown(lm.runtime, run_complete(lm, prompt, gen, sampling, stats, drafter, ds, plain_steps))
-    if json_out:
-        text = "".join(pieces)
-        print(json.dumps(completion_record(text, stats, load_s, gen.max_tokens), ensure_ascii=False))
-    else:
-        for piece in pieces:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+    print_completion(pieces, json_out, lambda text: completion_record(text, stats, load_s, gen.max_tokens))
     if notice := stop_notice(stats):
         note(notice)
     if verbose:

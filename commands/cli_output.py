@@ -40,3 +40,19 @@ def first_tokens_shown(runtime, pieces: Iterator[str]) -> Iterator[str]:
     from localllm.progress import first_items_announced  # rich.progress: imported where it is drawn
 
     return first_items_announced(pieces, FIRST_TOKENS_COMPILE)
+
+
+def print_completion(pieces: Iterator[str], json_out: bool, record) -> None:
+    """`complete`'s output: the pieces streamed to stdout as they come (then a newline), or with json_out
+    one JSON object, record(text), at the end."""
+    import json
+    import sys
+
+    if json_out:
+        print(json.dumps(record("".join(pieces)), ensure_ascii=False))
+        return
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()

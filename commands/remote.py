@@ -6,11 +6,8 @@ refused with --server: the server was started with its own."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 from localllm.client import RemoteStats, completion_body, first_model, server_url, stream_completion
-from localllm.commands.cli_output import err
+from localllm.commands.cli_output import err, print_completion
 from localllm.errors import LocalLLMError
 from localllm.settings import GenerationSettings, SamplingSettings
 
@@ -29,16 +26,7 @@ def complete_remote(url: str, model: str | None, prompt: str, sampling: Sampling
     url = server_url(url)
     body = completion_body(model or first_model(url, api_key), prompt, gen.max_tokens, sampling, gen.stop)
     stats = RemoteStats()
-    pieces = stream_completion(url, body, stats, api_key)
-    if json_out:
-        text = "".join(pieces)
-        print(json.dumps(record(text, stats), ensure_ascii=False))
-    else:
-        for piece in pieces:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+    print_completion(stream_completion(url, body, stats, api_key), json_out, lambda text: record(text, stats))
     if verbose:
         err.print(f"server {url} | first piece {stats.first_piece_seconds:.3f} s | prompt {stats.prompt_tokens} "
                   f"tokens | generated {stats.generated_tokens} tokens, {stats.generate_tps():.1f} tokens/s",
