@@ -13,6 +13,8 @@ Shapes: B sequences of the cache, T tokens per step, V vocabulary; logits are fp
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from .cache import KVCache, make_cache
@@ -54,11 +56,14 @@ class Runtime:
         """Once at load, after the weights are assigned: a backend's re-layout (CUDA fuses q|k|v and
         gate/up). Nothing for the portable backend."""
 
-    def release(self) -> None:
-        """Drop what the runtime captured for its calls (CUDA graphs), before a tensor-parallel process
-        closes its process group: NCCL's communicator teardown waits for every graph that captured one
-        of its collectives to be destroyed (pytorch/pytorch#115388): with the graphs alive, the process
-        never exits. Later calls capture again. Nothing to drop here."""
+    def release(self, slots: Sequence[Slots] = ()) -> None:
+        """Drop what the runtime captured for its calls (CUDA graphs: its own, and those kept in the
+        tables of these slots), before a tensor-parallel process closes its process group: NCCL's
+        communicator teardown waits for every graph that captured one of its collectives to be
+        destroyed (pytorch/pytorch#115388): with the graphs alive, the process never exits. Later calls
+        capture again."""
+        for s in slots:
+            s.tables.clear()
 
     @staticmethod
     def block_weight(blocks: torch.Tensor, qtype, dtype: torch.dtype):

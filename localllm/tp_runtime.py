@@ -124,6 +124,7 @@ class Driver:
         self.next_handle = 0
         self.stopped = False
         self.pending: list = []  # the last message's sends in flight
+        self.made = weakref.WeakValueDictionary()  # handle -> the caches and slots made, while alive
 
     def __getattr__(self, name):
         if name in STEPS:
@@ -172,6 +173,7 @@ class Driver:
         out = getattr(self.runtime, name)(*args, **kwargs)
         if new is not None:
             self.handles[id(out)] = new
+            self.made[new] = out
             weakref.finalize(out, self.release, id(out))
         return out
 
@@ -185,7 +187,7 @@ class Driver:
         settle(send((STOP, (), {}, [], None), self.group, self.tp.world))
         self.pending = []
         try:
-            self.runtime.release()
+            self.runtime.release(slots_of(self.made.values()))
         except RuntimeError:  # a device already in error (the command's own line said so): no graph to wait for
             pass
 
@@ -222,6 +224,11 @@ class Worker:
             self.objects[new] = out
 
 
+def slots_of(objects) -> list[Slots]:
+    """The Slots among a side's caches and slots (their tables hold the slot steps' graphs)."""
+    return [o for o in list(objects) if isinstance(o, Slots)]
+
+
 def follow(runtime, tp: TensorParallel, group=None) -> int:
     """A worker's loop: run the driver's calls on this rank's shard until it says stop -> calls run. Then
     the caches and slots the driver made are let go and the runtime's graphs dropped (Runtime.release:
@@ -231,8 +238,8 @@ def follow(runtime, tp: TensorParallel, group=None) -> int:
     while True:
         message = receive(group)
         if message[0] == STOP:
+            runtime.release(slots_of(worker.objects.values()))
             worker.objects.clear()
-            runtime.release()
             return n
         worker.run(*message)
         n += 1

@@ -101,28 +101,31 @@ def test_every_runtime_step_is_forwarded():
 
 
 class _Recorder:
-    """A runtime that records its calls (new_cache gives an object a worker keeps as a handle)."""
+    """A runtime that records its calls (new_slots gives a Slots whose tables hold a "graph")."""
 
     def __init__(self, log: list):
         self.log = log
 
-    def new_cache(self, capacity):
-        self.log.append("new_cache")
-        return _Cache()
+    def new_slots(self, n, capacity):
+        self.log.append("new_slots")
+        from localllm.slots import Slots
 
-    def release(self):
-        self.log.append("release")
+        made = Slots(cache=None, lengths=[0] * n)
+        made.tables["graph"] = object()
+        return made
 
-
-class _Cache:
-    pass
+    def release(self, slots=()):
+        self.log.append(("release", len(slots)))
+        for one in slots:
+            one.tables.clear()
 
 
 def test_driver_and_workers_release_their_graphs_before_the_group_closes(monkeypatch):
     """NCCL's teardown waits for every CUDA graph that captured one of its collectives (a TP=2 `complete`
-    on CUDA never exited): the driver's stop, then close() at exit, release the runtime's graphs before
-    destroy_process_group (atexit: stop registered after close, so run first); a worker's follow lets go
-    of the driver's objects and releases on stop; close() collects garbage first."""
+    on CUDA never exited): the driver's stop, then close() at exit, release the runtime's graphs and
+    those of the slots it made and still holds, before destroy_process_group (atexit: stop registered
+    after close, so run first); a worker's follow releases the driver's slots and lets go of them on
+    stop; close() collects garbage first."""
     import atexit
     import gc
 
@@ -136,19 +139,20 @@ def test_driver_and_workers_release_their_graphs_before_the_group_closes(monkeyp
     tp = type("TP", (), {"world": 2, "rank": 0, "driver": True, "group": None})()
     driver = tp_runtime.lead(_Recorder(log), tp)
     assert registered == [tp_runtime.close, driver.stop]  # atexit runs them last-in first: stop, then close
+    kept = driver.new_slots(2, 8)
     driver.stop()
     driver.stop()
-    assert log == [("send", tp_runtime.STOP), "release"]
+    assert log == [("send", "new_slots"), "new_slots", ("send", tp_runtime.STOP), ("release", 1)]
+    assert not kept.tables
 
-    kept = []
-    messages = iter([("new_cache", (8,), {}, [], 0), (tp_runtime.STOP, (), {}, [], None)])
+    messages = iter([("new_slots", (2, 8), {}, [], 0), (tp_runtime.STOP, (), {}, [], None)])
     monkeypatch.setattr(tp_runtime, "receive", lambda group: next(messages))
-    worker_log = []
+    worker_log, refs = [], []
     runtime = _Recorder(worker_log)
-    real_new = runtime.new_cache
-    runtime.new_cache = lambda capacity: kept.append(weakref.ref(c := real_new(capacity))) or c
+    real_new = runtime.new_slots
+    runtime.new_slots = lambda n, capacity: refs.append(weakref.ref(made := real_new(n, capacity))) or made
     assert tp_runtime.follow(runtime, tp) == 1
-    assert worker_log == ["new_cache", "release"] and kept[0]() is None
+    assert worker_log == ["new_slots", ("release", 1)] and refs[0]() is None
 
     order = []
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
@@ -159,12 +163,20 @@ def test_driver_and_workers_release_their_graphs_before_the_group_closes(monkeyp
 
 
 def test_cuda_runtime_release_drops_its_graphs():
-    """CudaRuntime.release forgets its decoders and prompt graph (the objects holding captured graphs)."""
+    """CudaRuntime.release forgets its decoders, its prompt graph and the given slots' tables (the
+    objects holding captured graphs)."""
     from localllm.backends.cuda import CudaRuntime
+    from localllm.slots import Slots
 
     rt = object.__new__(CudaRuntime)
     rt.sync = lambda: None  # (no device here)
-    rt.decoders, rt.prefill_graph = {(1, False): _Cache(), (1, True): _Cache()}, _Cache()
-    dead = [weakref.ref(v) for v in [*rt.decoders.values(), rt.prefill_graph]]
-    rt.release()
-    assert rt.decoders == {} and rt.prefill_graph is None and all(r() is None for r in dead)
+    slots = Slots(cache=None, lengths=[0])
+    slots.tables[("cuda", True)] = {1: _Graph()}
+    rt.decoders, rt.prefill_graph = {(1, False): _Graph(), (1, True): _Graph()}, _Graph()
+    dead = [weakref.ref(v) for v in [*rt.decoders.values(), rt.prefill_graph, slots.tables[("cuda", True)][1]]]
+    rt.release([slots])
+    assert rt.decoders == {} and rt.prefill_graph is None and not slots.tables and all(r() is None for r in dead)
+
+
+class _Graph:
+    pass

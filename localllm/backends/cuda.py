@@ -18,6 +18,7 @@ Each op computes what model.py's reference op computes, within rounding (tests/g
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
 import torch
 
@@ -202,12 +203,13 @@ class CudaRuntime(Runtime):
         # and kept for the others; set it before the first step to force one (bench/tp_speed.py)
         self.all_reduce = "auto"
 
-    def release(self) -> None:
-        """The decode steps' and the prompt's graphs (the tensor-parallel ones hold NCCL collectives),
-        once the device has finished with them."""
+    def release(self, slots: Sequence[Slots] = ()) -> None:
+        """The decode steps' and the prompt's graphs, and the slots' (the tensor-parallel ones hold NCCL
+        collectives), once the device has finished with them."""
         self.sync()
         self.decoders.clear()
         self.prefill_graph = None
+        super().release(slots)
 
     def _reducer_picked(self, dec: GraphDecoder) -> GraphDecoder:
         if dec.reducer is not None:
