@@ -12,6 +12,7 @@ tokens) comes in the chunk stream_options.include_usage asks for.
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -22,7 +23,9 @@ from typing import Iterator
 from .errors import LocalLLMError
 from .settings import SamplingSettings
 
-CONNECT_TIMEOUT = 10.0  # seconds to wait for the server's first reply bytes
+# seconds a socket operation may wait: the server's reply headers come at once (a request waits in its
+# queue after them), each later line within a prompt's prefill or a step's time
+TIMEOUT = 300.0
 
 
 @dataclass
@@ -55,7 +58,7 @@ def server_url(url: str) -> str:
 def _open(request: urllib.request.Request, url: str):
     """The response, or one line naming what went wrong (no server there, or the server's error message)."""
     try:
-        return urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT)
+        return urllib.request.urlopen(request, timeout=TIMEOUT)
     except urllib.error.HTTPError as e:
         raise LocalLLMError(f"the server at {url} answered {e.code}: {_error_message(e)}") from None
     except (urllib.error.URLError, OSError) as e:
@@ -86,6 +89,18 @@ def first_model(url: str, api_key: str | None = None) -> str:
     return models[0]["id"]
 
 
+def _events(response, url: str) -> Iterator[str]:
+    """The `data:` payloads of a server-sent-event stream, as they arrive; a stream that breaks off (the
+    server stopped, the connection dropped, no line for TIMEOUT seconds) -> one line saying so."""
+    try:
+        for raw in response:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if line.startswith("data:"):
+                yield line[len("data:"):].strip()
+    except (OSError, http.client.HTTPException) as e:
+        raise LocalLLMError(f"the server at {url} stopped streaming ({type(e).__name__}: {e})") from None
+
+
 def completion_body(model: str, prompt: str, max_tokens: int, sampling: SamplingSettings, stop: tuple[str, ...]) -> dict:
     """The /v1/completions request for `complete`'s settings (max_tokens -1: the server's own limit)."""
     body = {"model": model, "prompt": prompt, "stream": True, "stream_options": {"include_usage": True},
@@ -107,14 +122,13 @@ def stream_completion(url: str, body: dict, stats: RemoteStats, api_key: str | N
     began = time.perf_counter()
     first = None
     with _open(request, url) as r:
-        for raw in r:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:"):
-                continue
-            payload = line[len("data:"):].strip()
+        for payload in _events(r, url):
             if payload == "[DONE]":
-                break
-            chunk = json.loads(payload)
+                return
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                raise LocalLLMError(f"the server at {url} sent a chunk that is not JSON: {payload[:80]!r}") from None
             if "error" in chunk:
                 raise LocalLLMError(f"the server at {url}: {chunk['error'].get('message', chunk['error'])}")
             if chunk.get("usage"):
@@ -129,3 +143,4 @@ def stream_completion(url: str, body: dict, stats: RemoteStats, api_key: str | N
                         stats.first_piece_seconds = now - began
                     stats.generate_seconds = now - first
                     yield text
+    raise LocalLLMError(f"the server at {url} ended the stream before its end (no [DONE])")

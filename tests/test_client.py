@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,3 +112,59 @@ def test_request_body_and_address():
     assert server_url("https://h/") == "https://h"
     with pytest.raises(LocalLLMError, match="http"):
         server_url("ftp://h")
+
+
+class _Fake:
+    """A server that answers every POST with these SSE lines (then, after `pause` seconds, closes)."""
+
+    def __init__(self, lines: list[str], pause: float = 0.0):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for line in lines:
+                    self.wfile.write(f"{line}\n\n".encode())
+                    self.wfile.flush()
+                time.sleep(pause)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+CHUNK = 'data: {"choices": [{"text": "Hi", "finish_reason": null}]}'
+
+
+@pytest.mark.parametrize("lines,pause,needle", [
+    ([CHUNK], 0.0, "ended the stream before its end"),
+    ([CHUNK, "data: {not json"], 0.0, "not JSON"),
+    ([CHUNK], 3.0, "stopped streaming"),
+    ([CHUNK, 'data: {"error": {"message": "out of memory"}}'], 0.0, "out of memory"),
+])
+def test_a_stream_that_breaks_off_is_one_error(monkeypatch, lines, pause, needle):
+    """A server that closes early, sends a chunk that is not JSON, falls silent past the timeout or
+    reports an error mid-stream: the pieces before it, then one LocalLLMError naming it."""
+    from localllm import client
+
+    monkeypatch.setattr(client, "TIMEOUT", 1.0)
+    fake = _Fake(lines, pause)
+    try:
+        got = []
+        with pytest.raises(LocalLLMError, match=needle):
+            for piece in client.stream_completion(fake.url, {"prompt": "x"}, client.RemoteStats()):
+                got.append(piece)
+        assert got == ["Hi"]
+    finally:
+        fake.close()
