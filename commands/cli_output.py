@@ -4,6 +4,8 @@ prints unfolded."""
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Iterator
 
 from rich.console import Console
@@ -45,9 +47,6 @@ def first_tokens_shown(runtime, pieces: Iterator[str]) -> Iterator[str]:
 def print_completion(pieces: Iterator[str], json_out: bool, record) -> None:
     """`complete`'s output: the pieces streamed to stdout as they come (then a newline), or with json_out
     one JSON object, record(text), at the end."""
-    import json
-    import sys
-
     if json_out:
         print(json.dumps(record("".join(pieces)), ensure_ascii=False))
         return

@@ -43,7 +43,9 @@ def in_own_thread(fn):
     it: the load's pool left in the main thread, beside the engine thread's, makes more OpenMP threads
     than cores, and libgomp then stops spinning at its barriers (dozens a decode step): serve's steps
     ran 3-4x slower than the same steps in one thread (2-core Xeon: 14.5 against 3.9 ms;
-    docs/PERFORMANCE.md). Loaded in a thread that ends, the engine thread's pool is the only one."""
+    docs/PERFORMANCE.md). Loaded in a thread that ends, the engine thread's pool is the only one. A
+    daemon thread, not an executor: Ctrl-C during the load ends the process at once, where an
+    executor's shutdown would wait for the load to finish."""
     import threading
 
     out: dict = {}
