@@ -39,8 +39,9 @@ def model(tmp_path_factory) -> Path:
 def test_tp2_greedy_repeats_and_speculative_agrees(model):
     args = ["complete", model, "the cat sat on the mat. the cat", "-n", "24", "--temp", "0", "--device", "cuda", "--tp", "2"]
     runs = [cli(*args), cli(*args), cli(*args, "--lookup", "2"), cli(*args, "--draft", model, "--draft-max", "3")]
-    for r in runs:
-        assert r.returncode == 0 and r.stdout.strip() and r.stderr == "", r.stderr
+    for r in runs:  # nothing on stderr but the progress lines of a first run's kernel compilation
+        noise = [line for line in r.stderr.splitlines() if not line.endswith(" s elapsed")]
+        assert r.returncode == 0 and r.stdout.strip() and noise == [], r.stderr
     assert len({r.stdout for r in runs}) == 1, [r.stdout for r in runs]
 
 
