@@ -8,6 +8,10 @@ with --cold-home); later runs are "warm".
 
     python bench/startup.py MODEL --device cuda -n 256 -r 5 [--cold-home DIR]
     python bench/startup.py NAME --server http://127.0.0.1:8080 -n 256 -r 5   # against a running `localllm serve`
+    python bench/startup.py MODEL --device cuda --keep-alive 5m -r 5   # run 0 starts the background server
+
+With --keep-alive every run uses one HOME (--cold-home's, if given), so run 0 starts the background server
+(its load and compilation counted) and the later runs stream from it; the server is stopped at the end.
 
 Prints one line per run and the median of the warm runs; the generation time is the process's own
 figure (complete -v's "generated N tokens, X tokens/s").
@@ -16,12 +20,14 @@ figure (complete -v's "generated N tokens, X tokens/s").
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 GEN = re.compile(r"generated (\d+) tokens, ([\d.]+) tokens/s")
 
@@ -41,6 +47,14 @@ def run_once(cmd: list[str], env: dict) -> tuple[float, float, float, str]:
     m = GEN.search(err)
     gen = int(m.group(1)) / float(m.group(2)) if m and float(m.group(2)) > 0 else 0.0
     return t_first, t_end, gen, err
+
+
+def stop_servers(home: Path) -> None:
+    """The background servers recorded under home (localllm/resident.py's records), stopped."""
+    from localllm.resident import Resident, stop
+
+    for record in (home / ".cache" / "localllm" / "resident").glob("*.json"):
+        stop(Resident(**json.loads(record.read_text())).pid)
 
 
 def write_model(spec: str, out: str, vocab: str) -> None:
@@ -71,6 +85,8 @@ def main() -> None:
     ap.add_argument("--vocab", default="tests/data/vocab/ggml-vocab-gpt-2.gguf")
     ap.add_argument("--server", metavar="URL", help="time `complete --server URL` instead (MODEL: a model name the "
                     "running server lists): the command loads nothing, the server holds the model")
+    ap.add_argument("--keep-alive", metavar="DURATION", help="time `complete --keep-alive DURATION` (a background "
+                    "server started by run 0, kept for the later runs, stopped at the end)")
     ap.add_argument("--stderr", metavar="PREFIX", help="write each run's whole stderr to PREFIX.N (the spinner "
                     "and progress lines of a cold run)")
     a = ap.parse_args()
@@ -78,10 +94,11 @@ def main() -> None:
         write_model(a.synthetic, a.model, a.vocab)
     cmd = [sys.executable, "-m", "localllm.cli", "complete", a.model, "-p", a.prompt, "-n", str(a.n),
            "--temp", "0", "-v"] + (["--server", a.server] if a.server else ["--device", a.device])
+    cmd += ["--keep-alive", a.keep_alive] if a.keep_alive else []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     runs = []
     for i in range(a.runs):
-        e = dict(env, HOME=a.cold_home) if a.cold_home and i == 0 else env
+        e = dict(env, HOME=a.cold_home) if a.cold_home and (i == 0 or a.keep_alive) else env
         first, end, gen, err = run_once(cmd, e)
         runs.append((first, end, gen))
         if a.stderr:
@@ -90,6 +107,8 @@ def main() -> None:
         print("  " + err.strip().splitlines()[-1] if err.strip() else "")
         print(f"run {i}: first token {first:.2f} s, "
               f"whole {end:.2f} s, generation {gen:.2f} s, whole - generation {end - gen:.2f} s", flush=True)
+    if a.keep_alive:
+        stop_servers(Path(a.cold_home or Path.home()))
     warm = runs[1:] if len(runs) > 1 else runs
     print(f"warm median: first token {statistics.median(r[0] for r in warm):.2f} s, "
           f"whole - generation {statistics.median(r[1] - r[2] for r in warm):.2f} s")

@@ -68,10 +68,19 @@ def complete(
     tp_n: int = OPT_TP,
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="stream from a running `localllm serve` at URL (e.g. http://127.0.0.1:8080) instead of loading the model here: no load or start-up wait; MODEL then names one of the server's models"),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="with --server: the key the server was started with"),
+    keep_alive: Optional[str] = typer.Option(None, "--keep-alive", metavar="DURATION", help="keep the model loaded in a background `localllm serve` until DURATION (e.g. 5m, 1h) passes without a request; later commands with this option, the same model and load options stream from it at once (no load or start-up wait)"),
 ):
     """Stream the continuation of PROMPT to stdout (llama.cpp's `-m MODEL -p PROMPT` works too)."""
     if api_key is not None and server is None:
         raise typer.BadParameter("--api-key goes with --server", param_hint="--api-key")
+    if keep_alive is not None:
+        if server is not None:
+            raise typer.BadParameter("--keep-alive starts its own server: not with --server", param_hint="--keep-alive")
+        load_args = serve_load_args(device, dtype, threads, ctx, n_gpu_layers, tp_n, draft, draft_max, draft_min_p,
+                                    draft_dtype, lookup)
+        return complete_kept_alive(keep_alive, load_args, args, model_opt, prompt_opt, file, max_tokens, temp, top_k,
+                                   top_p, min_p, seed, stop, verbose, json_out,
+                                   {"--repeat-penalty": repeat_penalty != S.repeat_penalty})
     if server is not None:
         return complete_from_server(server, api_key, args, model_opt, prompt_opt, file, max_tokens, temp, top_k, top_p,
                                     min_p, seed, stop, verbose, json_out, {
@@ -128,6 +137,30 @@ def complete_from_server(server, api_key, args, model_opt, prompt_opt, file, max
     sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
     gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
     complete_remote(server, given.model, given.prompt, sampling, gen, verbose, json_out, api_key)
+
+
+def serve_load_args(device, dtype, threads, ctx, n_gpu_layers, tp_n, draft, draft_max, draft_min_p, draft_dtype,
+                    lookup) -> list[str]:
+    """complete's load options given (not left at their defaults) -> the same options of `localllm serve`."""
+    given = [("--device", device, "auto"), ("--dtype", dtype, None), ("--threads", threads, None),
+             ("--ctx", ctx, None), ("--gpu-layers", n_gpu_layers, None), ("--tp", tp_n, 1), ("--draft", draft, None),
+             ("--draft-max", draft_max, None), ("--draft-min-p", draft_min_p, D.min_p),
+             ("--draft-dtype", draft_dtype, None), ("--lookup", lookup, 0)]
+    return [part for name, value, default in given if value != default for part in (name, str(value))]
+
+
+def complete_kept_alive(keep_alive, load_args, args, model_opt, prompt_opt, file, max_tokens, temp, top_k, top_p, min_p,
+                        seed, stop, verbose, json_out, local_options) -> None:
+    """`complete --keep-alive DURATION`: commands/remote.py through a background server (localllm/resident.py)."""
+    from localllm.commands.inputs import model_and_prompt
+    from localllm.commands.remote import complete_resident, refuse_local_options
+    from localllm.settings import GenerationSettings, SamplingSettings
+
+    refuse_local_options(local_options, "--keep-alive")
+    given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
+    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
+    gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+    complete_resident(keep_alive, load_args, given.model, given.prompt, sampling, gen, verbose, json_out)
 
 
 def chat(
@@ -223,6 +256,8 @@ def serve(
     draft_dtype: Optional[str] = OPT_DRAFT_DTYPE,
     lookup: int = OPT_LOOKUP,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level; debug also logs each prefill pass (prompts, ids, ms to the first ids, queue waits)"),
+    warm: bool = typer.Option(True, "--warm-up/--no-warm-up", help="compile and capture every kernel and CUDA graph a request can reach before listening (--no-warm-up: listen at once; each is made at its first use, a wait for that request)"),
+    idle_exit: Optional[str] = typer.Option(None, "--idle-exit", metavar="DURATION", help="exit (cleanly, status 0) once no /v1 request has come for DURATION (e.g. 300, 5m, 1h); default: never"),
 ):
     """Serve the model over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models,
     /health), many requests at once (continuous batching). --lookup N or --draft MODEL|self:TYPE:
@@ -230,6 +265,7 @@ def serve(
     from localllm.chat_template import resolve_template
     from localllm.commands.inputs import one_model
     from localllm.commands.serve import build_served, check_serve_options, in_own_thread
+    from localllm.resident import parse_duration
     from localllm.generate import check_generation
     from localllm.runner import context_notice
     from localllm.server.run import listen, serve_forever
@@ -237,6 +273,7 @@ def serve(
     from localllm.commands import tp_cmd
 
     check_serve_options(parallel, port, api_key, log_level)
+    idle_s = parse_duration(idle_exit, "--idle-exit") if idle_exit is not None else 0.0
     ds = draft_settings(draft, draft_max, draft_min_p, draft_dtype, lookup)
     check_generation(1, G.ctx if ctx is None else ctx)
     model = one_model(model, model_opt)
@@ -251,7 +288,7 @@ def serve(
         if notice := context_notice(lm, ctx):
             note(notice)
         return load_s, build_served(lm, model, parallel, G.ctx if ctx is None else ctx, api_key, chat_template,
-                                    notify=note, draft=ds)
+                                    notify=note, draft=ds, warm=warm)
 
     # one process: loaded in a thread that ends (commands/serve.in_own_thread); a --tp worker rank stays
     # in the main thread, where it follows the driver until the end
@@ -259,4 +296,4 @@ def serve(
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     err.print(f"load {load_s:.2f} s; serving {escape(served.names[0])} on http://{host}:{port}/v1 "
               f"({parallel} slots of {served.engine.capacity} tokens; Ctrl-C stops)", highlight=False, soft_wrap=True)
-    serve_forever(served, sock, log_level)
+    serve_forever(served, sock, log_level, idle_s)

@@ -2,22 +2,42 @@
 instead of a model this process loads: no torch import, no load, no kernel compilation (the first
 token in a fraction of a second where a loading run waits seconds). The options that only a local
 model has (device, dtype, threads, draft, lookup, context, tensor parallelism, repeat penalty) are
-refused with --server: the server was started with its own."""
+refused with --server: the server was started with its own. `complete --keep-alive DURATION`: the same
+from a server of its own (localllm/resident.py), which takes the load options."""
 
 from __future__ import annotations
 
 from localllm.client import RemoteStats, completion_body, first_model, server_url, stream_completion
 from localllm.commands.cli_output import err, print_completion
 from localllm.errors import LocalLLMError
-from localllm.settings import GenerationSettings, SamplingSettings
+from localllm.progress import elapsed_spinner
+from localllm.registry import resolve_model
+from localllm.resident import kept_alive, parse_duration
+from localllm.settings import DEFAULT_CPU, GenerationSettings, SamplingSettings
 
 
-def refuse_local_options(given: dict[str, bool]) -> None:
-    """given: option name -> whether the user set it; one line naming those --server cannot take."""
+def refuse_local_options(given: dict[str, bool], flag: str = "--server") -> None:
+    """given: option name -> whether the user set it; one line naming those `flag` cannot take."""
     local = [name for name, set_ in given.items() if set_]
-    if local:
+    if local and flag == "--server":
         raise LocalLLMError(f"{', '.join(local)} cannot be used with --server: the server runs its own model "
                             "(set them on `localllm serve`)")
+    if local:
+        raise LocalLLMError(f"{', '.join(local)} cannot be used with {flag}: the server's API has no such option")
+
+
+def complete_resident(keep_alive: str, load_args: list[str], model: str | None, prompt: str, sampling: SamplingSettings,
+                      gen: GenerationSettings, verbose: bool, json_out: bool) -> None:
+    """`complete --keep-alive DURATION`: complete_remote from the background server of this model and these
+    load options (localllm/resident.py), started first when none runs (a spinner while it loads)."""
+    idle = parse_duration(keep_alive)
+    path = resolve_model(model)
+    what = f"loading {path.name} in a background server (kept {keep_alive.strip()} after the last request)"
+    folder = DEFAULT_CPU.cache_dir / "resident"
+    resident = kept_alive(folder, path, idle, load_args, lambda: elapsed_spinner(what, delay=0.5))
+    if verbose:
+        err.print(f"background server pid {resident.pid} at {resident.url}", highlight=False, soft_wrap=True)
+    complete_remote(resident.url, None, prompt, sampling, gen, verbose, json_out)
 
 
 def complete_remote(url: str, model: str | None, prompt: str, sampling: SamplingSettings, gen: GenerationSettings,

@@ -84,9 +84,11 @@ def warm_up(engine: Engine, notify) -> int:
 def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api_key: str | None = None,
                  chat_template: str | None = None, limits: ServeSettings = DEFAULT_SERVE,
                  defaults: SamplingSettings = DEFAULT_SAMPLING, notify=lambda text: None,
-                 draft: DraftSettings = DEFAULT_DRAFT) -> Served:
+                 draft: DraftSettings = DEFAULT_DRAFT, warm: bool = True) -> Served:
     """The engine (started) and what the app needs: ctx is each slot's context, capped at the model's;
-    draft: speculative decoding (--draft / --lookup; a draft model of another vocabulary fails here)."""
+    draft: speculative decoding (--draft / --lookup; a draft model of another vocabulary fails here);
+    warm: everything warmed up before (warm_up), else each kernel compiled and graph captured at its
+    first use (a request's wait, as `complete`'s first tokens)."""
     capacity = context_size(lm, ctx)
     drafter = open_drafter(lm.runtime, lm.tokenizer, draft, defaults)  # a bad draft model: its error first
     template, notice = resolve_template(chat_template, lm.tokenizer.chat_template)
@@ -97,6 +99,7 @@ def build_served(lm: LoadedModel, spec: str | None, parallel: int, ctx: int, api
                                                            capacity)
     engine = Engine(lm.runtime, lm.tokenizer.stop_ids, parallel, capacity, limits.max_queue,
                     per_step, limits.prefill_share_min, speculation=speculation)
-    warm_up(engine, notify)
+    if warm:
+        warm_up(engine, notify)
     engine.start()
     return Served(engine, lm.tokenizer, template, model_names(spec, lm.path), api_key, limits, defaults)

@@ -71,7 +71,7 @@ def test_bad_options_are_one_line():
         port = str(taken.getsockname()[1])
         for args, needle in ((["--parallel", "0"], "--parallel"), (["--port", "70000"], "--port"),
                              (["--ctx", "1"], "--ctx"), (["--chat-template", "nope"], "nope"),
-                             (["--log-level", "loud"], "--log-level"),
+                             (["--log-level", "loud"], "--log-level"), (["--idle-exit", "soon"], "--idle-exit"),
                              (["--port", port], f"cannot listen on 127.0.0.1:{port}"),
                              (["--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid")):
             result = CliRunner().invoke(app, ["serve", "no-such-model-file.gguf", *args])

@@ -16,14 +16,45 @@ from ..errors import LocalLLMError
 from .app import Served, create_app
 
 
+class Activity:
+    """The /v1 requests in flight and when the last one ended (serve --idle-exit); /health does not count
+    (a monitor's probe is no use of the model)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.last = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        return 0.0 if self.active else time.monotonic() - self.last
+
+    def counting(self, app):
+        """app (ASGI) with its /v1 requests counted, each until its response (a whole stream) has gone."""
+
+        async def counted(scope, receive, send):
+            if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+                return await app(scope, receive, send)
+            self.active += 1
+            try:
+                return await app(scope, receive, send)
+            finally:
+                self.active -= 1
+                self.last = time.monotonic()
+
+        return counted
+
+
 class GracefulServer(uvicorn.Server):
     """uvicorn's server that, on Ctrl-C / SIGTERM, also stops the engine: running streams end at its next
     step (an error chunk naming the shutdown, then [DONE]) instead of holding the exit until they finish;
-    uvicorn stops accepting, lets the responses go out (within shutdown_seconds) and returns."""
+    uvicorn stops accepting, lets the responses go out (within shutdown_seconds) and returns. idle_exit
+    (seconds, 0: never): the same clean shutdown once no /v1 request has come for that long."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine):
+    def __init__(self, config: uvicorn.Config, engine: Engine, activity: Activity | None = None,
+                 idle_exit: float = 0.0):
         super().__init__(config)
         self.engine = engine
+        self.activity = activity or Activity()
+        self.idle_exit = idle_exit
 
     def handle_exit(self, sig, frame) -> None:
         # uvicorn's own records the signal and raises it again once shut down (the process would then
@@ -34,11 +65,20 @@ class GracefulServer(uvicorn.Server):
         else:
             self.should_exit = True
 
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's check, every 0.1 s, whether to shut down."""
+        if self.idle_exit > 0 and self.activity.idle_seconds() >= self.idle_exit:
+            logging.getLogger("uvicorn.error").warning("no request for %g s: stopping (--idle-exit)", self.idle_exit)
+            self.engine.stop()
+            return True
+        return await super().on_tick(counter)
 
-def server_for(served: Served, host: str, port: int, log_level: str = "info") -> GracefulServer:
-    config = uvicorn.Config(create_app(served), host=host, port=port, log_level=log_level,
+
+def server_for(served: Served, host: str, port: int, log_level: str = "info", idle_exit: float = 0.0) -> GracefulServer:
+    activity = Activity()
+    config = uvicorn.Config(activity.counting(create_app(served)), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=served.limits.shutdown_seconds, lifespan="off")
-    return GracefulServer(config, served.engine)
+    return GracefulServer(config, served.engine, activity, idle_exit)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -49,8 +89,9 @@ def listen(host: str, port: int) -> socket.socket:
         raise LocalLLMError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def serve_forever(served: Served, sock: socket.socket, log_level: str = "info") -> None:
-    """Until Ctrl-C / SIGTERM; then the engine's thread is joined and this returns (exit 0). log_level
+def serve_forever(served: Served, sock: socket.socket, log_level: str = "info", idle_exit: float = 0.0) -> None:
+    """Until Ctrl-C / SIGTERM (or idle_exit seconds without a request, when > 0); then the engine's thread
+    is joined and this returns (exit 0). log_level
     "debug" (or uvicorn's finer "trace"): the engine's line per prefill pass too (localllm/engine.py's
     log), on stderr."""
     host, port = sock.getsockname()[:2]
@@ -60,7 +101,7 @@ def serve_forever(served: Served, sock: socket.socket, log_level: str = "info") 
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
         engine_log.addHandler(handler)
         engine_log.setLevel(logging.DEBUG)
-    server = server_for(served, host, port, log_level)
+    server = server_for(served, host, port, log_level, idle_exit)
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,0 +1,153 @@
+"""`complete --keep-alive DURATION` (localllm/resident.py, serve --idle-exit): the first command starts a
+background `localllm serve` of the model and streams from it, the next finds the same server and streams
+without importing torch, and the server exits by itself after DURATION without a request. Oracles:
+generate() run alone on a fresh cache (the greedy text), sys.modules (no torch in the warm command), the
+server process itself (its pid, its exit, its log), and the one-line errors of a bad start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from serve_helpers import reference
+
+from localllm import resident
+from localllm.errors import LocalLLMError
+from localllm.runner import encode_prompt, open_model
+from localllm.server.run import Activity
+
+ROOT = Path(__file__).resolve().parents[1]
+CTX = 128
+# the CLI in a fresh interpreter, then whether torch was imported (as tests/test_client.py)
+RUN = ("import runpy, sys\nsys.argv = ['localllm'] + sys.argv[1:]\ncode = 0\n"
+       "try:\n    runpy.run_module('localllm.cli', run_name='__main__')\n"
+       "except SystemExit as e:\n    code = e.code or 0\n"
+       "sys.stderr.write('TORCH IMPORTED\\n' if 'torch' in sys.modules else '')\nsys.exit(code)\n")
+
+
+def cli(home: Path, *args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", RUN, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def records(home: Path) -> list[dict]:
+    folder = home / ".cache" / "localllm" / "resident"
+    return [json.loads(p.read_text()) for p in folder.glob("*.json")]
+
+
+def gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not resident.alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_kept_alive_server_serves_the_next_command_then_exits_when_idle(default_path, tmp_path):
+    lm = open_model(str(default_path), "cpu")
+    prompt = "The three primary colors are"
+    want = lm.tokenizer.decode(reference(lm, encode_prompt(lm, prompt), 12, CTX))
+    args = ("complete", prompt, "-n", 12, "--temp", 0, "--ctx", CTX, "--keep-alive", "8s")
+    first = cli(tmp_path, *args)
+    pids = []
+    try:
+        assert first.returncode == 0, first.stderr
+        assert first.stdout == want + "\n"
+        [record] = records(tmp_path)
+        pids.append(record["pid"])
+        assert resident.alive(record["pid"])
+        warm = cli(tmp_path, *args)
+        assert warm.returncode == 0 and warm.stdout == want + "\n", warm.stderr
+        assert "TORCH IMPORTED" not in warm.stderr  # the warm command loads nothing
+        assert records(tmp_path) == [record]  # the same server
+        other = cli(tmp_path, *args[:-2], "--keep-alive", "8s", "--ctx", 64)  # other load options: a server of its own
+        assert other.returncode == 0, other.stderr
+        pids += [r["pid"] for r in records(tmp_path) if r["pid"] != record["pid"]]
+        assert len(pids) == 2
+        assert gone(record["pid"], 40)  # --idle-exit 8
+        logs = "".join(p.read_text() for p in (tmp_path / ".cache" / "localllm" / "resident").glob("*.log"))
+        assert "no request for 8 s: stopping" in logs
+    finally:
+        for pid in pids:
+            resident.stop(pid)
+
+
+def test_a_server_that_fails_to_start_is_one_line_and_no_record(tmp_path, monkeypatch):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    fails = [sys.executable, "-c", "import sys; sys.stderr.write('load 1 s\\nerror: truncated GGUF: m.gguf\\n'); sys.exit(1)"]
+    monkeypatch.setattr(resident, "serve_command", lambda *a: fails)
+    with pytest.raises(LocalLLMError, match=r"^the background server for m.gguf exited: truncated GGUF: m.gguf$"):
+        resident.kept_alive(tmp_path / "state", model, 5.0, [])
+    assert not list((tmp_path / "state").glob("*.json"))
+    with pytest.raises(LocalLLMError, match="file not found"):
+        resident.kept_alive(tmp_path / "state", tmp_path / "missing.gguf", 5.0, [])
+
+
+def test_an_interrupted_start_stops_the_server(tmp_path, monkeypatch):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setattr(resident, "serve_command", lambda *a: [sys.executable, "-c", "import time; time.sleep(60)"])
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):
+        started.append(real_popen(*a, **k))
+        return started[-1]
+
+    def interrupted(url, timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(resident.subprocess, "Popen", popen)
+    monkeypatch.setattr(resident, "answers", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        resident.kept_alive(tmp_path / "state", model, 5.0, [])
+    assert started[0].wait(10) == -signal.SIGTERM
+    assert not list((tmp_path / "state").glob("*.json"))
+
+
+def test_a_stale_record_is_dropped(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    resident.write_record(tmp_path / "k.json", resident.Resident(dead.pid, "http://127.0.0.1:9"))
+    assert resident.find(tmp_path, "k") is None
+    assert not (tmp_path / "k.json").exists()
+
+
+def test_durations_and_keys(tmp_path):
+    assert [resident.parse_duration(t) for t in ("90", "90s", "5m", "1.5h", "1d")] == [90, 90, 300, 5400, 86400]
+    for bad in ("0", "-5m", "5 minutes", "", "m"):
+        with pytest.raises(LocalLLMError, match="--keep-alive takes a duration"):
+            resident.parse_duration(bad)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" * 4)
+    key = resident.resident_key(model, ["--ctx", "64"])
+    assert key == resident.resident_key(model, ["--ctx", "64"])
+    assert key != resident.resident_key(model, ["--ctx", "128"])
+    model.write_bytes(b"GGUF" * 5)  # a rewritten file: a new server
+    assert key != resident.resident_key(model, ["--ctx", "64"])
+
+
+def test_activity_counts_v1_requests_until_their_response_ends():
+    activity = Activity()
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(activity.active)
+
+    counted = activity.counting(app)
+    asyncio.run(counted({"type": "http", "path": "/health"}, None, None))
+    asyncio.run(counted({"type": "http", "path": "/v1/completions"}, None, None))
+    assert seen == [0, 1] and activity.active == 0
+    assert 0 <= activity.idle_seconds() < 5
+    activity.active = 1
+    assert activity.idle_seconds() == 0.0
