@@ -279,7 +279,7 @@ def serve(
     model = one_model(model, model_opt)
     if chat_template:
         resolve_template(chat_template, None)  # a bad name fails before the slow model load
-    tp = tp_cmd.start(tp_n, device)  # --tp N: this command as N ranks (exits here); a rank's part
+    tp = tp_cmd.start(tp_n, device, stops_on_signal=True)  # --tp N: as N ranks (exits here); a rank's part
     tp_cmd.check_draft(ds, tp)
     sock = listen(host, port) if tp is None or tp.driver else None  # a port in use, too; only the driver's
 

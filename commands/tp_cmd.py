@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 
 from localllm.errors import LocalLLMError
@@ -29,8 +30,10 @@ def check_gpus(n: int, device: str) -> None:
     check_gpus_for(n, device)
 
 
-def launch(n: int, argv: list[str]) -> int:
-    """Run `localllm ARGV` as N ranks on this machine -> the driver's exit status."""
+def launch(n: int, argv: list[str], stops_on_signal: bool = False) -> int:
+    """Run `localllm ARGV` as N ranks on this machine -> the driver's exit status. stops_on_signal: a
+    command whose normal end is Ctrl-C / SIGTERM (serve: exit 0, its streams ended first); the launcher
+    hands the signal to the ranks and waits for them, so that is the end here too."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -47,21 +50,23 @@ def launch(n: int, argv: list[str]) -> int:
         failure = e.failures.get(0)
         return failure.exitcode if failure is not None and failure.exitcode > 0 else 1
     except SignalException as e:  # Ctrl-C / SIGTERM: the launcher ended the ranks (the driver said so)
+        if stops_on_signal and e.sigval in (signal.SIGINT, signal.SIGTERM):
+            return 0
         return 128 + int(e.sigval)
     return 0
 
 
-def start(n: int, device: str) -> TensorParallel | None:
+def start(n: int, device: str, stops_on_signal: bool = False) -> TensorParallel | None:
     """At a command's start: `--tp N` outside the launcher runs the command as N ranks and exits with
-    the driver's status (SystemExit); inside it -> this rank's TensorParallel (worker ranks' stdin and
-    stdout go to /dev/null); None for one process."""
+    the driver's status (SystemExit; launch's stops_on_signal); inside it -> this rank's TensorParallel
+    (worker ranks' stdin and stdout go to /dev/null); None for one process."""
     from localllm.device import pick_device
 
     if not launched():
         if n == 1:
             return None
         check_gpus(n, pick_device(device))
-        raise SystemExit(launch(n, sys.argv[1:]))
+        raise SystemExit(launch(n, sys.argv[1:], stops_on_signal))
     if int(os.environ["RANK"]) != 0:  # a worker is silent from its start: one that the launcher ends while
         quiet()  # it joins the group (the driver failed first: a missing file) printed "interrupted"
     tp = from_launcher(pick_device(device))

@@ -95,3 +95,42 @@ def test_serve_loads_in_a_thread_that_ends():
 
     with pytest.raises(LocalLLMError, match="file not found"):
         in_own_thread(fails)
+
+
+@pytest.mark.parametrize("to_group", [True, False])
+def test_tp_serve_stops_with_exit_0(tmp_path, to_group):
+    """`serve --tp 2` (two ranks on the CPU, gloo) ends as serve does: exit 0, a terminal's Ctrl-C (SIGINT
+    to the whole process group: the launcher and both ranks) or SIGTERM to the launcher alone (which
+    hands it to the ranks); no rank is left running."""
+    import gguf
+    from tiny_gguf import write_gguf
+    from tiny_spec import TinySpec
+
+    model = write_gguf(TinySpec("llama", dim=256, ffn_dim=512, n_heads=8, n_kv_heads=2, head_dim=64, seed=21),
+                       tmp_path / "tiny.gguf", gguf.GGMLQuantizationType.Q8_0)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "localllm.cli", "serve", str(model), "--port", str(port),
+                             "--ctx", "64", "--device", "cpu", "--tp", "2", "-t", "1"], env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read()
+        time.sleep(0.5)
+        with pytest.raises(ProcessLookupError):  # the ranks ended with the launcher
+            os.killpg(proc.pid, 0)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
