@@ -73,8 +73,11 @@ def qlinear(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch
 
 
 def dequant_product(x: torch.Tensor, w: QWeight, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., K) @ w.T + b through a dense copy: w decoded to x's dtype, then F.linear (cuBLAS on CUDA).
-    Public so that bench/qgemm_sweep.py can time it against the fused kernels/triton_qgemm.qgemm."""
+    """x (..., K) @ w.T + b through a dense copy: w decoded to x's dtype (or w.dense, the same values
+    decoded once and kept), then F.linear (cuBLAS on CUDA). Public so that bench/qgemm_sweep.py can time
+    it against the fused kernels/triton_qgemm.qgemm."""
+    if w.dense is not None and w.dense.dtype == x.dtype:
+        return F.linear(x, w.dense, b)
     return F.linear(x, dequantize_qweight(w, x.dtype), b)
 
 

@@ -60,6 +60,9 @@ class QWeight:
     shape: tuple[int, int]
     parts: dict[str, torch.Tensor]
     blocks: bool = False
+    # (N, K) values decoded once, which many-row products (prompts) multiply instead of decoding the
+    # parts each time; kept by a runtime where memory allows (backends/cuda.keep_dense_prompt_weights)
+    dense: torch.Tensor | None = None
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, qtype: Q) -> "QWeight":

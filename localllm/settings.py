@@ -129,6 +129,18 @@ class ParallelSettings:
     tp: int = 1  # --tp: ranks the model is split over (1: one process, the whole model)
 
 
+@dataclass(frozen=True)
+class GpuSettings:
+    """CUDA (localllm/backends/cuda.py)."""
+
+    # Prompt products on quantized weights decode each weight to the activation dtype and multiply
+    # (cuBLAS): the decode is ~40% of a product's time (docs/PERFORMANCE.md). At the first prompt the
+    # runtime keeps those decoded copies (the same values: the same products, bit for bit) when all of
+    # them fit in this share of the GPU memory then free (after the model and its KV cache); 0: never.
+    # An 8B model's are ~14 GB in bf16: kept on an 80 GB card, not on a 24 GB one.
+    dense_prompt_share: float = 0.5
+
+
 DEFAULT_SAMPLING = SamplingSettings()
 DEFAULT_GENERATION = GenerationSettings()
 DEFAULT_DRAFT = DraftSettings()
@@ -138,6 +150,7 @@ DEFAULT_FILES = FileSettings()
 DEFAULT_LIMITS = LoaderLimits()
 DEFAULT_SERVE = ServeSettings()
 DEFAULT_PARALLEL = ParallelSettings()
+DEFAULT_GPU = GpuSettings()
 
 # Seconds between the elapsed-time lines a long silent step (the first C++ kernel build, a first GGUF
 # parse) prints on a non-terminal stderr (a pipe, a CI log), where no spinner is drawn (progress.py).

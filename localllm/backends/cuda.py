@@ -22,7 +22,8 @@ from typing import Sequence
 
 import torch
 
-from localllm.kernels.linear import linear
+from localllm.kernels.cpu import BlockQWeight
+from localllm.kernels.linear import dequantize_qweight, linear
 from localllm.kernels.qweight import QWeight
 from localllm.kernels.triton_epilogue import MAX_ROWS
 from localllm.kernels.triton_prefill import rmsnorm_rows, rope_cache, silu_mul
@@ -31,7 +32,7 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
-from ..settings import DEFAULT_SERVE
+from ..settings import DEFAULT_GPU, DEFAULT_SERVE
 from ..slots import Slots, check_prefill, check_rows
 from .cuda_graph import GraphDecoder, captured
 from .cuda_moe import fuse_experts
@@ -122,6 +123,36 @@ def cuda_mlp_in(blk, h: torch.Tensor) -> torch.Tensor:
 CUDA_OPS = Ops(rmsnorm=rmsnorm_rows, qkv=cuda_qkv, mlp_in=cuda_mlp_in, moe=moe_prefill)
 
 
+# ---- prompts: decoded weights kept where memory allows
+
+
+def prompt_qweights(model: Transformer) -> list[QWeight]:
+    """The quantized weights of the prompt forward's products (cuda_qkv's q|k|v, o, mlp_in's gate/up,
+    down; experts and the output head, whose prompt product is one row, are not among them)."""
+    ws = []
+    for blk in model.blk:
+        a = blk.attn
+        ws += [a.fused_qkv[0]] if a.fused_qkv is not None else [a.attn_q.w, a.attn_k.w, a.attn_v.w]
+        ws.append(a.attn_output.w)
+        if blk.moe is None:
+            ws += [blk.fused_gate_up] if blk.fused_gate_up is not None else [blk.ffn_gate.w, blk.ffn_up.w]
+            ws.append(blk.ffn_down.w)
+    return [w for w in ws if isinstance(w, QWeight) and not isinstance(w, BlockQWeight)]
+
+
+def keep_dense_prompt_weights(model: Transformer, dtype: torch.dtype, budget: int) -> int:
+    """Each prompt product's weight decoded to dtype once and kept as its QWeight.dense (what
+    kernels/linear.dequant_product would decode on every prompt: the same values, so the same products)
+    when all of them fit in `budget` bytes -> bytes kept (0: none, nothing changed)."""
+    ws = prompt_qweights(model)
+    need = sum(w.shape[0] * w.shape[1] for w in ws) * torch.empty((), dtype=dtype).element_size()
+    if not ws or need > budget:
+        return 0
+    for w in ws:
+        w.dense = dequantize_qweight(w, dtype)
+    return need
+
+
 # ---- prompts: a shape seen before replays a graph
 #
 # A prefill of T tokens launches ~11 kernels a layer and is bound by the host's launch time for large
@@ -202,6 +233,19 @@ class CudaRuntime(Runtime):
         # by the first decoder ("auto": the push kernel where it sets up and checks out, else NCCL)
         # and kept for the others; set it before the first step to force one (bench/tp_speed.py)
         self.all_reduce = "auto"
+        # the share of free GPU memory the prompt products' decoded weights may take, decided at the
+        # first prompt (keep_dense_prompt_weights; settings.GpuSettings); then the bytes kept
+        self.dense_prompt_share = DEFAULT_GPU.dense_prompt_share
+        self.dense_prompt_bytes: int | None = None
+
+    def keep_dense_prompts(self) -> None:
+        """Once, before the first prompt pass (the KV cache or the slots already allocated, so their
+        memory is not what the copies take): keep_dense_prompt_weights within dense_prompt_share of the
+        memory then free. Every later prompt graph and pass multiplies the kept copies."""
+        if self.dense_prompt_bytes is None:
+            free = torch.cuda.mem_get_info(self.device)[0]
+            budget = int(free * self.dense_prompt_share)
+            self.dense_prompt_bytes = keep_dense_prompt_weights(self.model, self.dtype, budget)
 
     def release(self, slots: Sequence[Slots] = ()) -> None:
         """The decode steps' and the prompt's graphs, and the slots' (the tensor-parallel ones hold NCCL
@@ -224,6 +268,7 @@ class CudaRuntime(Runtime):
         return dec
 
     def prefill(self, cache: KVCache, rows: list[list[int]], start: int = 0) -> torch.Tensor:
+        self.keep_dense_prompts()
         if self.prefill_graph is None or self.prefill_graph.cache is not cache:
             self.prefill_graph = PrefillGraph(self.model, cache)
         tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -272,6 +317,7 @@ class CudaRuntime(Runtime):
         """A prompt whose padded length fits the slot replays its bucket's graph (backends/cuda_prompt.py:
         serve's prompts are host-bound eagerly); others (and a bucket whose graph found no memory) run
         the eager forward."""
+        self.keep_dense_prompts()
         graphs = prompt_graphs(self.model, slots)
         if graphs is None or not graphs.takes(len(ids), start):
             return super().prefill_slot(slots, slot, ids, start)
@@ -281,6 +327,11 @@ class CudaRuntime(Runtime):
             return super().prefill_slot(slots, slot, ids, start)
         slots.lengths[slot] = start + len(ids)
         return logits
+
+    def prefill_slots(self, slots: Slots, which: list[int], prompts: list[list[int]],
+                      starts: list[int]) -> torch.Tensor:
+        self.keep_dense_prompts()
+        return super().prefill_slots(slots, which, prompts, starts)
 
     def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """One replayed graph over the step's slots, each at its own position (backends/cuda_slots.py:
@@ -298,6 +349,7 @@ class CudaRuntime(Runtime):
         kernel compilations and captures. Every slot is left empty (length 0; the rows written are
         overwritten by the first prompts)."""
         n = len(slots.lengths)
+        self.keep_dense_prompts()
         if slots.capacity < 8:
             return 0
         warm_up_prompts(self, slots, prefill_tokens, one=super().prefill_slot)  # the eager pass (prompts no
