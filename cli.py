@@ -100,7 +100,7 @@ COMMANDS = (  # (name, function), in the order --help lists them
     ("complete", cli_generate.complete), ("info", cli_models.info), ("tokenize", cli_models.tokenize),
     ("chat", cli_generate.chat), ("quantize", cli_quantize.quantize), ("perplexity", cli_quantize.perplexity),
     ("bench", cli_bench.bench), ("serve", cli_generate.serve), ("pull", cli_models.pull),
-    ("list", cli_models.list_models), ("rm", cli_models.remove),
+    ("list", cli_models.list_models), ("rm", cli_models.remove), ("ps", cli_models.ps), ("stop", cli_models.stop),
 )
 for name, command in COMMANDS:
     app.command(name)(user_errors(command))

@@ -1,5 +1,6 @@
-"""The commands about a model's files: info, tokenize, and the Hugging Face cache's pull, list and rm
-(their typer options and bodies; cli.py registers them)."""
+"""The commands about a model's files: info, tokenize, the Hugging Face cache's pull, list and rm, and
+the background servers of `complete --keep-alive`: ps and stop (their typer options and bodies; cli.py
+registers them)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,35 @@ def remove(model: str = typer.Argument(..., metavar="REPO[:QUANT]", help="a pull
 
     remove_model(model)
     err.print(f"removed {escape(model)}", highlight=False, soft_wrap=True)
+
+
+def ps():
+    """The background servers `complete --keep-alive` started and that still run: each keeps its model
+    loaded until its keep-alive time passes without a request (or `localllm stop`)."""
+    import time
+
+    from localllm.resident import running
+    from localllm.settings import DEFAULT_CPU
+
+    rows = [("MODEL", "PID", "ADDRESS", "KEEP-ALIVE", "UP", "LOAD OPTIONS")]
+    for r in running(DEFAULT_CPU.cache_dir / "resident"):
+        rows.append((r.model, str(r.pid), r.url, f"{r.idle:g} s", f"{time.time() - r.started:.0f} s",
+                     " ".join(r.args) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+
+
+def stop(model: Optional[str] = typer.Argument(None, help="the model whose background servers stop (path or name; default: every one)")):
+    """Stop the background servers of `complete --keep-alive` now (of MODEL, or all), freeing their memory."""
+    from pathlib import Path
+
+    from localllm.registry import resolve_model
+    from localllm.resident import stop_running
+    from localllm.settings import DEFAULT_CPU
+
+    stopped = stop_running(DEFAULT_CPU.cache_dir / "resident", resolve_model(model) if model is not None else None)
+    for r in stopped:
+        err.print(f"stopped {escape(Path(r.model).name)} (pid {r.pid})", highlight=False, soft_wrap=True)
+    if not stopped:
+        note(f"no background server{' of ' + model if model else ''} is running")

@@ -41,10 +41,15 @@ ANSWER_SECONDS = 2.0  # a running server's /health answers within this, or the r
 
 @dataclass(frozen=True)
 class Resident:
-    """A background server: its process and base URL (http://127.0.0.1:PORT)."""
+    """A background server: its process and base URL (http://127.0.0.1:PORT); the model file it serves,
+    its load options, its keep-alive seconds and when it started (time.time(); `localllm ps`)."""
 
     pid: int
     url: str
+    model: str = ""
+    args: tuple[str, ...] = ()
+    idle: float = 0.0
+    started: float = 0.0
 
 
 def parse_duration(text: str, option: str = "--keep-alive") -> float:
@@ -132,7 +137,7 @@ def start(folder: Path, key: str, model: Path, idle_seconds: float, serve_args: 
     with open(log, "wb") as err:
         proc = subprocess.Popen(serve_command(model, port, idle_seconds, serve_args), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    record = Resident(proc.pid, f"http://{HOST}:{port}")
+    record = Resident(proc.pid, f"http://{HOST}:{port}", str(model.resolve()), tuple(serve_args), idle_seconds, time.time())
     try:
         while not answers(record.url, ANSWER_SECONDS):
             if proc.poll() is not None:
@@ -158,6 +163,26 @@ def stop(pid: int) -> None:
         os.killpg(pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def running(folder: Path) -> list[Resident]:
+    """The background servers running now (stale records dropped), oldest first."""
+    found = (find(folder, p.stem) for p in folder.glob("*.json")) if folder.is_dir() else ()
+    return sorted((r for r in found if r is not None), key=lambda r: r.started)
+
+
+def stop_running(folder: Path, model: Path | None = None, wait_seconds: float = 30.0) -> list[Resident]:
+    """Stop the running servers of `model` (every one without it), each awaited until its process is gone
+    (serve's graceful shutdown) -> those stopped."""
+    want = str(model.resolve()) if model is not None else None
+    chosen = [r for r in running(folder) if want is None or r.model == want]
+    for r in chosen:
+        stop(r.pid)
+    deadline = time.monotonic() + wait_seconds
+    for r in chosen:
+        while alive(r.pid) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+    return chosen
 
 
 @contextmanager

@@ -69,13 +69,23 @@ def test_kept_alive_server_serves_the_next_command_then_exits_when_idle(default_
         assert warm.returncode == 0 and warm.stdout == want + "\n", warm.stderr
         assert "TORCH IMPORTED" not in warm.stderr  # the warm command loads nothing
         assert records(tmp_path) == [record]  # the same server
-        other = cli(tmp_path, *args[:-2], "--keep-alive", "8s", "--ctx", 64)  # other load options: a server of its own
+        other = cli(tmp_path, *args[:-2], "--keep-alive", "5m", "--ctx", 64)  # other load options: a server of its own
         assert other.returncode == 0, other.stderr
         pids += [r["pid"] for r in records(tmp_path) if r["pid"] != record["pid"]]
         assert len(pids) == 2
+        listed = cli(tmp_path, "ps").stdout.splitlines()
+        assert len(listed) == 3 and listed[0].split()[:2] == ["MODEL", "PID"], listed
+        assert {line.split()[1] for line in listed[1:]} == {str(p) for p in pids}
+        assert listed[2].endswith("--ctx 64") and "300 s" in listed[2]
         assert gone(record["pid"], 40)  # --idle-exit 8
         logs = "".join(p.read_text() for p in (tmp_path / ".cache" / "localllm" / "resident").glob("*.log"))
         assert "no request for 8 s: stopping" in logs
+        assert len(cli(tmp_path, "ps").stdout.splitlines()) == 2  # the other one still runs
+        stopped = cli(tmp_path, "stop", default_path)
+        assert stopped.returncode == 0 and f"(pid {pids[1]})" in stopped.stderr, stopped.stderr
+        assert not resident.alive(pids[1]) and len(cli(tmp_path, "ps").stdout.splitlines()) == 1
+        none = cli(tmp_path, "stop")
+        assert none.returncode == 0 and "no background server is running" in none.stderr
     finally:
         for pid in pids:
             resident.stop(pid)
