@@ -8,7 +8,6 @@ import sys
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from localllm.commands.cli_options import (
@@ -191,17 +190,23 @@ def chat(
     lookup: int = OPT_LOOKUP,
     n_gpu_layers: Optional[int] = OPT_NGL,
     tp_n: int = OPT_TP,
+    keep_alive: Optional[str] = typer.Option(None, "--keep-alive", metavar="DURATION", help="chat with a background `localllm serve` of the model kept until DURATION (e.g. 5m) passes without a request, started if none runs: later commands with the same model and load options start at once"),
 ):
     """Chat with a model using its own chat template.
 
     Reads one message per line when stdin is not a terminal; a line starting with / is a chat command
     there too (/help lists them), never sent to the model."""
-    from localllm.chat import ChatSession
     from localllm.chat_template import resolve_template
     from localllm.commands.inputs import one_model
-    from localllm.commands.repl import interactive, scripted
+    from localllm.commands.repl import run_chat
+
+    if keep_alive is not None:
+        load_args = serve_load_args(device, dtype, threads, ctx, n_gpu_layers, tp_n, draft, draft_max, draft_min_p,
+                                    draft_dtype, lookup) + (["--chat-template", chat_template] if chat_template else [])
+        return chat_kept_alive(keep_alive, load_args, one_model(model, model_opt), system, max_tokens, temp, top_k,
+                               top_p, min_p, seed, stop, verbose, {"--repeat-penalty": repeat_penalty != S.repeat_penalty})
+    from localllm.chat import ChatSession
     from localllm.runner import context_notice, describe_stats, timed_drafter
-    from localllm.user_text import lenient_stdin, stdin_lines
 
     from localllm.commands import tp_cmd
 
@@ -228,12 +233,21 @@ def chat(
     if verbose:  # the load once; each reply's speeds after it
         err.print(f"load {load_s:.2f} s", highlight=False)
     after = (lambda: err.print(describe_stats(session.last, None), highlight=False, soft_wrap=True)) if verbose else (lambda: None)
-    if sys.stdin.isatty():
-        lenient_stdin(sys.stdin)  # invalid UTF-8 typed in: replaced with a note (chat.py), no traceback
-        interactive(session, Console(), after=after)
-    else:
-        scripted(session, stdin_lines(sys.stdin), after=after, console=Console(stderr=True))
+    run_chat(session, after, lambda pieces: first_tokens_shown(lm.runtime, pieces))
 
+
+
+def chat_kept_alive(keep_alive, load_args, model, system, max_tokens, temp, top_k, top_p, min_p, seed, stop, verbose,
+                    local_options) -> None:
+    """`chat --keep-alive DURATION`: the REPL on a background server's /v1/chat/completions
+    (localllm/resident.py, localllm/conversation.RemoteChat)."""
+    from localllm.commands.remote import chat_resident, refuse_local_options
+    from localllm.settings import GenerationSettings, SamplingSettings
+
+    refuse_local_options(local_options, "--keep-alive")
+    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
+    gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+    chat_resident(keep_alive, load_args, model, system, sampling, gen, verbose)
 
 
 def serve(

@@ -7,12 +7,14 @@ from a server of its own (localllm/resident.py), which takes the load options.""
 
 from __future__ import annotations
 
-from localllm.client import RemoteStats, completion_body, first_model, server_url, stream_completion
-from localllm.commands.cli_output import err, print_completion
+from localllm.client import RemoteStats, completion_body, first_model, model_entry, server_url, stream_completion
+from localllm.commands.cli_output import err, note, print_completion
+from localllm.commands.repl import run_chat
+from localllm.conversation import RemoteChat
 from localllm.errors import LocalLLMError
 from localllm.progress import elapsed_spinner
 from localllm.registry import resolve_model
-from localllm.resident import kept_alive, parse_duration
+from localllm.resident import Resident, kept_alive, parse_duration
 from localllm.settings import DEFAULT_CPU, GenerationSettings, SamplingSettings
 
 
@@ -26,10 +28,9 @@ def refuse_local_options(given: dict[str, bool], flag: str = "--server") -> None
         raise LocalLLMError(f"{', '.join(local)} cannot be used with {flag}: the server's API has no such option")
 
 
-def complete_resident(keep_alive: str, load_args: list[str], model: str | None, prompt: str, sampling: SamplingSettings,
-                      gen: GenerationSettings, verbose: bool, json_out: bool) -> None:
-    """`complete --keep-alive DURATION`: complete_remote from the background server of this model and these
-    load options (localllm/resident.py), started first when none runs (a spinner while it loads)."""
+def resident_server(keep_alive: str, load_args: list[str], model: str | None, verbose: bool) -> Resident:
+    """The background server of this model and these load options (localllm/resident.py), started first
+    when none runs (a spinner while it loads)."""
     idle = parse_duration(keep_alive)
     path = resolve_model(model)
     what = f"loading {path.name} in a background server (kept {keep_alive.strip()} after the last request)"
@@ -37,7 +38,30 @@ def complete_resident(keep_alive: str, load_args: list[str], model: str | None, 
     resident = kept_alive(folder, path, idle, load_args, lambda: elapsed_spinner(what, delay=0.5))
     if verbose:
         err.print(f"background server pid {resident.pid} at {resident.url}", highlight=False, soft_wrap=True)
+    return resident
+
+
+def complete_resident(keep_alive: str, load_args: list[str], model: str | None, prompt: str, sampling: SamplingSettings,
+                      gen: GenerationSettings, verbose: bool, json_out: bool) -> None:
+    """`complete --keep-alive DURATION`: complete_remote from the background server."""
+    resident = resident_server(keep_alive, load_args, model, verbose)
     complete_remote(resident.url, None, prompt, sampling, gen, verbose, json_out)
+
+
+def chat_resident(keep_alive: str, load_args: list[str], model: str | None, system: str | None,
+                  sampling: SamplingSettings, gen: GenerationSettings, verbose: bool) -> None:
+    """`chat --keep-alive DURATION`: the REPL (commands/repl.py) on the background server's chat endpoint."""
+    resident = resident_server(keep_alive, load_args, model, verbose)
+    entry = model_entry(resident.url)
+    session = RemoteChat(resident.url, entry["id"], int(entry.get("context_length", 0)), gen, sampling, system,
+                         notify=note)
+
+    def after() -> None:
+        s = session.last
+        err.print(f"prompt {s.prompt_tokens} tokens, first piece {s.first_piece_seconds:.3f} s | generated "
+                  f"{s.generated_tokens} tokens, {s.generate_tps():.1f} tokens/s", highlight=False, soft_wrap=True)
+
+    run_chat(session, after if verbose else (lambda: None))
 
 
 def complete_remote(url: str, model: str | None, prompt: str, sampling: SamplingSettings, gen: GenerationSettings,

@@ -9,14 +9,18 @@ ends at end of input or /exit.
 from __future__ import annotations
 
 import sys
-from typing import Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from rich.console import Console
 from rich.markup import escape
 
-from localllm.chat import ChatSession
-from localllm.commands.cli_output import first_tokens_shown
 from localllm.errors import LocalLLMError
+
+# a session: localllm/chat.py's ChatSession (the model here) or localllm/conversation.py's RemoteChat
+# (a server's): conversation(), reply(text), clear(), save(), load(), system, last (its stats),
+# tokens_in_context(), context_capacity()
+Session = Any
+Shown = Callable[[Iterator[str]], Iterator[str]]  # the reply's pieces as printed (a spinner before the first)
 
 HELP = """commands:
   /help           this text
@@ -44,7 +48,7 @@ def read_message(read_line: Callable[[str], str]) -> str:
     return "\n".join(lines)
 
 
-def run_command(session: ChatSession, line: str, console: Console) -> bool:
+def run_command(session: Session, line: str, console: Console) -> bool:
     """Handle a /command; return False when the loop should end."""
     cmd, _, arg = line.strip().partition(" ")
     arg = arg.strip()
@@ -70,7 +74,7 @@ def run_command(session: ChatSession, line: str, console: Console) -> bool:
     elif cmd == "/stats":
         s = session.last
         console.print(
-            f"[dim]context {session.tokens_in_context()}/{session.cache.capacity} tokens | last reply: prompt "
+            f"[dim]context {session.tokens_in_context()}/{session.context_capacity()} tokens | last reply: prompt "
             f"{s.prompt_tokens} tokens at {s.prompt_tps():.1f} tokens/s, {s.generated_tokens} tokens at "
             f"{s.generate_tps():.1f} tokens/s[/dim]"
         )
@@ -79,9 +83,10 @@ def run_command(session: ChatSession, line: str, console: Console) -> bool:
     return True
 
 
-def stream_reply(session: ChatSession, text: str, out: TextIO, after: Callable[[], None] = lambda: None) -> bool:
+def stream_reply(session: Session, text: str, out: TextIO, after: Callable[[], None] = lambda: None,
+                 shown: Shown = lambda pieces: pieces) -> bool:
     """Print the reply as it streams; return False if Ctrl-C cut it."""
-    pieces = first_tokens_shown(session.lm.runtime, session.reply(text))
+    pieces = shown(session.reply(text))
     try:
         for piece in pieces:
             out.write(piece)
@@ -98,7 +103,8 @@ def stream_reply(session: ChatSession, text: str, out: TextIO, after: Callable[[
 
 
 def interactive(
-    session: ChatSession, console: Console, out: TextIO | None = None, after: Callable[[], None] = lambda: None
+    session: Session, console: Console, out: TextIO | None = None, after: Callable[[], None] = lambda: None,
+    shown: Shown = lambda pieces: pieces,
 ) -> None:
     import readline  # noqa: F401  (line editing and history for input())
 
@@ -121,7 +127,7 @@ def interactive(
                 if not run_command(session, text, console):
                     return
                 continue
-            if not stream_reply(session, text, out, after):
+            if not stream_reply(session, text, out, after, shown):
                 console.print("[dim](reply stopped)[/dim]")
         except LocalLLMError as e:
             # escape(): messages quote user input and templates ("[/INST]"), which rich would read as markup
@@ -129,8 +135,8 @@ def interactive(
 
 
 def scripted(
-    session: ChatSession, lines: TextIO, out: TextIO | None = None, after: Callable[[], None] = lambda: None,
-    console: Console | None = None,
+    session: Session, lines: TextIO, out: TextIO | None = None, after: Callable[[], None] = lambda: None,
+    console: Console | None = None, shown: Shown = lambda pieces: pieces,
 ) -> None:
     """One user message per line; a line starting with / is a chat command as in the interactive loop
     (never sent to the model), its output on `console` (stderr: stdout holds only the replies)."""
@@ -142,4 +148,15 @@ def scripted(
             if not run_command(session, text, console):
                 return
         elif text.strip():
-            stream_reply(session, text, out, after)
+            stream_reply(session, text, out, after, shown)
+
+
+def run_chat(session: Session, after: Callable[[], None], shown: Shown = lambda pieces: pieces) -> None:
+    """interactive() on a terminal, else scripted() over stdin's lines."""
+    from localllm.user_text import lenient_stdin, stdin_lines
+
+    if sys.stdin.isatty():
+        lenient_stdin(sys.stdin)  # invalid UTF-8 typed in: replaced with a note (chat.py), no traceback
+        interactive(session, Console(), after=after, shown=shown)
+    else:
+        scripted(session, stdin_lines(sys.stdin), after=after, console=Console(stderr=True), shown=shown)

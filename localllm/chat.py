@@ -8,13 +8,12 @@ stays) and the conversation is prefilled again, with a notice: never silent trun
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator
 
 from .cache import KVCache
 from .chat_template import Message, render_with_spans
+from .conversation import Conversation, dropped_note, drop_oldest
 from .errors import LocalLLMError
 from .generate import Stats, generate, stream_text
 from .load import LoadedModel
@@ -22,7 +21,7 @@ from .sampling import Sampler
 from .settings import DEFAULT_DRAFT, DraftSettings, GenerationSettings, SamplingSettings
 from .speculative import Drafter, SpecStats, generate_speculative
 from .tokenizer import Tokenizer
-from .user_text import PromptText, read_utf8_file, repair
+from .user_text import PromptText
 
 
 def chat_prompt(tok: Tokenizer, template: str, messages: list[Message]) -> tuple[str, list[int]]:
@@ -44,7 +43,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 @dataclass
-class ChatSession:
+class ChatSession(Conversation):
     lm: LoadedModel
     template: str
     gen: GenerationSettings
@@ -66,10 +65,6 @@ class ChatSession:
         self.sampler = Sampler(self.sampling, self.lm.runtime.device)
         self.text = PromptText(self.notify)  # typed text: invalid UTF-8 replaced, one note per problem
 
-    def conversation(self, messages: list[Message] | None = None) -> list[Message]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + (self.messages if messages is None else messages)
-
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         return chat_prompt(self.lm.tokenizer, self.template, messages)[1]
 
@@ -87,12 +82,9 @@ class ChatSession:
                     f"the message needs {len(ids)} tokens but the context holds {self.cache.capacity}"
                     f" with {reserve} kept for the reply: shorten it or raise --ctx"
                 )
-            drop = 2 if len(messages) > 2 and messages[1]["role"] == "assistant" else 1
-            del messages[:drop]
-            dropped += drop
+            dropped += drop_oldest(messages)
         if dropped:
-            self.notify(f"context full: dropped the {dropped} oldest messages ({len(messages)} kept"
-                        f"{', with the system message' if self.system else ''})")
+            self.notify(dropped_note(dropped, len(messages), self.system))
         return messages, ids
 
     def reply(self, text: str) -> Iterator[str]:
@@ -130,40 +122,11 @@ class ChatSession:
             if len(ids) + len(produced) >= self.cache.capacity:
                 self.notify("context full: the reply was cut; older turns will be dropped next turn")
 
-    def clear(self) -> None:
-        self.messages.clear()
-
-    def save(self, path: str | Path) -> None:
-        try:
-            Path(path).write_text(json.dumps(self.conversation(), ensure_ascii=False, indent=1), encoding="utf-8")
-        except OSError as e:  # e.g. a missing folder: one line in the REPL, not a traceback
-            raise LocalLLMError(f"cannot save the conversation to {path}: {e}") from None
-
-    def load(self, path: str | Path) -> None:
-        try:
-            data = json.loads(read_utf8_file(path, "file"))
-        except LocalLLMError as e:
-            raise LocalLLMError(f"cannot load conversation: {e}") from None
-        except json.JSONDecodeError as e:
-            raise LocalLLMError(f"cannot load conversation from {path}: {e}") from None
-        except RecursionError:
-            raise LocalLLMError(f"cannot load conversation from {path}: nested too deeply") from None
-        if not isinstance(data, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in data
-        ):
-            raise LocalLLMError(f"{path} is not a list of {{role, content}} messages")
-        for i, m in enumerate(data):
-            if repair(m["role"])[1] or repair(m["content"])[1]:  # a JSON escape such as "\ud800"
-                raise LocalLLMError(f"{path}: message {i + 1} is not valid text (it holds a lone surrogate)")
-        # The file's system message replaces the session's, also when it has none: /load restores the
-        # conversation that /save wrote, not a mix of two.
-        self.system = data[0]["content"] if data and data[0]["role"] == "system" else None
-        if self.system is not None:
-            data = data[1:]
-        self.messages = [{"role": m["role"], "content": m["content"]} for m in data]
-
     def tokens_in_context(self) -> int:
         return self.cache.length
+
+    def context_capacity(self) -> int:
+        return self.cache.capacity
 
 
 def _collect(tokens: Iterator[int], out: list[int]) -> Iterator[int]:

@@ -39,6 +39,10 @@ class RemoteStats:
     first_piece_seconds: float = 0.0
     generate_seconds: float = 0.0
 
+    def prompt_tps(self) -> float:
+        """Prompt tokens a second, over the wait for the first piece (the server's prefill and the trip)."""
+        return self.prompt_tokens / self.first_piece_seconds if self.first_piece_seconds > 0 else 0.0
+
     def generate_tps(self) -> float:
         """Tokens a second after the first (the first token's time is the prompt's)."""
         later = self.generated_tokens - 1
@@ -55,24 +59,33 @@ def server_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+class ServerError(LocalLLMError):
+    """The server's error reply: its status and OpenAI's error code (e.g. context_length_exceeded)."""
+
+    def __init__(self, message: str, status: int, code: str | None):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
 def _open(request: urllib.request.Request, url: str):
     """The response, or one line naming what went wrong (no server there, or the server's error message)."""
     try:
         return urllib.request.urlopen(request, timeout=TIMEOUT)
     except urllib.error.HTTPError as e:
-        raise LocalLLMError(f"the server at {url} answered {e.code}: {_error_message(e)}") from None
+        message, code = _error_message(e)
+        raise ServerError(f"the server at {url} answered {e.code}: {message}", e.code, code) from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise LocalLLMError(f"no server at {url} ({reason}); start one with `localllm serve MODEL`") from None
 
 
-def _error_message(e: urllib.error.HTTPError) -> str:
-    """OpenAI's {"error": {"message": ...}} body, or the status line."""
+def _error_message(e: urllib.error.HTTPError) -> tuple[str, str | None]:
+    """(message, code) of OpenAI's {"error": {"message": ..., "code": ...}} body, or the status line."""
     try:
-        body = json.loads(e.read())
-        return str(body["error"]["message"])
+        error = json.loads(e.read())["error"]
+        return str(error["message"]), error.get("code")
     except Exception:  # noqa: BLE001 -- any other body: the status says enough
-        return e.reason or "error"
+        return e.reason or "error", None
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -82,11 +95,16 @@ def headers(api_key: str | None) -> dict[str, str]:
 
 def first_model(url: str, api_key: str | None = None) -> str:
     """The first model the server lists (GET /v1/models)."""
+    return model_entry(url, api_key)["id"]
+
+
+def model_entry(url: str, api_key: str | None = None) -> dict:
+    """The first model's entry in GET /v1/models (its id; a localllm server adds context_length)."""
     with _open(urllib.request.Request(f"{url}/v1/models", headers=headers(api_key)), url) as r:
         models = json.loads(r.read()).get("data") or []
     if not models:
         raise LocalLLMError(f"the server at {url} lists no model")
-    return models[0]["id"]
+    return models[0]
 
 
 def _events(response, url: str) -> Iterator[str]:
@@ -103,9 +121,18 @@ def _events(response, url: str) -> Iterator[str]:
 
 def completion_body(model: str, prompt: str, max_tokens: int, sampling: SamplingSettings, stop: tuple[str, ...]) -> dict:
     """The /v1/completions request for `complete`'s settings (max_tokens -1: the server's own limit)."""
-    body = {"model": model, "prompt": prompt, "stream": True, "stream_options": {"include_usage": True},
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "min_p": sampling.min_p}
+    return _body({"model": model, "prompt": prompt}, max_tokens, sampling, stop)
+
+
+def chat_body(model: str, messages: list[dict], max_tokens: int, sampling: SamplingSettings,
+              stop: tuple[str, ...]) -> dict:
+    """The /v1/chat/completions request for `chat`'s settings: the conversation as role/content messages."""
+    return _body({"model": model, "messages": messages}, max_tokens, sampling, stop)
+
+
+def _body(body: dict, max_tokens: int, sampling: SamplingSettings, stop: tuple[str, ...]) -> dict:
+    body.update({"stream": True, "stream_options": {"include_usage": True}, "temperature": sampling.temperature,
+                 "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p})
     if max_tokens >= 0:
         body["max_tokens"] = max_tokens
     if sampling.seed is not None:
@@ -117,8 +144,19 @@ def completion_body(model: str, prompt: str, max_tokens: int, sampling: Sampling
 
 def stream_completion(url: str, body: dict, stats: RemoteStats, api_key: str | None = None) -> Iterator[str]:
     """POST body to url's /v1/completions -> its text pieces as they arrive; stats filled as they do."""
+    return _stream(url, "/v1/completions", body, stats, api_key, lambda choice: choice.get("text"))
+
+
+def stream_chat(url: str, body: dict, stats: RemoteStats, api_key: str | None = None) -> Iterator[str]:
+    """POST body to url's /v1/chat/completions -> the reply's text pieces as they arrive."""
+    return _stream(url, "/v1/chat/completions", body, stats, api_key,
+                   lambda choice: (choice.get("delta") or {}).get("content"))
+
+
+def _stream(url: str, path: str, body: dict, stats: RemoteStats, api_key: str | None, piece) -> Iterator[str]:
+    """The SSE stream of a POST of body to url + path -> piece(choice) of each chunk's choices, non-empty."""
     data = json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data=data, headers=headers(api_key))
+    request = urllib.request.Request(f"{url}{path}", data=data, headers=headers(api_key))
     began = time.perf_counter()
     first = None
     with _open(request, url) as r:
@@ -136,7 +174,7 @@ def stream_completion(url: str, body: dict, stats: RemoteStats, api_key: str | N
                 stats.generated_tokens = chunk["usage"].get("completion_tokens", 0)
             for choice in chunk.get("choices") or []:
                 stats.finish_reason = choice.get("finish_reason") or stats.finish_reason
-                if text := choice.get("text"):
+                if text := piece(choice):
                     now = time.perf_counter()
                     if first is None:
                         first = now

@@ -22,6 +22,7 @@ from localllm import resident
 from localllm.errors import LocalLLMError
 from localllm.runner import encode_prompt, open_model
 from localllm.server.run import Activity
+from localllm.settings import DEFAULT_CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 CTX = 128
@@ -30,6 +31,18 @@ RUN = ("import runpy, sys\nsys.argv = ['localllm'] + sys.argv[1:]\ncode = 0\n"
        "try:\n    runpy.run_module('localllm.cli', run_name='__main__')\n"
        "except SystemExit as e:\n    code = e.code or 0\n"
        "sys.stderr.write('TORCH IMPORTED\\n' if 'torch' in sys.modules else '')\nsys.exit(code)\n")
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    """A HOME of the test's own (its records, its servers) sharing this process's built C++ kernels (the
+    servers would otherwise build them again: a minute on a 2-core machine)."""
+    cache = tmp_path / ".cache" / "localllm"
+    cache.mkdir(parents=True)
+    for name in ("cpu_ext", "cpu_encode_lib"):
+        if (DEFAULT_CPU.cache_dir / name).is_dir():
+            (cache / name).symlink_to(DEFAULT_CPU.cache_dir / name)
+    return tmp_path
 
 
 def cli(home: Path, *args) -> subprocess.CompletedProcess:
@@ -52,7 +65,8 @@ def gone(pid: int, seconds: float) -> bool:
     return False
 
 
-def test_kept_alive_server_serves_the_next_command_then_exits_when_idle(default_path, tmp_path):
+def test_kept_alive_server_serves_the_next_command_then_exits_when_idle(default_path, home):
+    tmp_path = home
     lm = open_model(str(default_path), "cpu")
     prompt = "The three primary colors are"
     want = lm.tokenizer.decode(reference(lm, encode_prompt(lm, prompt), 12, CTX))
@@ -161,3 +175,29 @@ def test_activity_counts_v1_requests_until_their_response_ends():
     assert 0 <= activity.idle_seconds() < 5
     activity.active = 1
     assert activity.idle_seconds() == 0.0
+
+
+def test_chat_kept_alive_replies_as_the_local_chat_and_drops_old_turns(default_path, home):
+    """`chat --keep-alive` (localllm/conversation.RemoteChat through the server's chat endpoint): the
+    greedy replies of a scripted chat equal the local chat's (the oracle: the same command without
+    --keep-alive); a conversation past the slot's context loses its oldest turns (a note) and goes on."""
+    lines = "What is the capital of France?\n/stats\nAnd of Italy?\n"
+    args = ("chat", "--temp", 0, "-n", 16)
+    env = dict(os.environ, HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+    def chat(*more):
+        return subprocess.run([sys.executable, "-m", "localllm", *map(str, args + more)], input=lines,
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    try:
+        local, kept = chat(), chat("--keep-alive", "1m")
+        assert local.returncode == 0 and kept.returncode == 0, kept.stderr
+        assert kept.stdout == local.stdout and len(kept.stdout.splitlines()) == 2
+        assert "context " in kept.stderr  # /stats answered from the server's usage
+        lines = "Tell me about the sea and the sky and the sun.\n" * 6
+        small = chat("--keep-alive", "1m", "--ctx", 96)
+        assert small.returncode == 0 and "context full: dropped the" in small.stderr, small.stderr
+        assert len(small.stdout.splitlines()) >= 6
+    finally:
+        for record in records(home):
+            resident.stop(record["pid"])

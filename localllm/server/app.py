@@ -88,7 +88,8 @@ def check_key(request: HttpRequest, key: str | None) -> None:
 
 async def models(request: HttpRequest, served: Served):
     return JSONResponse({"object": "list", "data": [
-        {"id": served.names[0], "object": "model", "created": 0, "owned_by": "localllm"}]})
+        {"id": served.names[0], "object": "model", "created": 0, "owned_by": "localllm",
+         "context_length": served.engine.capacity}]})
 
 
 async def chat_completions(request: HttpRequest, served: Served):
