@@ -70,34 +70,35 @@ def test_kept_alive_server_serves_the_next_command_then_exits_when_idle(default_
     lm = open_model(str(default_path), "cpu")
     prompt = "The three primary colors are"
     want = lm.tokenizer.decode(reference(lm, encode_prompt(lm, prompt), 12, CTX))
-    args = ("complete", prompt, "-n", 12, "--temp", 0, "--ctx", CTX, "--keep-alive", "8s")
-    first = cli(tmp_path, *args)
+    args = ("complete", prompt, "-n", 12, "--temp", 0, "--ctx", CTX, "--keep-alive", "10s")
     pids = []
     try:
+        # other load options: a server of its own, kept long (started first: its load must not eat into
+        # the short-lived server's idle time below)
+        other = cli(tmp_path, *args[:-4], "--ctx", 64, "--keep-alive", "5m")
+        assert other.returncode == 0, other.stderr
+        [kept] = records(tmp_path)
+        first = cli(tmp_path, *args)
         assert first.returncode == 0, first.stderr
         assert first.stdout == want + "\n"
-        [record] = records(tmp_path)
-        pids.append(record["pid"])
-        assert resident.alive(record["pid"])
+        [record] = [r for r in records(tmp_path) if r["pid"] != kept["pid"]]
+        pids += [kept["pid"], record["pid"]]
+        assert resident.alive(record["pid"]) and record["args"] == ["--ctx", str(CTX)]
         warm = cli(tmp_path, *args)
         assert warm.returncode == 0 and warm.stdout == want + "\n", warm.stderr
         assert "TORCH IMPORTED" not in warm.stderr  # the warm command loads nothing
-        assert records(tmp_path) == [record]  # the same server
-        other = cli(tmp_path, *args[:-2], "--keep-alive", "5m", "--ctx", 64)  # other load options: a server of its own
-        assert other.returncode == 0, other.stderr
-        pids += [r["pid"] for r in records(tmp_path) if r["pid"] != record["pid"]]
-        assert len(pids) == 2
+        assert sorted(r["pid"] for r in records(tmp_path)) == sorted(pids)  # the same two servers
         listed = cli(tmp_path, "ps").stdout.splitlines()
         assert len(listed) == 3 and listed[0].split()[:2] == ["MODEL", "PID"], listed
-        assert {line.split()[1] for line in listed[1:]} == {str(p) for p in pids}
-        assert listed[2].endswith("--ctx 64") and "300 s" in listed[2]
-        assert gone(record["pid"], 40)  # --idle-exit 8
+        assert [line.split()[1] for line in listed[1:]] == [str(p) for p in pids]  # oldest first
+        assert listed[1].endswith("--ctx 64") and "300 s" in listed[1]
+        assert gone(record["pid"], 60)  # --idle-exit 10
         logs = "".join(p.read_text() for p in (tmp_path / ".cache" / "localllm" / "resident").glob("*.log"))
-        assert "no request for 8 s: stopping" in logs
+        assert "no request for 10 s: stopping" in logs
         assert len(cli(tmp_path, "ps").stdout.splitlines()) == 2  # the other one still runs
         stopped = cli(tmp_path, "stop", default_path)
-        assert stopped.returncode == 0 and f"(pid {pids[1]})" in stopped.stderr, stopped.stderr
-        assert not resident.alive(pids[1]) and len(cli(tmp_path, "ps").stdout.splitlines()) == 1
+        assert stopped.returncode == 0 and f"(pid {kept['pid']})" in stopped.stderr, stopped.stderr
+        assert not resident.alive(kept["pid"]) and len(cli(tmp_path, "ps").stdout.splitlines()) == 1
         none = cli(tmp_path, "stop")
         assert none.returncode == 0 and "no background server is running" in none.stderr
     finally:
