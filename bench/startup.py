@@ -20,7 +20,6 @@ figure (complete -v's "generated N tokens, X tokens/s").
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -47,14 +46,6 @@ def run_once(cmd: list[str], env: dict) -> tuple[float, float, float, str]:
     m = GEN.search(err)
     gen = int(m.group(1)) / float(m.group(2)) if m and float(m.group(2)) > 0 else 0.0
     return t_first, t_end, gen, err
-
-
-def stop_servers(home: Path) -> None:
-    """The background servers recorded under home (localllm/resident.py's records), stopped."""
-    from localllm.resident import Resident, stop
-
-    for record in (home / ".cache" / "localllm" / "resident").glob("*.json"):
-        stop(Resident(**json.loads(record.read_text())).pid)
 
 
 def write_model(spec: str, out: str, vocab: str) -> None:
@@ -107,8 +98,10 @@ def main() -> None:
         print("  " + err.strip().splitlines()[-1] if err.strip() else "")
         print(f"run {i}: first token {first:.2f} s, "
               f"whole {end:.2f} s, generation {gen:.2f} s, whole - generation {end - gen:.2f} s", flush=True)
-    if a.keep_alive:
-        stop_servers(Path(a.cold_home or Path.home()))
+    if a.keep_alive:  # the background servers recorded under the runs' HOME (localllm/resident.py)
+        from localllm.resident import stop_running
+
+        stop_running(Path(a.cold_home or Path.home()) / ".cache" / "localllm" / "resident")
     warm = runs[1:] if len(runs) > 1 else runs
     print(f"warm median: first token {statistics.median(r[0] for r in warm):.2f} s, "
           f"whole - generation {statistics.median(r[1] - r[2] for r in warm):.2f} s")

@@ -13,7 +13,7 @@ from rich.markup import escape
 from localllm.commands.cli_options import (
     OPT_CTX, OPT_DEVICE, OPT_DRAFT, OPT_DRAFT_DTYPE, OPT_DRAFT_MAX, OPT_DRAFT_MIN_P, OPT_DTYPE, OPT_LOOKUP, OPT_MIN_P,
     OPT_MODEL, OPT_NGL, OPT_REPEAT_LAST_N, OPT_REPEAT_PENALTY, OPT_SEED, OPT_TEMP, OPT_THREADS, OPT_TOP_K, OPT_TOP_P,
-    OPT_TP, draft_settings, generation_settings, use_threads,
+    OPT_TP, draft_settings, generation_settings, remote_settings, use_threads,
 )
 from localllm.commands.cli_output import err, first_tokens_shown, note, print_completion
 from localllm.settings import DEFAULT_DRAFT as D
@@ -127,14 +127,9 @@ def complete_from_server(server, api_key, args, model_opt, prompt_opt, file, max
     from localllm.commands.inputs import model_and_prompt
     from localllm.commands.remote import complete_remote, refuse_local_options
 
-    from localllm.settings import GenerationSettings, SamplingSettings
-
     refuse_local_options(local_options)
     given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
-    # the values' ranges are the server's to check (its 400 is the one error line): sampling.py's checks
-    # would import torch
-    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
-    gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+    sampling, gen = remote_settings(temp, top_k, top_p, min_p, seed, max_tokens, stop)
     complete_remote(server, given.model, given.prompt, sampling, gen, verbose, json_out, api_key)
 
 
@@ -153,12 +148,10 @@ def complete_kept_alive(keep_alive, load_args, args, model_opt, prompt_opt, file
     """`complete --keep-alive DURATION`: commands/remote.py through a background server (localllm/resident.py)."""
     from localllm.commands.inputs import model_and_prompt
     from localllm.commands.remote import complete_resident, refuse_local_options
-    from localllm.settings import GenerationSettings, SamplingSettings
 
     refuse_local_options(local_options, "--keep-alive")
     given = model_and_prompt(args, model_opt, prompt_opt, file, sys.stdin)
-    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
-    gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+    sampling, gen = remote_settings(temp, top_k, top_p, min_p, seed, max_tokens, stop)
     complete_resident(keep_alive, load_args, given.model, given.prompt, sampling, gen, verbose, json_out)
 
 
@@ -242,11 +235,9 @@ def chat_kept_alive(keep_alive, load_args, model, system, max_tokens, temp, top_
     """`chat --keep-alive DURATION`: the REPL on a background server's /v1/chat/completions
     (localllm/resident.py, localllm/conversation.RemoteChat)."""
     from localllm.commands.remote import chat_resident, refuse_local_options
-    from localllm.settings import GenerationSettings, SamplingSettings
 
     refuse_local_options(local_options, "--keep-alive")
-    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
-    gen = GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+    sampling, gen = remote_settings(temp, top_k, top_p, min_p, seed, max_tokens, stop)
     chat_resident(keep_alive, load_args, model, system, sampling, gen, verbose)
 
 

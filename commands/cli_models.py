@@ -91,9 +91,15 @@ def list_models():
     for m in listed():
         size = f"{m.size / 2**20:.1f} MiB" if m.size is not None else "-"
         rows.append((m.name, size, m.kind, str(m.path) if m.path else "(not installed)"))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]  # plain columns: a long path never folds
+    print_columns(rows)
+
+
+def print_columns(rows: list[tuple[str, ...]]) -> None:
+    """Rows as plain columns padded to their widest cell, the last one unpadded (a long path never folds,
+    as a rich table would fold it)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
 
 
 
@@ -117,9 +123,7 @@ def ps():
     for r in running(DEFAULT_CPU.cache_dir / "resident"):
         rows.append((r.model, str(r.pid), r.url, f"{r.idle:g} s", f"{time.time() - r.started:.0f} s",
                      " ".join(r.args) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+    print_columns(rows)
 
 
 def stop(model: Optional[str] = typer.Argument(None, help="the model whose background servers stop (path or name; default: every one)")):

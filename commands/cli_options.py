@@ -49,6 +49,14 @@ def use_threads(threads: int | None) -> None:
         note(notice)
 
 
+def remote_settings(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None, max_tokens: int,
+                    stop: list[str]) -> tuple[SamplingSettings, GenerationSettings]:
+    """The options a server's request takes -> settings, unchecked: the values' ranges are the server's to
+    check (its 400 is the one error line), and sampling.py's checks would import torch."""
+    sampling = SamplingSettings(temp, top_k, top_p, min_p, S.repeat_penalty, S.repeat_last_n, seed)
+    return sampling, GenerationSettings(max_tokens=max_tokens, stop=tuple(stop))
+
+
 def generation_settings(temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                         repeat_last_n: int, seed: int | None, max_tokens: int, ctx: int | None,
                         stop: tuple[str, ...] = ()) -> tuple[SamplingSettings, GenerationSettings]:

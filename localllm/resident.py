@@ -26,7 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Sequence
@@ -80,11 +80,10 @@ def answers(url: str, timeout: float) -> bool:
 
 
 def alive(pid: int) -> bool:
+    """Whether a process of ours has this pid (another user's is not ours: PermissionError)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: not ours
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -206,7 +205,5 @@ def kept_alive(folder: Path, model: Path, idle_seconds: float, serve_args: Seque
     with locked(folder / f"{key}.lock"):
         if (found := find(folder, key)) is not None:
             return found
-        if starting is None:
-            return start(folder, key, model, idle_seconds, serve_args)
-        with starting():
+        with (starting or nullcontext)():
             return start(folder, key, model, idle_seconds, serve_args)

@@ -145,7 +145,7 @@ def keep_dense_prompt_weights(model: Transformer, dtype: torch.dtype, budget: in
     kernels/linear.dequant_product would decode on every prompt: the same values, so the same products)
     when all of them fit in `budget` bytes -> bytes kept (0: none, nothing changed)."""
     ws = prompt_qweights(model)
-    need = sum(w.shape[0] * w.shape[1] for w in ws) * torch.empty((), dtype=dtype).element_size()
+    need = sum(w.shape[0] * w.shape[1] for w in ws) * dtype.itemsize
     if not ws or need > budget:
         return 0
     for w in ws:
