@@ -316,3 +316,20 @@ def test_a_non_streaming_client_that_leaves_frees_its_slot(server, model_id):
             time.sleep(0.02)
     assert idle(url)["slots_processing"] == 0
     assert engine.stats.cancelled == cancelled + 1  # cancelled, not run to its 240 tokens
+
+
+def test_connections_send_without_nagle_delay(server):
+    """Each accepted connection has TCP_NODELAY: with Nagle's algorithm on, an SSE chunk written while the
+    one before is unacknowledged waits for the client's delayed ACK (~40 ms on Linux), which held every
+    streamed reply after a keep-alive connection's first (asyncio sets it only where the socket's proto
+    is IPPROTO_TCP: run.bind names it)."""
+    import socket
+
+    srv, url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")  # the connection is accepted and open
+        socks = [c.transport.get_extra_info("socket") for c in srv.server_state.connections]
+        assert socks, "no open connection on the server"
+        assert all(k.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for k in socks)

@@ -111,7 +111,11 @@ def serve_forever(served: Served, sock: socket.socket, log_level: str = "info", 
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: accepted connections inherit it, and asyncio switches Nagle's algorithm off
+    # (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP. With proto 0 every SSE chunk after
+    # the first of a reused connection waited for the client's delayed ACK: ~40 ms added to each
+    # streamed request's first token (docs/PERFORMANCE.md, thirteenth session).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
