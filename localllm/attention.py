@@ -104,15 +104,19 @@ class SegmentKeys:
 
 
 class SlotMaskKeys:
-    """The mask argument of a padded one-prompt pass (backends/cuda_prompt.py): the step's T rows
-    (batch 1) are one prompt in the slot held by the device tensor `slot` (1,), seeing that slot's keys
-    under mask (T, S) over its whole capacity S (device tensors: the pass is a captured graph that
-    serves any slot and start)."""
+    """The mask argument of a padded prompt pass (backends/cuda_prompt.py): the step's n Tb rows (batch
+    1) are n prompts of Tb rows, prompt i in the slot held by the device tensor slot[i] (n,), seeing that
+    slot's keys under mask[i] (n, Tb, S) over its whole capacity S (device tensors: the pass is a
+    captured graph that serves any slots and starts). Each prompt attends as a batch of its own."""
 
     def __init__(self, slot: torch.Tensor, mask: torch.Tensor):
         self.slot, self.mask = slot, mask
 
     def attend(self, cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                sinks: torch.Tensor | None) -> torch.Tensor:
-        """q (1, H, T, D); keys, values: the layer's whole cache buffers (n slots, Hkv, S, D) -> (1, H, T, D)."""
-        return attend(cfg, q, keys.index_select(0, self.slot), values.index_select(0, self.slot), self.mask, sinks)
+        """q (1, H, n Tb, D); keys, values: the layer's whole cache buffers (slots, Hkv, S, D) -> (1, H, n Tb, D)."""
+        _, h, t, d = q.shape
+        n = self.slot.shape[0]
+        qn = q[0].reshape(h, n, t // n, d).transpose(0, 1)  # (n, H, Tb, D)
+        y = attend(cfg, qn, keys.index_select(0, self.slot), values.index_select(0, self.slot), self.mask[:, None], sinks)
+        return y.transpose(0, 1).reshape(1, h, t, d)

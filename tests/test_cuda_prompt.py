@@ -26,7 +26,7 @@ def padded(rt: Runtime, slots, slot: int, ids: list[int], start: int, rows: int)
     """The forward a bucket of `rows` captures, on the inputs its graph's set() writes."""
     g = cuda_prompt.PromptGraph(rt.model, rows)
     g.set(slot, ids, start)
-    return cuda_prompt.padded_forward(rt.model, slots, g.tokens, g.pos, g.slot, g.last)
+    return cuda_prompt.padded_forward(rt.model, slots, g.tokens, g.pos, g.slot, g.last)[0]
 
 
 @pytest.mark.parametrize("name", ["llama", "moe"])
@@ -53,6 +53,37 @@ def test_padded_prompt_equals_the_prompt_alone(name, slot, start, n):
         assert (new[slot, :, :end] - ref[slot, :, :end]).abs().max() <= TOL * ref[slot, :, :end].abs().max()
         changed = (old != new).any(-1).any(1).nonzero().tolist()  # (slot, position) pairs
         assert changed and all(s == slot and start <= p < start + rows for s, p in changed)
+
+
+@pytest.mark.parametrize("name", ["llama", "moe"])
+def test_several_padded_prompts_equal_their_eager_pass(name):
+    """Three prompts (one after slot 2's prefix) through a graph of 4 prompts of 16 rows, the last
+    repeated as padding: logits and cache rows of the eager prefill_slots pass within the products'
+    rounding; nothing written outside each prompt's slot from its start, within its 16 rows."""
+    rt = synthetic(CONFIGS[name], Runtime)
+    g = torch.Generator().manual_seed(8)
+    prefix = torch.randint(0, rt.cfg.vocab_size, (5,), generator=g).tolist()
+    which, starts, lens = [2, 0, 3], [5, 0, 0], [7, 16, 1]
+    prompts = [torch.randint(0, rt.cfg.vocab_size, (n,), generator=g).tolist() for n in lens]
+    alone, want_cache = noisy_slots(rt, prefix)
+    want = rt.prefill_slots(alone, which, prompts, starts)
+    got_slots, got_cache = noisy_slots(rt, prefix)
+    noise = [t.clone() for t in got_cache]
+    graphs = cuda_prompt.PromptGraphs(rt.model, got_slots.capacity)
+    assert graphs.many_bucket(prompts, starts, 64) == (4, 16) and graphs.many_bucket(prompts, starts, 63) is None
+    gr = cuda_prompt.PromptGraph(rt.model, 16, 4)
+    gr.set(which, prompts, starts)
+    with torch.inference_mode():
+        got = cuda_prompt.padded_forward(rt.model, got_slots, gr.tokens, gr.pos, gr.slot, gr.last)
+    assert got.shape == (4, rt.cfg.vocab_size) and torch.equal(got[3], got[2])  # the padding: prompt 3 again
+    assert (got[:3] - want).abs().max() <= TOL * want.abs().max()
+    assert torch.equal(got[:3].argmax(-1), want.argmax(-1))
+    for old, new, ref in zip(*(map(by_slot, c) for c in (noise, got_cache, want_cache))):
+        for s, st, n in zip(which, starts, lens):
+            assert (new[s, :, :st + n] - ref[s, :, :st + n]).abs().max() <= TOL * ref[s, :, :st + n].abs().max()
+        changed = (old != new).any(-1).any(1).nonzero().tolist()
+        spans = {s: (st, st + 16) for s, st in zip(which, starts)}
+        assert changed and all(s in spans and spans[s][0] <= p < spans[s][1] for s, p in changed)
 
 
 def test_which_prompts_a_graph_takes():
@@ -102,7 +133,7 @@ def test_a_bucket_without_memory_for_its_graph_runs_eagerly(monkeypatch):
     assert graphs.takes(9, 0)
     assert graphs.run(slots, 1, list(range(9)), 0) is None
     assert not graphs.takes(9, 0) and not graphs.takes(16, 3) and graphs.takes(17, 0)
-    assert graphs.capture_all(slots, 32) == 0 and tried == [16, 1, 2, 3, 4, 32]
+    assert graphs.capture_all(slots, 32) == 0 and tried == [16, 1, 2, 3, 4, 32, 16]  # then 2 prompts of 16
 
     def ended(self, slots, pool):  # the capture's end failing while the allocator's error propagates
         try:

@@ -33,7 +33,7 @@ from ..config import ModelConfig
 from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from ..settings import DEFAULT_GPU, DEFAULT_SERVE
-from ..slots import Slots, check_prefill, check_rows
+from ..slots import Slots, check_prefill, check_prefills, check_rows
 from .cuda_graph import GraphDecoder, captured
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
@@ -330,7 +330,18 @@ class CudaRuntime(Runtime):
 
     def prefill_slots(self, slots: Slots, which: list[int], prompts: list[list[int]],
                       starts: list[int]) -> torch.Tensor:
+        """Several prompts replay a graph of several (backends/cuda_prompt.py) where one takes them;
+        others (and a bucket whose graph found no memory) run the eager forward."""
         self.keep_dense_prompts()
+        graphs = prompt_graphs(self.model, slots)
+        key = None if graphs is None else graphs.many_bucket(prompts, starts, DEFAULT_SERVE.prefill_tokens)
+        if key is not None:
+            check_prefills(slots, which, prompts, starts)
+            logits = graphs.run_many(slots, key, which, prompts, starts)
+            if logits is not None:
+                for s, ids, st in zip(which, prompts, starts):
+                    slots.lengths[s] = st + len(ids)
+                return logits
         return super().prefill_slots(slots, which, prompts, starts)
 
     def decode_slots(self, slots: Slots, which: list[int], tokens: torch.Tensor) -> torch.Tensor:

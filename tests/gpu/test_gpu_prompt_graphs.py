@@ -63,4 +63,34 @@ def test_prompt_graphs_equal_the_eager_pass(runtime):
             assert close(a[:, slot, :, :end], b[:, slot, :, :end]), (slot, start, n)
         rest = [s for s in range(N_SLOTS) if s != slot]
         assert torch.equal(graphed.cache.k[:, rest], others[:, rest])
-    assert sorted(graphs.graphs) == [1, 3, 16, 32, 64]  # the last case ran eagerly; 16 captured once
+    # the last case ran eagerly; 16 captured once
+    assert sorted(graphs.graphs) == [(1, 1), (1, 3), (1, 16), (1, 32), (1, 64)]
+
+
+def test_several_prompts_replay_a_graph_of_several(runtime):
+    """CudaRuntime.prefill_slots: 3 prompts (one after a prefix) through the graph of 4 prompts of 32
+    rows, twice (other slots the second time), against the eager pass (Runtime.prefill_slots)."""
+    from localllm.backends.cuda_prompt import prompt_graphs
+    from localllm.runtime import Runtime
+
+    rt = runtime
+    g = torch.Generator().manual_seed(2)
+    graphed, eager = rt.new_slots(N_SLOTS, CAP), rt.new_slots(N_SLOTS, CAP)
+    for which, starts, lens in (([2, 0, 3], [6, 0, 0], [20, 32, 17]), ([1, 3, 0], [0, 0, 0], [30, 18, 25])):
+        for s, st in zip(which, starts):
+            prefix = torch.randint(0, CFG.vocab_size, (st,), generator=g).tolist()
+            for slots in (graphed, eager):
+                slots.lengths[s] = 0
+                if st:
+                    Runtime.prefill_slot(rt, slots, s, prefix, 0)
+        prompts = [torch.randint(0, CFG.vocab_size, (n,), generator=g).tolist() for n in lens]
+        got = rt.prefill_slots(graphed, which, prompts, starts)
+        want = Runtime.prefill_slots(rt, eager, which, prompts, starts)
+        torch.cuda.synchronize()
+        assert got.shape == want.shape == (3, CFG.vocab_size)
+        assert close(got, want) and torch.equal(got.argmax(-1), want.argmax(-1)), (which, lens)
+        for s, st, n in zip(which, starts, lens):
+            assert graphed.lengths[s] == eager.lengths[s] == st + n
+            for a, b in ((graphed.cache.k, eager.cache.k), (graphed.cache.v, eager.cache.v)):
+                assert close(a[:, s, :, :st + n], b[:, s, :, :st + n]), (s, st, n)
+    assert (4, 32) in prompt_graphs(rt.model, graphed).graphs
