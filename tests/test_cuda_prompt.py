@@ -71,6 +71,7 @@ def test_several_padded_prompts_equal_their_eager_pass(name):
     noise = [t.clone() for t in got_cache]
     graphs = cuda_prompt.PromptGraphs(rt.model, got_slots.capacity)
     assert graphs.many_bucket(prompts, starts, 64) == (4, 16) and graphs.many_bucket(prompts, starts, 63) is None
+    assert graphs.many_bucket(prompts[:1], starts[:1], 64) is None  # one prompt: its own graph
     gr = cuda_prompt.PromptGraph(rt.model, 16, 4)
     gr.set(which, prompts, starts)
     with torch.inference_mode():

@@ -142,7 +142,9 @@ class PromptGraphs:
 
     def many_bucket(self, prompts: list[list[int]], starts: list[int], most: int) -> tuple[int, int] | None:
         """(prompts, rows each) of the graph taking these several prompts in one pass of at most `most`
-        rows, or None (their pass runs eagerly)."""
+        rows, or None (their pass runs eagerly; one prompt takes its own graph, run())."""
+        if len(prompts) < 2:
+            return None
         n, rows = prompts_bucket(len(prompts)), bucket(max(len(p) for p in prompts))
         if n is None or rows is None or rows < MANY_ROWS or n * rows > most or (n, rows) in self.failed:
             return None
