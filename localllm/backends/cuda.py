@@ -333,10 +333,10 @@ class CudaRuntime(Runtime):
         """Several prompts replay a graph of several (backends/cuda_prompt.py) where one takes them;
         others (and a bucket whose graph found no memory) run the eager forward."""
         self.keep_dense_prompts()
-        check_prefills(slots, which, prompts, starts)
         graphs = prompt_graphs(self.model, slots)
         key = None if graphs is None else graphs.many_bucket(prompts, starts, DEFAULT_SERVE.prefill_tokens)
-        if key is not None:
+        if key is not None:  # (the eager pass checks its own input, as prefill_slot's does)
+            check_prefills(slots, which, prompts, starts)
             logits = graphs.run_many(slots, key, which, prompts, starts)
             if logits is not None:
                 for s, ids, st in zip(which, prompts, starts):
