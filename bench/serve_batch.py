@@ -121,6 +121,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--synthetic", metavar="PRESET", help="random weights of a models.toml shape preset")
     ap.add_argument("--type", default="Q4_K_M", help="weight type of --synthetic (as `localllm bench --type`)")
+    ap.add_argument("--dense-rows", type=int, nargs="+", default=None, metavar="N",
+                    help="CUDA: the runtime's dense_decode_rows (settings.GpuSettings), each value in every "
+                         "round, alternated (0: the batch-invariant kernels at every bucket)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -134,6 +137,8 @@ def main() -> None:
         args.no_llamacpp = True  # no file, or llama.cpp's CPU build against a GPU
     warm = 2 if args.device != "cpu" else 0
     localllm_speed(rt, 2, 8, 2)  # warm-up (rope tables, first-touch of the kernels, compiles)
+    if args.dense_rows:
+        return dense_rounds(rt, args, clock, warm)
     ours: dict[int, list[float]] = {b: [] for b in args.batches}
     theirs: dict[int, list[float]] = {b: [] for b in args.batches}
     for r in range(args.rounds):
@@ -158,6 +163,27 @@ def main() -> None:
             ratio = statistics.median(o / t for o, t in zip(ours[b], theirs[b]))
             line += f"  llama.cpp {statistics.median(theirs[b]):8.1f}  ratio {ratio:.2f}"
         print(line)
+
+
+def dense_rounds(rt, args, clock, warm: int) -> None:
+    """Each --dense-rows value in every round, alternated; medians, and each value's ratio to the first
+    value's by round (median)."""
+    got = {(d, b): [] for d in args.dense_rows for b in args.batches}
+    for r in range(args.rounds):
+        for d in args.dense_rows:
+            rt.dense_decode_rows = d
+            for b in args.batches:
+                got[d, b].append(localllm_speed(rt, b, args.prompt, args.steps, clock, warm))
+            print(f"round {r + 1} dense_rows {d}: " + "  ".join(f"B={b} {got[d, b][-1]:.1f}" for b in args.batches),
+                  flush=True)
+    print(f"{torch.cuda.get_device_name()}, prompt {args.prompt}, {args.steps} steps; aggregate tok/s (median)")
+    first = args.dense_rows[0]
+    for d in args.dense_rows:
+        one = statistics.median(got[d, args.batches[0]])
+        for b in args.batches:
+            ratio = statistics.median(x / y for x, y in zip(got[d, b], got[first, b]))
+            print(f"dense_rows {d:3d} B={b:3d}  {statistics.median(got[d, b]):8.1f}  x{statistics.median(got[d, b]) / one:.2f}"
+                  f" of B={args.batches[0]}  x{ratio:.2f} of dense_rows {first}")
 
 
 if __name__ == "__main__":

@@ -146,3 +146,38 @@ def fused_linear(
         return residual.add_(to_fixed(y) if residual.dtype == torch.int64 else y)
     y = y if residual is None else residual + y
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def cublas_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    act_dtype: torch.dtype = torch.bfloat16,
+    out_dtype: torch.dtype | None = None,
+    inplace: bool = False,
+    **_,
+) -> torch.Tensor:
+    """fused_linear's contract (x and an in-place residual may be int64 fixed-point accumulators) for a
+    dense weight w (N, K) of act_dtype through cuBLAS: the decode steps of many rows, where the
+    batch-invariant kernels' per-row work costs more than the weights' bytes (backends/cuda_graph.py's
+    dense steps). x (M, K) -> RMSNorm (norm=(weight, eps)) in act_dtype, y = x @ w.T + bias rounded to
+    act_dtype as model.py's Linear rounds it, then added unrounded into the residual (fixed point:
+    kernels/triton_decode.add_fixed) or returned in out_dtype. (The other keywords of fused_linear,
+    split and counters, have nothing to split here.)"""
+    from .triton_decode import add_fixed
+    from .triton_epilogue import from_fixed
+    from .triton_prefill import rmsnorm_rows
+
+    if norm is not None:
+        h = rmsnorm_rows(x, *norm).to(act_dtype)
+    else:
+        h = (from_fixed(x) if x.dtype == torch.int64 else x).to(act_dtype)
+    y = F.linear(h, w, None if bias is None else bias.to(act_dtype))
+    if residual is None:
+        return y if out_dtype is None else y.to(out_dtype)
+    if not inplace:
+        residual = residual.clone()
+    return add_fixed(residual, y) if residual.dtype == torch.int64 else residual.add_(y)
+

@@ -5,6 +5,9 @@ embed_fixed: ids (T,) -> their embedding rows (T, C) into the residual stream, a
 glu_rows: gate/up sums (T, 2F) interleaved, in an int64 fixed-point accumulator -> silu(gate) * up
   (T, F) in the activation dtype, each op rounded as model.py's modules round it (the dense products'
   down-projection input); the accumulator is cleared for the next step.
+add_fixed: a product's output y (T, N) (cuBLAS's, in the activation dtype) added into an int64
+  fixed-point accumulator (y times FIXED_ONE, truncated: triton_epilogue.to_fixed): the decode steps
+  of many rows that multiply dense weights (backends/cuda_graph.py's dense steps).
 greedy_ids: logits (T, V) fp32 -> each row's argmax (T,) int64, the first index of the largest value as
   torch.argmax gives it, inside the step's graph (torch's argmax of a large vocabulary and the copy of
   its id back into the graph were a measurable share of a quantized 8B step: docs/PERFORMANCE.md).
@@ -87,6 +90,29 @@ def glu_rows(acc: torch.Tensor, dtype: torch.dtype, block: int = 1024, gelu: boo
     _glu_rows_kernel[(t, triton.cdiv(f, block))](acc, out, f, BLOCK=block, PDL=PDL, GELU=gelu, num_warps=4,
                                                 launch_pdl=PDL, **FUSION)
     return out
+
+
+@triton.jit
+def _add_fixed_kernel(acc_ptr, y_ptr, N, acc_stride, y_stride, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (row r, block j): acc[r, j BLOCK + i] += to_fixed(y[r, j BLOCK + i])."""
+    pdl_start(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < N
+    y = tl.load(y_ptr + r * y_stride + i, mask=mask, other=0.0).to(tl.float32)
+    a = acc_ptr + r * acc_stride + i
+    tl.store(a, tl.load(a, mask=mask, other=0) + (y * FIXED_ONE).to(tl.int64), mask=mask)
+
+
+def add_fixed(acc: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """acc (T, N) int64 fixed point (rows may be a column range of a wider accumulator) += y (T, N)
+    -> acc. Reference: acc + triton_epilogue.to_fixed(y)."""
+    assert acc.dtype == torch.int64 and acc.shape == y.shape and acc.stride(1) == 1
+    y = y.contiguous()
+    t, n = acc.shape
+    _add_fixed_kernel[(t, triton.cdiv(n, block))](acc, y, n, acc.stride(0), y.stride(0), BLOCK=block, PDL=PDL,
+                                                  num_warps=4, launch_pdl=PDL, **FUSION)
+    return acc
 
 
 ARGMAX_BLOCK = 4096  # logits a greedy_ids program takes

@@ -139,6 +139,13 @@ class GpuSettings:
     # them fit in this share of the GPU memory then free (after the model and its KV cache); 0: never.
     # An 8B model's are ~14 GB in bf16: kept on an 80 GB card, not on a 24 GB one.
     dense_prompt_share: float = 0.5
+    # Decode steps of at least this many slots (serve's continuous batching: buckets of 32, 64 rows)
+    # multiply dense values through cuBLAS, in one pass, where every layer weight has them (a dense
+    # model's own, or the decoded copies above): there the batch-invariant integer kernels are bound
+    # by their per-row work, not the weights' bytes (docs/PERFORMANCE.md). A row's bits then depend on
+    # how many slots share its step; smaller steps keep them (each slot decodes as it would alone:
+    # serve's 16 concurrent greedy streams equal each served alone). 0: never.
+    dense_decode_rows: int = 32
 
 
 DEFAULT_SAMPLING = SamplingSettings()

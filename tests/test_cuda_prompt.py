@@ -70,7 +70,8 @@ def test_several_padded_prompts_equal_their_eager_pass(name):
     got_slots, got_cache = noisy_slots(rt, prefix)
     noise = [t.clone() for t in got_cache]
     graphs = cuda_prompt.PromptGraphs(rt.model, got_slots.capacity)
-    assert graphs.many_bucket(prompts, starts, 64) == (4, 16) and graphs.many_bucket(prompts, starts, 63) is None
+    assert graphs.many_bucket(prompts, starts, 48) == (3, 16) and graphs.many_bucket(prompts, starts, 47) is None
+    assert graphs.many_bucket(prompts + prompts[:2], starts + starts[:2], 96) == (6, 16)  # 5 prompts: 6's graph
     assert graphs.many_bucket(prompts[:1], starts[:1], 64) is None  # one prompt: its own graph
     gr = cuda_prompt.PromptGraph(rt.model, 16, 4)
     gr.set(which, prompts, starts)

@@ -69,3 +69,24 @@ def test_the_runtime_keeps_copies_in_a_share_of_free_memory_once(monkeypatch):
     never.dense_prompt_share = 0.0
     never.keep_dense_prompts()
     assert never.dense_prompt_bytes == 0
+
+
+def test_slot_caches_keep_the_heads_copy_where_it_fits(monkeypatch):
+    """With head=True (the runtime's first pass is a slot cache's: serve's dense decode steps) the
+    quantized head is decoded too, if it fits beside the layers' copies; else the layers' alone."""
+    rt = runtime("Q8_0")
+    ws, out = cuda.prompt_qweights(rt.model), rt.model.output.w
+    need = sum(w.shape[0] * w.shape[1] for w in ws) * 4
+    with_head = need + out.shape[0] * out.shape[1] * 4
+    assert cuda.keep_dense_prompt_weights(rt.model, torch.float32, with_head - 1, head=True) == need
+    assert out.dense is None and all(w.dense is not None for w in ws)
+    rt = runtime("Q8_0")
+    out = rt.model.output.w
+    assert cuda.keep_dense_prompt_weights(rt.model, torch.float32, with_head, head=True) == with_head
+    assert torch.equal(out.dense, linear.dequantize_qweight(out, torch.float32))
+    monkeypatch.setattr(cuda.torch.cuda, "mem_get_info", lambda device=None: (1 << 40, 1 << 40))
+    for rows, kept in ((32, with_head), (0, need)):  # dense_decode_rows 0: no dense steps, no head copy
+        rt = runtime("Q8_0")
+        rt.dense_decode_rows = rows
+        rt.keep_dense_prompts(slots=True)
+        assert rt.dense_prompt_bytes == kept

@@ -175,3 +175,43 @@ def test_warm_up_runs_every_bucket_and_leaves_the_slots_as_they_were(monkeypatch
         warm = cuda_slots.decode_slots(fast, slots, which, tokens, use_graph=False).clone()
         want = cuda_slots.decode_slots(fast, cold, which, tokens, use_graph=False)
     assert torch.equal(warm, want)
+
+
+@pytest.mark.parametrize("cfg,wtype,head", [(SMALL, "Q8_0", False), (SMALL, "Q8_0", True), (SMALL, "f32", False),
+                                            (SMALL_GEMMA, "Q8_0", False)],
+                         ids=["llama-q8", "llama-q8-head", "llama-f32", "gemma-q8"])
+def test_dense_steps_multiply_the_decoded_copies(cfg, wtype, head, monkeypatch):
+    """A bucket of dense_rows or more rows whose layer weights have dense values (the quantized
+    weights' decoded copies, keep_dense_prompt_weights; an f32 model's own) is a dense step: its layer
+    products take float x through F.linear, so its rows are the fp32 reference's with only the head's
+    input through int8 where the head has no copy (its kernel), well within the kernels' int8 error,
+    and it writes the same cache rows only."""
+    from localllm.backends.cuda import keep_dense_prompt_weights
+    from localllm.quantize.act import dequantize_act, quantize_act as int8_act
+
+    state, fast, seqs, which, tokens = three_slot_step(cfg, wtype, monkeypatch)
+    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
+    with torch.inference_mode():
+        kept = keep_dense_prompt_weights(fast, torch.float32, 1 << 40, head=head)
+        assert (kept > 0) == (wtype != "f32")
+        slots = prefilled(fast, cfg, seqs)
+        before = copy(slots)
+        rows = cuda_slots.decode_slots(fast, slots, which, tokens, use_graph=False, dense_rows=4).clone()
+        assert slots.tables[("cuda", False)][4].dense
+        kernels = cuda_slots.decode_slots(fast, copy(before), which, tokens, use_graph=False).clone()
+        for s in range(4):  # the same rows written as the kernels' step writes, nothing else
+            p = PROMPTS[s]
+            k, k0 = slots.cache.k[:, s], before.cache.k[:, s]
+            assert torch.equal(k[:, :, :p], k0[:, :, :p]) and torch.equal(k[:, :, p + 1:], k0[:, :, p + 1:])
+            assert torch.equal(k[:, :, p], k0[:, :, p]) == (s not in which)
+        ref_slots = prefilled(ref, cfg, seqs)
+        if wtype != "f32" and not head:  # the head's int8 input, as its kernel takes it
+            def through_int8(_m, _args, y):
+                q, d, _ = int8_act(y.reshape(-1, y.shape[-1]))
+                return dequantize_act(q, d).reshape(y.shape)
+            ref.output_norm.register_forward_hook(through_int8)
+        want = slot_steps.decode_slots(ref, ref_slots, which, tokens)
+    for i in range(3):
+        assert rel(rows[i], want[i]) < 2e-5, which[i]
+        if wtype != "f32":  # the kernels' step: int8 x in every product
+            assert rel(kernels[i], want[i]) > 1e-4, which[i]

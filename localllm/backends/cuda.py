@@ -11,7 +11,8 @@
   captures them too).
 - Continuous batching (decode_slots: many slots of one cache, each at its own position):
   backends/cuda_slots.py, GraphDecoder's kernels over the step's slots, a graph per bucket of slot
-  counts (1, 2, 4, .., 64), each row the bits of that slot decoded alone.
+  counts (1, 2, 4, .., 64), each row the bits of that slot decoded alone; buckets of dense_decode_rows
+  or more multiply the kept dense copies through cuBLAS instead (dense steps).
 Each op computes what model.py's reference op computes, within rounding (tests/gpu).
 """
 
@@ -140,17 +141,23 @@ def prompt_qweights(model: Transformer) -> list[QWeight]:
     return [w for w in ws if isinstance(w, QWeight) and not isinstance(w, BlockQWeight)]
 
 
-def keep_dense_prompt_weights(model: Transformer, dtype: torch.dtype, budget: int) -> int:
+def keep_dense_prompt_weights(model: Transformer, dtype: torch.dtype, budget: int, head: bool = False) -> int:
     """Each prompt product's weight decoded to dtype once and kept as its QWeight.dense (what
     kernels/linear.dequant_product would decode on every prompt: the same values, so the same products)
-    when all of them fit in `budget` bytes -> bytes kept (0: none, nothing changed)."""
-    ws = prompt_qweights(model)
-    need = sum(w.shape[0] * w.shape[1] for w in ws) * dtype.itemsize
-    if not ws or need > budget:
-        return 0
-    for w in ws:
-        w.dense = dequantize_qweight(w, dtype)
-    return need
+    when all of them fit in `budget` bytes -> bytes kept (0: none, nothing changed). head: the output
+    head's too (a quantized one) where it fits beside them, for the dense decode steps of many slots
+    (cuda_slots.dense_ready)."""
+    ws, out = prompt_qweights(model), model.output_weight()
+    sets = [ws]
+    if head and type(out) is QWeight and cuda_slots.dense_ready(model, copies=False):
+        sets.insert(0, ws + [out])
+    for ws in sets:
+        need = sum(w.shape[0] * w.shape[1] for w in ws) * dtype.itemsize
+        if ws and need <= budget:
+            for w in ws:
+                w.dense = dequantize_qweight(w, dtype)
+            return need
+    return 0
 
 
 # ---- prompts: a shape seen before replays a graph
@@ -237,15 +244,20 @@ class CudaRuntime(Runtime):
         # first prompt (keep_dense_prompt_weights; settings.GpuSettings); then the bytes kept
         self.dense_prompt_share = DEFAULT_GPU.dense_prompt_share
         self.dense_prompt_bytes: int | None = None
+        # decode_slots' buckets of at least this many rows multiply those dense values (cuda_slots)
+        self.dense_decode_rows = DEFAULT_GPU.dense_decode_rows
 
-    def keep_dense_prompts(self) -> None:
+    def keep_dense_prompts(self, slots: bool = False) -> None:
         """Once, before the first prompt pass (the KV cache or the slots already allocated, so their
         memory is not what the copies take): keep_dense_prompt_weights within dense_prompt_share of the
-        memory then free. Every later prompt graph and pass multiplies the kept copies."""
+        memory then free. Every later prompt graph and pass multiplies the kept copies. slots: the first
+        pass is a slot cache's (serve's), whose steps of dense_decode_rows or more slots multiply the
+        copies too, the head's among them."""
         if self.dense_prompt_bytes is None:
             free = torch.cuda.mem_get_info(self.device)[0]
             budget = int(free * self.dense_prompt_share)
-            self.dense_prompt_bytes = keep_dense_prompt_weights(self.model, self.dtype, budget)
+            head = slots and self.dense_decode_rows > 0
+            self.dense_prompt_bytes = keep_dense_prompt_weights(self.model, self.dtype, budget, head)
 
     def release(self, slots: Sequence[Slots] = ()) -> None:
         """The decode steps' and the prompt's graphs, and the slots' (the tensor-parallel ones hold NCCL
@@ -317,7 +329,7 @@ class CudaRuntime(Runtime):
         """A prompt whose padded length fits the slot replays its bucket's graph (backends/cuda_prompt.py:
         serve's prompts are host-bound eagerly); others (and a bucket whose graph found no memory) run
         the eager forward."""
-        self.keep_dense_prompts()
+        self.keep_dense_prompts(slots=True)
         graphs = prompt_graphs(self.model, slots)
         if graphs is None or not graphs.takes(len(ids), start):
             return super().prefill_slot(slots, slot, ids, start)
@@ -332,7 +344,7 @@ class CudaRuntime(Runtime):
                       starts: list[int]) -> torch.Tensor:
         """Several prompts replay a graph of several (backends/cuda_prompt.py) where one takes them;
         others (and a bucket whose graph found no memory) run the eager forward."""
-        self.keep_dense_prompts()
+        self.keep_dense_prompts(slots=True)
         graphs = prompt_graphs(self.model, slots)
         key = None if graphs is None else graphs.many_bucket(prompts, starts, DEFAULT_SERVE.prefill_tokens)
         if key is not None:  # (the eager pass checks its own input, as prefill_slot's does)
@@ -349,7 +361,9 @@ class CudaRuntime(Runtime):
         a graph per bucket of slot counts); the logits are the bucket's buffer, overwritten by its
         next step."""
         check_rows(slots, which, tokens)
-        return cuda_slots.decode_slots(self.model, slots, which, tokens, reducer=self.all_reduce)
+        self.keep_dense_prompts(slots=True)  # (before the first decoder: its dense steps multiply the copies)
+        return cuda_slots.decode_slots(self.model, slots, which, tokens, reducer=self.all_reduce,
+                                       dense_rows=self.dense_decode_rows)
 
     @torch.inference_mode()
     def warm_up_slots(self, slots: Slots, prefill_tokens: int = DEFAULT_SERVE.prefill_tokens) -> int:
@@ -360,14 +374,14 @@ class CudaRuntime(Runtime):
         kernel compilations and captures. Every slot is left empty (length 0; the rows written are
         overwritten by the first prompts)."""
         n = len(slots.lengths)
-        self.keep_dense_prompts()
+        self.keep_dense_prompts(slots=True)
         if slots.capacity < 8:
             return 0
         warm_up_prompts(self, slots, prefill_tokens, one=super().prefill_slot)  # the eager pass (prompts no
         # bucket takes); then every bucket's graph
         graphs = prompt_graphs(self.model, slots)
         captured = graphs.capture_all(slots, prefill_tokens) if graphs is not None else 0
-        captured += cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce)
+        captured += cuda_slots.warm_up(self.model, slots, reducer=self.all_reduce, dense_rows=self.dense_decode_rows)
         slots.lengths[:] = [0] * n
         self.sync()
         return captured

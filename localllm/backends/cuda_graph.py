@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from localllm.kernels.linear import fused_linear
+from localllm.kernels.linear import cublas_linear, fused_linear
 from localllm.kernels.qweight import INT_DOT_TYPES, QWeight
 from localllm.kernels.triton_attention import decode_attention, rope_store
 from localllm.kernels.triton_decode import embed_fixed, glu_rows, greedy_ids, greedy_state
@@ -113,9 +113,16 @@ class GraphDecoder:
     decoding's ids."""
 
     def __init__(self, model: Transformer, cache: KVCache, use_graph: bool = True, tokens: int = 1,
-                 greedy: bool = False, rows: int | None = None, reducer: str = "auto"):
+                 greedy: bool = False, rows: int | None = None, reducer: str = "auto", dense: bool = False):
         cfg = model.cfg
         self.model, self.cache, self.cfg, self.use_graph, self.tokens = model, cache, cfg, use_graph, tokens
+        # a dense step: the layers' products whose weights have dense values in the activation dtype (a
+        # dense model's, or the quantized weights' decoded copies: backends/cuda.py's
+        # keep_dense_prompt_weights) multiply them through cuBLAS (kernels/linear.cublas_linear), fed by
+        # the float forms of the kernels around them; the others (the head without a copy) take their
+        # kernels. For many rows, where the batch-invariant kernels are bound by per-row work: a row's
+        # bits then depend on the step's row count (cuBLAS picks its kernel by shape).
+        self.dense = dense
         # sequences x tokens each (rows given: cuda_slots.SlotDecoder's rows, any slots of the cache)
         self.rows = rows = rows or cache.k.shape[1] * tokens
         # greedy: the step ends with each row's argmax written into its own input ids (step_greedy)
@@ -176,7 +183,22 @@ class GraphDecoder:
         self._lin(a, w, residual=self.reducer.take(), split=None, inplace=True, **kw)
         return self.reducer.reduce(x)
 
+    def _dense(self, w) -> torch.Tensor | None:
+        """In a dense step, w's dense values (N, K) for cuBLAS; None: w takes its kernel."""
+        if not self.dense:
+            return None
+        d = w.dense if isinstance(w, QWeight) else w
+        return d if isinstance(d, torch.Tensor) and d.dtype == self.act else None
+
+    def _int_dot(self, w) -> bool:
+        """w's product takes an int8 x (made by the kernel before it where that kernel can)."""
+        return int_dot(w) and self._dense(w) is None
+
     def _lin(self, x, w, norm=None, **kw) -> torch.Tensor:
+        d = self._dense(w)
+        if d is not None:
+            assert "xq" not in kw and not kw.get("glu"), "a dense step's products take float x"
+            return cublas_linear(x, d, norm=norm, act_dtype=self.act, **kw)
         quantized = isinstance(w, QWeight)
         if quantized and w.has_kernel and norm is not None and w.qtype not in INT_DOT_TYPES and "xq" not in kw:
             # Float-decoding matvecs are bound by instructions: normalise once (a small kernel) instead
@@ -197,7 +219,7 @@ class GraphDecoder:
             kw = {"xq": xq} if xq is not None else {"norm": norm}
             self._lin(x, L.qkv, bias=L.qkv_bias, residual=qkv, inplace=True, split=None, **kw)
         else:
-            if xq is None and all(int_dot(m.w) for m in ms):
+            if xq is None and all(self._int_dot(m.w) for m in ms):
                 xq = quantize_act(x, *norm)
             start = 0
             for j, m in enumerate(ms):
@@ -223,7 +245,7 @@ class GraphDecoder:
                            slots=self.slot)
         kw = {"tokens": self.tokens, "rope": rope, "slots": self.slot}
         d32 = cfg.head_dim // 32
-        if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
+        if self._int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
             # the output projection's int8 input comes from the attention's combine kernel
             att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, **kw)
             return self._residual(att, a.attn_output.w, x, xq=xq)
@@ -242,7 +264,7 @@ class GraphDecoder:
                   slots=self.slot)
         d32 = cfg.head_dim // 32
         bias = a.attn_output.bias
-        if int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
+        if self._int_dot(a.attn_output.w) and cfg.head_dim % 32 == 0 and d32 & (d32 - 1) == 0:
             att, xq = decode_attention(q, kc, vc, self.pos, cfg.n_kv_heads, quantize=True, **kw)
             kw = {"xq": xq}
         else:
@@ -263,7 +285,7 @@ class GraphDecoder:
         int8 input from this kernel too (xq_next)."""
         nw, ws = nxt
         c = self.cfg.dim
-        if ws and all(int_dot(w) for w in ws) and c % 32 == 0 and c // 32 <= WHOLE_ROW_BLOCKS:
+        if ws and all(self._int_dot(w) for w in ws) and c % 32 == 0 and c // 32 <= WHOLE_ROW_BLOCKS:
             x, self.xq_next = add_normed(x, self.h_acc, weight, self.cfg.norm_eps, self.act,
                                          quantize=(nw, self.cfg.norm_eps))
             return x
@@ -296,7 +318,7 @@ class GraphDecoder:
             # projection's input.
             nkw = {"xq": xq} if xq is not None else {"norm": norm}
             self._lin(x, L.gate_up, residual=self.gu_acc, inplace=True, split=None, **nkw)
-            if int_dot(b.ffn_down.w):
+            if self._int_dot(b.ffn_down.w):
                 a, kw = x, {"xq": quantize_act(self.gu_acc, glu_dtype=self.act, gelu=gelu)}
             else:
                 a = glu_rows(self.gu_acc, self.act, gelu=gelu)

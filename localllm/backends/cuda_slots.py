@@ -21,6 +21,13 @@ their K split chosen from the weight's shape only. Dense (bf16)
 weights take the tensor-core kernel up to triton_gemv.DENSE_ROWS (16) rows and another kernel past
 that, so a model with dense products runs a step of more slots as several passes of at most 16.
 
+Dense steps: a bucket of at least dense_rows rows (the runtime's GpuSettings.dense_decode_rows, 32) of a
+model whose layer weights all have dense values (dense_ready: a dense model's own, or the quantized
+weights' decoded copies that the runtime keeps for prompts) runs GraphDecoder's dense form, in one pass:
+cuBLAS products on float x (kernels/linear.cublas_linear). At 64 rows of the 8B Q4_K_M shape that step
+is 2.6x faster than the integer tensor-core kernels (docs/PERFORMANCE.md, fourteenth session); its
+rows' bits depend on the bucket (cuBLAS picks kernels by shape), so batch invariance holds below it.
+
 The decoders (and their graphs) live in slots.tables, dropped with the Slots. Each graph keeps its
 own memory pool (intermediates only: the state between steps is the decoder's buffers).
 """
@@ -51,8 +58,9 @@ class SlotDecoder(GraphDecoder):
     """GraphDecoder over `rows` rows, each one token of any slot of `cache` (the slots' (L, n, Hkv, S, D)
     cache) at its own position."""
 
-    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True, reducer: str = "auto"):
-        super().__init__(model, cache, use_graph=use_graph, rows=rows, reducer=reducer)
+    def __init__(self, model: Transformer, cache, rows: int, use_graph: bool = True, reducer: str = "auto",
+                 dense: bool = False):
+        super().__init__(model, cache, use_graph=use_graph, rows=rows, reducer=reducer, dense=dense)
         # positions (row 0) and slot indices (row 1) of the rows, int32: the graph's inputs with token
         self.meta = torch.zeros(2, rows, dtype=torch.int32, device=cache.k.device)
         self.pos, self.slot = self.meta[0], self.meta[1]
@@ -101,6 +109,26 @@ def most_rows(model: Transformer) -> int | None:
     return DENSE_ROWS if any(isinstance(w, torch.Tensor) for w in ws) else None
 
 
+def dense_ready(model: Transformer, copies: bool = True) -> bool:
+    """Every layer product the decode step runs (the fused q|k|v and gate/up where fused, as
+    GraphDecoder takes them) has dense values in the activation dtype: a dense model's weights, or the
+    quantized weights' decoded copies (backends/cuda.py's keep_dense_prompt_weights). Not for mixtures
+    of experts or tensor-parallel shards (their steps keep the kernels). copies=False: the model's kind
+    only (whether its copies would serve dense steps)."""
+    if model.cfg.n_experts or getattr(model, "tp", None) is not None:
+        return False
+    if not copies:
+        return True
+    act, ws = model.token_embd.weight.dtype, []
+    for blk in model.blk:
+        a = blk.attn
+        ws += [a.fused_qkv[0]] if a.fused_qkv is not None else [a.attn_q.w, a.attn_k.w, a.attn_v.w]
+        ws += [a.attn_output.w, blk.ffn_down.w]
+        ws += [blk.fused_gate_up] if blk.fused_gate_up is not None else [blk.ffn_gate.w, blk.ffn_up.w]
+    dense = [w if isinstance(w, torch.Tensor) else getattr(w, "dense", None) for w in ws]
+    return all(isinstance(d, torch.Tensor) and d.dtype == act for d in dense)
+
+
 def decoders(slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
     """The slots' decoders by bucket (kept in slots.tables)."""
     return slots.tables.setdefault(("cuda", use_graph), {})
@@ -108,25 +136,27 @@ def decoders(slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
 
 @torch.inference_mode()
 def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: torch.Tensor,
-                 use_graph: bool = True, reducer: str = "auto") -> torch.Tensor:
+                 use_graph: bool = True, reducer: str = "auto", dense_rows: int = 0) -> torch.Tensor:
     """slots.decode_slots' step (checked by the caller) -> logits (N, V) fp32 (a view of the bucket's
     buffer, overwritten by the next step of that bucket); lengths advanced. reducer: a tensor-parallel
-    model's all-reduce (cuda_tp.REDUCERS)."""
+    model's all-reduce (cuda_tp.REDUCERS). dense_rows: buckets of at least this many rows are dense
+    steps (GraphDecoder's `dense`: cuBLAS on dense values, in one pass) where dense_ready (0: never)."""
     if "cuda most rows" not in slots.tables:
-        slots.tables["cuda most rows"] = most_rows(model)
-    most = slots.tables["cuda most rows"]
-    if most is not None and len(which) > most:  # passes of at most `most` rows, each its own copy
-        ids = tokens.view(-1)
-        return torch.cat([decode_slots(model, slots, which[i:i + most], ids[i:i + most], use_graph, reducer).clone()
-                          for i in range(0, len(which), most)])
+        slots.tables["cuda most rows"] = most_rows(model), dense_ready(model)
+    most, ready = slots.tables["cuda most rows"]
     n = len(which)
+    rows = bucket(n)
+    dense = ready and 0 < dense_rows <= rows
+    if not dense and most is not None and n > most:  # passes of at most `most` rows, each its own copy
+        ids = tokens.view(-1)
+        return torch.cat([decode_slots(model, slots, which[i:i + most], ids[i:i + most], use_graph, reducer,
+                                       dense_rows).clone() for i in range(0, n, most)])
     if n == 0:
         return torch.empty(0, model.cfg.vocab_size, dtype=torch.float32, device=model.token_embd.weight.device)
     found = decoders(slots, use_graph)
-    rows = bucket(n)
     dec = found.get(rows)
     if dec is None:
-        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph, reducer)
+        dec = found[rows] = SlotDecoder(model, slots.cache, rows, use_graph, reducer, dense)
     pad = rows - n  # padding rows repeat row 0
     ids = tokens.view(-1).to(device=dec.token.device, dtype=torch.long)
     if pad:
@@ -139,7 +169,8 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
 
 
 @torch.inference_mode()
-def warm_up(model: Transformer, slots: Slots, use_graph: bool = True, reducer: str = "auto") -> int:
+def warm_up(model: Transformer, slots: Slots, use_graph: bool = True, reducer: str = "auto",
+            dense_rows: int = 0) -> int:
     """Run one step of 1, 2, 4, .. slots, every bucket (and pass size) a step of up to all the slots can
     take, so each decoder's graph is captured now -> graphs captured. Slots' lengths are restored; the
     rows written (at each slot's current position) are overwritten by its next step or prompt."""
@@ -152,7 +183,8 @@ def warm_up(model: Transformer, slots: Slots, use_graph: bool = True, reducer: s
     for b in sorted({bucket(k) for k in range(1, n + 1)}):
         k = min(b, n)  # a step of k slots runs bucket b (dense weights: passes of most_rows' size)
         known = {id(d) for d in decoders(slots, use_graph).values()}
-        decode_slots(model, slots, list(range(k)), torch.ones(k, dtype=torch.long, device=dev), use_graph, reducer)
+        decode_slots(model, slots, list(range(k)), torch.ones(k, dtype=torch.long, device=dev), use_graph, reducer,
+                     dense_rows)
         slots.lengths[:] = before
         captured += sum(d.captures for d in decoders(slots, use_graph).values() if id(d) not in known)
     return captured

@@ -117,3 +117,47 @@ def test_buckets_share_one_slots_cache(runtime):
             assert torch.equal(one, logits[row]), (which, s)
     found = slots.tables[("cuda", True)]
     assert {b: d.captures for b, d in found.items()} == {4: 1, 1: 1, 16: 1}
+
+
+def test_dense_steps_of_many_slots(runtime, request):
+    """A step of 40 slots (bucket 64 >= dense_decode_rows: a dense step where every layer weight has
+    dense values, the quantized ones' decoded copies; one graph, replayed) against the CPU fp32
+    forward of each sequence (the oracle of tests/gpu/test_gpu_slots.py, same tolerance); a model that
+    cannot (the mixture of experts) keeps the kernels: each row the bits of that slot alone."""
+    from localllm.backends.cuda_slots import dense_ready
+    from localllm.load import build_model
+    from localllm.synthetic import synthetic_state
+
+    rt, n = runtime, 40
+    cfg, wtype = MODELS[request.node.callspec.params["runtime"]]
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, cfg.vocab_size, (CAP,), generator=g).tolist() for _ in range(n)]
+    slots = rt.new_slots(n, CAP)
+    for s in range(n):
+        rt.prefill_slot(slots, s, seqs[s][:1 + (5 * s) % 13], 0)
+    start = copy_slots(slots)
+    which = list(range(n))
+    batched = {}
+    for _ in range(STEPS):
+        pos = [slots.lengths[s] for s in which]
+        logits = rt.decode_slots(slots, which, torch.tensor([seqs[s][q] for s, q in zip(which, pos)], device=rt.device))
+        for row, (s, q) in enumerate(zip(which, pos)):
+            batched[s, q] = logits[row].float().cpu()
+    dec = slots.tables[("cuda", True)][64]
+    assert dec.captures == 1 and dec.dense == dense_ready(rt.model) == (not cfg.n_experts)
+    if not dec.dense:
+        alone = copy_slots(start)
+        for s in which[::7]:
+            for _ in range(STEPS):
+                q = alone.lengths[s]
+                got = rt.decode_slots(alone, [s], torch.tensor([seqs[s][q]], device=rt.device))[0].cpu()
+                assert torch.equal(got, batched[s, q]), (s, q)
+        return
+    state, _ = synthetic_state(cfg, wtype, "cpu", seed=3)
+    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False)
+    for s in which:
+        m = slots.lengths[s]
+        want = ref.forward(torch.tensor([seqs[s][:m]]), ref.new_cache(m), 0)[0]
+        for q in range(start.lengths[s], m):
+            err = (batched[s, q] - want[q]).abs().max() / want[q].abs().max()
+            assert err < 5e-2, f"slot {s} position {q}: {err}"
