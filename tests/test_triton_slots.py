@@ -215,3 +215,31 @@ def test_dense_steps_multiply_the_decoded_copies(cfg, wtype, head, monkeypatch):
         assert rel(rows[i], want[i]) < 2e-5, which[i]
         if wtype != "f32":  # the kernels' step: int8 x in every product
             assert rel(kernels[i], want[i]) > 1e-4, which[i]
+
+
+def test_a_dense_models_many_slots_take_one_dense_pass(monkeypatch):
+    """An f32 model's step of 20 slots: with dense_rows 32 one dense pass (bucket 32), else passes of
+    DENSE_ROWS (16 + 4: the batch-invariant dense kernel's limit); both the fp32 reference's rows."""
+    monkeypatch.setattr(synthetic, "SAMPLE_ROWS", 32)
+    cfg = SMALL
+    state, _ = synthetic.synthetic_state(cfg, "f32", "cpu", seed=5)
+    fast = graph_model(state, cfg)
+    ref = build_model(cfg, dict(state), "cpu", torch.float32, keep_quantized=False).model
+    n, g = 20, torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, cfg.vocab_size, (3,), generator=g).tolist() for _ in range(n)]
+    which, tokens = list(range(n)), torch.tensor([s[2] for s in seqs])
+    with torch.inference_mode():
+        ref_slots = slot_steps.new_slots(make_cache(cfg, 4, batch=n))
+        for s in which:
+            ref(torch.tensor([seqs[s][:2]]), slot_steps.slot_view(ref_slots.cache, s, 0), 0)
+            ref_slots.lengths[s] = 2
+        want = slot_steps.decode_slots(ref, ref_slots, which, tokens)
+        for rows, buckets in ((32, {32}), (0, {16, 4})):
+            slots = slot_steps.new_slots(make_cache(cfg, 4, batch=n))
+            for s in which:
+                fast(torch.tensor([seqs[s][:2]]), slot_steps.slot_view(slots.cache, s, 0), 0)
+                slots.lengths[s] = 2
+            got = cuda_slots.decode_slots(fast, slots, which, tokens, use_graph=False, dense_rows=rows)
+            found = slots.tables[("cuda", False)]
+            assert set(found) == buckets and all(d.dense == (rows > 0) for d in found.values())
+            assert rel(got, want) < 1e-5 and slots.lengths == [3] * n
