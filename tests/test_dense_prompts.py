@@ -85,8 +85,9 @@ def test_slot_caches_keep_the_heads_copy_where_it_fits(monkeypatch):
     assert cuda.keep_dense_prompt_weights(rt.model, torch.float32, with_head, head=True) == with_head
     assert torch.equal(out.dense, linear.dequantize_qweight(out, torch.float32))
     monkeypatch.setattr(cuda.torch.cuda, "mem_get_info", lambda device=None: (1 << 40, 1 << 40))
-    for rows, kept in ((32, with_head), (0, need)):  # dense_decode_rows 0: no dense steps, no head copy
+    # the head's copy for slot caches whose steps reach dense_decode_rows slots (17 slots: bucket 32)
+    for rows, n, kept in ((32, 17, with_head), (32, 16, need), (0, 64, need), (32, None, need)):
         rt = runtime("Q8_0")
         rt.dense_decode_rows = rows
-        rt.keep_dense_prompts(slots=True)
-        assert rt.dense_prompt_bytes == kept
+        rt.keep_dense_prompts(rt.new_slots(n, 4) if n else None)
+        assert rt.dense_prompt_bytes == kept, (rows, n)

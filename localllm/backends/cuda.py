@@ -247,16 +247,17 @@ class CudaRuntime(Runtime):
         # decode_slots' buckets of at least this many rows multiply those dense values (cuda_slots)
         self.dense_decode_rows = DEFAULT_GPU.dense_decode_rows
 
-    def keep_dense_prompts(self, slots: bool = False) -> None:
+    def keep_dense_prompts(self, slots: Slots | None = None) -> None:
         """Once, before the first prompt pass (the KV cache or the slots already allocated, so their
         memory is not what the copies take): keep_dense_prompt_weights within dense_prompt_share of the
         memory then free. Every later prompt graph and pass multiplies the kept copies. slots: the first
-        pass is a slot cache's (serve's), whose steps of dense_decode_rows or more slots multiply the
-        copies too, the head's among them."""
+        pass is that slot cache's (serve's); where its steps can reach dense_decode_rows slots (dense
+        steps: cuda_slots) the head's copy is kept too."""
         if self.dense_prompt_bytes is None:
             free = torch.cuda.mem_get_info(self.device)[0]
             budget = int(free * self.dense_prompt_share)
-            head = slots and self.dense_decode_rows > 0
+            most = cuda_slots.bucket(len(slots.lengths)) if slots is not None else 0
+            head = 0 < self.dense_decode_rows <= most
             self.dense_prompt_bytes = keep_dense_prompt_weights(self.model, self.dtype, budget, head)
 
     def release(self, slots: Sequence[Slots] = ()) -> None:
@@ -329,7 +330,7 @@ class CudaRuntime(Runtime):
         """A prompt whose padded length fits the slot replays its bucket's graph (backends/cuda_prompt.py:
         serve's prompts are host-bound eagerly); others (and a bucket whose graph found no memory) run
         the eager forward."""
-        self.keep_dense_prompts(slots=True)
+        self.keep_dense_prompts(slots)
         graphs = prompt_graphs(self.model, slots)
         if graphs is None or not graphs.takes(len(ids), start):
             return super().prefill_slot(slots, slot, ids, start)
@@ -344,7 +345,7 @@ class CudaRuntime(Runtime):
                       starts: list[int]) -> torch.Tensor:
         """Several prompts replay a graph of several (backends/cuda_prompt.py) where one takes them;
         others (and a bucket whose graph found no memory) run the eager forward."""
-        self.keep_dense_prompts(slots=True)
+        self.keep_dense_prompts(slots)
         graphs = prompt_graphs(self.model, slots)
         key = None if graphs is None else graphs.many_bucket(prompts, starts, DEFAULT_SERVE.prefill_tokens)
         if key is not None:  # (the eager pass checks its own input, as prefill_slot's does)
@@ -361,7 +362,7 @@ class CudaRuntime(Runtime):
         a graph per bucket of slot counts); the logits are the bucket's buffer, overwritten by its
         next step."""
         check_rows(slots, which, tokens)
-        self.keep_dense_prompts(slots=True)  # (before the first decoder: its dense steps multiply the copies)
+        self.keep_dense_prompts(slots)  # (before the first decoder: its dense steps multiply the copies)
         return cuda_slots.decode_slots(self.model, slots, which, tokens, reducer=self.all_reduce,
                                        dense_rows=self.dense_decode_rows)
 
@@ -374,7 +375,7 @@ class CudaRuntime(Runtime):
         kernel compilations and captures. Every slot is left empty (length 0; the rows written are
         overwritten by the first prompts)."""
         n = len(slots.lengths)
-        self.keep_dense_prompts(slots=True)
+        self.keep_dense_prompts(slots)
         if slots.capacity < 8:
             return 0
         warm_up_prompts(self, slots, prefill_tokens, one=super().prefill_slot)  # the eager pass (prompts no
