@@ -35,7 +35,7 @@ from ..model import Linear, Ops, Transformer, glu, glu_input, project_qkv
 from ..runtime import Runtime
 from ..settings import DEFAULT_GPU, DEFAULT_SERVE
 from ..slots import Slots, check_prefill, check_prefills, check_rows
-from .cuda_graph import GraphDecoder, captured
+from .cuda_graph import GraphDecoder, captured, layer_products
 from .cuda_moe import fuse_experts
 from .cuda_moe_prefill import moe_prefill
 from .cuda_prompt import prompt_graphs
@@ -129,16 +129,9 @@ CUDA_OPS = Ops(rmsnorm=rmsnorm_rows, qkv=cuda_qkv, mlp_in=cuda_mlp_in, moe=moe_p
 
 def prompt_qweights(model: Transformer) -> list[QWeight]:
     """The quantized weights of the prompt forward's products (cuda_qkv's q|k|v, o, mlp_in's gate/up,
-    down; experts and the output head, whose prompt product is one row, are not among them)."""
-    ws = []
-    for blk in model.blk:
-        a = blk.attn
-        ws += [a.fused_qkv[0]] if a.fused_qkv is not None else [a.attn_q.w, a.attn_k.w, a.attn_v.w]
-        ws.append(a.attn_output.w)
-        if blk.moe is None:
-            ws += [blk.fused_gate_up] if blk.fused_gate_up is not None else [blk.ffn_gate.w, blk.ffn_up.w]
-            ws.append(blk.ffn_down.w)
-    return [w for w in ws if isinstance(w, QWeight) and not isinstance(w, BlockQWeight)]
+    down: cuda_graph.layer_products; experts and the output head, whose prompt product is one row, are
+    not among them)."""
+    return [w for w in layer_products(model) if isinstance(w, QWeight) and not isinstance(w, BlockQWeight)]
 
 
 def keep_dense_prompt_weights(model: Transformer, dtype: torch.dtype, budget: int, head: bool = False) -> int:
@@ -149,7 +142,7 @@ def keep_dense_prompt_weights(model: Transformer, dtype: torch.dtype, budget: in
     (cuda_slots.dense_ready)."""
     ws, out = prompt_qweights(model), model.output_weight()
     sets = [ws]
-    if head and type(out) is QWeight and cuda_slots.dense_ready(model, copies=False):
+    if head and type(out) is QWeight and cuda_slots.takes_dense_steps(model):
         sets.insert(0, ws + [out])
     for ws in sets:
         need = sum(w.shape[0] * w.shape[1] for w in ws) * dtype.itemsize

@@ -93,6 +93,21 @@ class LayerWeights:
         self.sinks = a.attn_sinks.weight.float().contiguous() if a.attn_sinks is not None else None
 
 
+def layer_products(model: Transformer) -> list:
+    """The layers' dense-layer product weights as the decode step and the prompt forward take them
+    (fused once at load: backends/cuda.py's fuse): q|k|v (or q, k, v), o, gate/up (or gate, up) and
+    down; a mixture of experts' layer only its attention's (its experts: cuda_moe)."""
+    ws = []
+    for blk in model.blk:
+        a = blk.attn
+        ws += [a.fused_qkv[0]] if a.fused_qkv is not None else [a.attn_q.w, a.attn_k.w, a.attn_v.w]
+        ws.append(a.attn_output.w)
+        if blk.moe is None:
+            ws += [blk.fused_gate_up] if blk.fused_gate_up is not None else [blk.ffn_gate.w, blk.ffn_up.w]
+            ws.append(blk.ffn_down.w)
+    return ws
+
+
 def inv_freqs(model: Transformer, device, capacity: int) -> list[torch.Tensor | None]:
     """Per layer the inverse frequencies (R/2,) fp32 of its rope set (rope.layer_ropes' sets: global
     with the divisors of a cache of this capacity (Transformer.rope_divisors: LongRoPE's set), local

@@ -40,9 +40,9 @@ from .cuda_graph import captured
 # prefills only its last ids), then matmul passes
 BUCKETS = (1, 2, 3, 4, 16, 32, 64, 128, 256, 512)
 # prompts a graph of several takes, for prompts of at least MANY_ROWS padded rows (shorter ones, rare
-# in a pass of several, run eagerly); n Tb <= the pass's ids (ServeSettings.prefill_tokens). Steps of
-# at most a third (powers of two wasted up to half a pass: a burst of 9 prompts of 128 ids took the
-# 16-prompt graph, as long as 16; docs/PERFORMANCE.md, fourteenth session)
+# in a pass of several, run eagerly); n Tb <= the pass's ids (ServeSettings.prefill_tokens). Padding
+# takes at most a quarter of a pass (9 prompts in 12's graph; with powers of two only, 9 prompts of 128
+# ids took 16's, as long as 16 prompts: docs/PERFORMANCE.md, fourteenth session)
 PROMPTS = (2, 3, 4, 6, 8, 12, 16)
 MANY_ROWS = 16
 

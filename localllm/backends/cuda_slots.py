@@ -40,7 +40,7 @@ from localllm.kernels.triton_gemv import DENSE_ROWS
 
 from ..model import Transformer
 from ..slots import Slots
-from .cuda_graph import GraphDecoder, captured
+from .cuda_graph import GraphDecoder, captured, layer_products
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -109,23 +109,20 @@ def most_rows(model: Transformer) -> int | None:
     return DENSE_ROWS if any(isinstance(w, torch.Tensor) for w in ws) else None
 
 
-def dense_ready(model: Transformer, copies: bool = True) -> bool:
-    """Every layer product the decode step runs (the fused q|k|v and gate/up where fused, as
-    GraphDecoder takes them) has dense values in the activation dtype: a dense model's weights, or the
-    quantized weights' decoded copies (backends/cuda.py's keep_dense_prompt_weights). Not for mixtures
-    of experts or tensor-parallel shards (their steps keep the kernels). copies=False: the model's kind
-    only (whether its copies would serve dense steps)."""
-    if model.cfg.n_experts or getattr(model, "tp", None) is not None:
+def takes_dense_steps(model: Transformer) -> bool:
+    """The model's kind runs dense steps: not a mixture of experts or a tensor-parallel shard (their
+    steps keep the kernels)."""
+    return not model.cfg.n_experts and getattr(model, "tp", None) is None
+
+
+def dense_ready(model: Transformer) -> bool:
+    """takes_dense_steps, and every layer product the decode step runs (cuda_graph.layer_products) has
+    dense values in the activation dtype: a dense model's weights, or the quantized weights' decoded
+    copies (backends/cuda.py's keep_dense_prompt_weights)."""
+    if not takes_dense_steps(model):
         return False
-    if not copies:
-        return True
-    act, ws = model.token_embd.weight.dtype, []
-    for blk in model.blk:
-        a = blk.attn
-        ws += [a.fused_qkv[0]] if a.fused_qkv is not None else [a.attn_q.w, a.attn_k.w, a.attn_v.w]
-        ws += [a.attn_output.w, blk.ffn_down.w]
-        ws += [blk.fused_gate_up] if blk.fused_gate_up is not None else [blk.ffn_gate.w, blk.ffn_up.w]
-    dense = [w if isinstance(w, torch.Tensor) else getattr(w, "dense", None) for w in ws]
+    act = model.token_embd.weight.dtype
+    dense = [w if isinstance(w, torch.Tensor) else getattr(w, "dense", None) for w in layer_products(model)]
     return all(isinstance(d, torch.Tensor) and d.dtype == act for d in dense)
 
 
@@ -141,9 +138,9 @@ def decode_slots(model: Transformer, slots: Slots, which: list[int], tokens: tor
     buffer, overwritten by the next step of that bucket); lengths advanced. reducer: a tensor-parallel
     model's all-reduce (cuda_tp.REDUCERS). dense_rows: buckets of at least this many rows are dense
     steps (GraphDecoder's `dense`: cuBLAS on dense values, in one pass) where dense_ready (0: never)."""
-    if "cuda most rows" not in slots.tables:
-        slots.tables["cuda most rows"] = most_rows(model), dense_ready(model)
-    most, ready = slots.tables["cuda most rows"]
+    if "cuda passes" not in slots.tables:
+        slots.tables["cuda passes"] = most_rows(model), dense_ready(model)  # (most rows a pass, dense steps)
+    most, ready = slots.tables["cuda passes"]
     n = len(which)
     rows = bucket(n)
     dense = ready and 0 < dense_rows <= rows
