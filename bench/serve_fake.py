@@ -48,6 +48,7 @@ class SleepingRuntime:
     step_s: float
     prompt_s: float
     device: torch.device = torch.device("cpu")
+    steps_async: bool = False  # each step sleeps inside decode_slots
     model: object = None
     gaps: list[float] = field(default_factory=list)
     last: float | None = None
@@ -88,6 +89,7 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=2.0, help="a decode step's sleep (any row count)")
     p.add_argument("--prompt-ms", type=float, default=3.0, help="a prefill pass's sleep per prompt")
     p.add_argument("-np", "--parallel", type=int, default=64)
+    p.add_argument("--log-level", default="warning", help="debug: the engine's lines for bench/serve_timeline.py")
     args = p.parse_args()
     lm = load_model(None, device="cpu")  # the default model's tokenizer and chat template
     rt = SleepingRuntime(args.step_ms / 1e3, args.prompt_ms / 1e3)
@@ -95,7 +97,7 @@ def main() -> None:
     template, _ = resolve_template(None, lm.tokenizer.chat_template)
     print(f"serving on 127.0.0.1:{args.port}", flush=True)
     try:
-        serve_forever(Served(engine, lm.tokenizer, template, ("fake",)), listen("127.0.0.1", args.port), "warning")
+        serve_forever(Served(engine, lm.tokenizer, template, ("fake",)), listen("127.0.0.1", args.port), args.log_level)
     finally:
         if rt.gaps:
             q = statistics.quantiles(rt.gaps, n=10)

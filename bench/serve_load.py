@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import time
 
 import openai
@@ -82,16 +83,65 @@ async def one_request(api: openai.AsyncOpenAI, model: str, ids: list[int], gen: 
                 "tokens": tokens or len(stamps), "retried": attempt}
 
 
-async def client_loop(api, model, prompts: list[list[int]], args) -> list[dict]:
-    return [await one_request(api, model, ids, args.gen_tokens) for ids in prompts]
+async def client_loop(api, model, prompts: list[list[int]], gen: int) -> list[dict]:
+    return [await one_request(api, model, ids, gen) for ids in prompts]
 
 
-async def round_of(api, model, clients: int, args, prompts: Prompts) -> dict:
+def new_api(args) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.api_key or "none", max_retries=0,
+                              timeout=args.timeout)
+
+
+async def clients_of(api, model, plan: list[list[list[int]]], gen: int) -> tuple[list[list[dict]], float, float, float]:
+    """Each client of the plan runs its requests in turn, all at once -> (results by client, this
+    process's CPU seconds, start, end: time.monotonic, comparable between processes)."""
+    cpu, t0 = time.process_time(), time.monotonic()
+    results = await asyncio.gather(*(client_loop(api, model, mine, gen) for mine in plan))
+    return list(results), time.process_time() - cpu, t0, time.monotonic()
+
+
+_START: multiprocessing.synchronize.Barrier | None = None  # a worker process's barrier (--procs)
+
+
+def _worker_init(barrier) -> None:
+    global _START
+    _START = barrier
+
+
+def _worker_round(args, model: str, plan: list[list[list[int]]]):
+    """One worker's share of a round (--procs): its own client and event loop, started with the others."""
+    async def go():
+        api = new_api(args)
+        _START.wait()
+        try:
+            return await clients_of(api, model, plan, args.gen_tokens)
+        finally:
+            await api.close()
+    return asyncio.run(go())
+
+
+def split(plan: list, procs: int) -> list[list]:
+    """Client c of a plan goes to process c % procs (none empty: at most len(plan) processes)."""
+    return [plan[i::procs] for i in range(min(procs, len(plan)))]
+
+
+def merge(parts: list[tuple[list[list[dict]], float, float, float]]) -> tuple[list[dict], float, float]:
+    """Worker results -> (every request's result, the round's wall seconds: first start to last end, the
+    busiest process's CPU share of that wall)."""
+    wall = max(p[3] for p in parts) - min(p[2] for p in parts)
+    flat = [r for p in parts for rs in p[0] for r in rs]
+    return flat, wall, max(p[1] for p in parts) / wall
+
+
+async def round_of(api, model, clients: int, args, prompts: Prompts, pool=None) -> dict:
     plan = [[prompts.next() for _ in range(args.requests)] for _ in range(clients)]
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*(client_loop(api, model, mine, args) for mine in plan))
-    wall = time.perf_counter() - t0
-    flat = [r for rs in results for r in rs]
+    if pool is None or clients == 1:
+        parts = [await clients_of(api, model, plan, args.gen_tokens)]
+    else:  # the workers each take one share (a share waits at the barrier until all have one)
+        shares = split(plan, args.procs)
+        shares += [[]] * (args.procs - len(shares))
+        parts = [p for p in await asyncio.to_thread(pool.starmap, _worker_round, [(args, model, s) for s in shares], 1) if p[0]]
+    flat, wall, cpu = merge(parts)
     tokens = sum(r["tokens"] for r in flat)
     ttft = [r["ttft"] for r in flat if r["ttft"] is not None]
     itl = [g for r in flat for g in r["itl"]]
@@ -99,7 +149,8 @@ async def round_of(api, model, clients: int, args, prompts: Prompts) -> dict:
             "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
             "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
             "short": sum(r["tokens"] != args.gen_tokens for r in flat), "no_text": len(flat) - len(ttft),
-            "retried": sum(r.get("retried", 0) for r in flat)}
+            "retried": sum(r.get("retried", 0) for r in flat), "client_cpu": cpu,
+            "procs": len(parts)}
 
 
 async def warm_up(api, model, counts: list[int], args, prompts: Prompts) -> None:
@@ -112,24 +163,32 @@ async def warm_up(api, model, counts: list[int], args, prompts: Prompts) -> None
 
 async def measure(args, report=print) -> tuple[str, list[dict]]:
     """-> (model id, one row per client count of args.clients); report(line) after each round."""
-    api = openai.AsyncOpenAI(base_url=args.url.rstrip("/") + "/v1", api_key=args.api_key or "none", max_retries=0,
-                             timeout=args.timeout)
+    api = new_api(args)
     model = args.model or (await api.models.list()).data[0].id
     counts = [int(x) for x in args.clients.split(",")]
     prompts = Prompts(args)
-    await warm_up(api, model, counts, args, prompts)
-    rows = []
-    for n in counts:
-        rows.append(await round_of(api, model, n, args, prompts))
-        report(describe(rows[-1], args.gen_tokens))
-    await api.close()
+    pool = None
+    if args.procs > 1:  # started before the warm-up: the workers' imports are done before any round
+        ctx = multiprocessing.get_context("spawn")
+        pool = ctx.Pool(args.procs, initializer=_worker_init, initargs=(ctx.Barrier(args.procs),))
+    try:
+        await warm_up(api, model, counts, args, prompts)
+        rows = []
+        for n in counts:
+            rows.append(await round_of(api, model, n, args, prompts, pool))
+            report(describe(rows[-1], args.gen_tokens))
+    finally:
+        if pool is not None:
+            pool.terminate()
+        await api.close()
     return model, rows
 
 
 def describe(r: dict, gen_tokens: int) -> str:
     return (f"{r['clients']:>4} clients  {r['requests']:>4} requests  {r['tokens']:>6} tokens  {r['wall_s']:7.2f} s  "
             f"{r['tokens_per_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50_ms']:8.1f} ms  p99 {r['ttft_p99_ms']:8.1f} ms  "
-            f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms"
+            f"ITL p50 {r['itl_p50_ms']:7.1f} ms  p99 {r['itl_p99_ms']:7.1f} ms  "
+            f"client CPU {100 * r['client_cpu']:3.0f}% ({r['procs']} proc)"
             + (f"  ({r['short']} requests short of {gen_tokens} tokens)" if r["short"] else "")
             + (f"  ({r['no_text']} requests without text: no TTFT)" if r.get("no_text") else "")
             + (f"  ({r['retried']} requests retried after a dropped connection)" if r.get("retried") else ""))
@@ -155,6 +214,9 @@ def parse_args(argv=None):
     p.add_argument("--id-span", type=int, default=20000,
                    help="more than the run's prompts (warm-ups and rounds), each of which starts with its own id")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--procs", type=int, default=1,
+                   help="client processes a round's clients are spread over (one event loop each): one process's "
+                        "streams at 64 clients can fill its core (its CPU share is printed as client CPU)")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 

@@ -14,6 +14,12 @@ free slot sharing the longest prefix with it and only the rest is prefilled; whe
 longer prefix (the same system prompt, sent by several clients at once), its rows are copied first; a
 prompt sharing a longer prefix with another of the same prefill pass waits for a second pass to copy it.
 
+Running ahead (CUDA, whose steps are asynchronous): once the ids of a step of run_ahead or more rows are
+read, and nothing waits to be prefilled, no row ends with them and none asks for log-probs, the next
+step is launched before the step's events are handed out, so the GPU decodes while the host does the rest (issue 22: at 64 streams
+the events and the loop took ~3 ms of host time between 7.5 ms steps: bench/serve_timeline.py). A row
+whose request is cancelled meanwhile is decoded once more and dropped.
+
 Determinism: each request samples with its own torch.Generator seeded from its seed, and decode_slots
 is batch-invariant (a row's logits do not depend on the other rows), so a seeded request repeats its
 output whatever else runs beside it.
@@ -29,47 +35,26 @@ from dataclasses import dataclass, field
 import torch
 
 from .chat import common_prefix
-from .engine_spec import Draft, Speculation, speculative_step
-from .engine_requests import EngineStopped, Event, Handle, QueueFull, Request, Sink, error_message
+from .engine_spec import Speculation, speculative_round
+from .engine_requests import (EngineStopped, Event, Handle, QueueFull, Request, Running, Sink, check_fits,
+                              error_message)
 from .errors import LocalLLMError
 from .generate import token_budget
 from .nonfinite import check_logits
 from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
-from .speculative import AdaptiveK
 from .settings import DEFAULT_SERVE
 
-# DEBUG: one line per prefill pass (`localllm serve --log-level debug`): its prompts, ids and time to
-# their first ids, and how long ago each of its requests was submitted (issue 22's TTFT stalls)
+# DEBUG (`localllm serve --log-level debug`): one line per prefill pass (its prompts, ids, start and time to
+# their first ids, and how long ago each of its requests was submitted: issue 22's TTFT stalls) and one
+# per decode step (rows, start, time to its ids, time to its events); bench/serve_timeline.py sums them
 log = logging.getLogger("localllm.engine")
-
-
-def check_fits(prompt_len: int, capacity: int) -> None:
-    """A prompt needs its ids and one more row for the reply (generate.check_fits's rule, per slot)."""
-    if prompt_len == 0:
-        raise LocalLLMError("the prompt is empty (no tokens to start from)")
-    if prompt_len >= capacity:
-        raise LocalLLMError(f"the prompt is {prompt_len} tokens but the context holds {capacity}"
-                            f" (one more is needed for the reply)")
-
-
-@dataclass
-class _Running:
-    handle: Handle
-    slot: int
-    sampler: Sampler
-    greedy: bool
-    budget: int  # ids it may still produce
-    history: torch.Tensor  # prompt + generated ids (the repeat penalty's window)
-    next_id: int = -1  # the last sampled id, fed to the next decode step
-    filled: int = 0  # prompt ids in the slot's rows; it joins the decode steps once the prompt is whole
-    schedule: AdaptiveK | None = None  # speculative decoding's K (engine_spec.py), when it drafts
-    draft_sampler: Sampler | None = None  # a sampled request's draft-model sampler
 
 
 @dataclass
 class EngineStats:
     steps: int = 0  # decode steps run
+    ahead: int = 0  # of which launched ahead of the events of the step before (run_ahead)
     decoded: int = 0  # rows decoded over all steps
     prefilled: int = 0  # prompt ids prefilled
     prefill_passes: int = 0  # prefill passes run (each one prefill_slot or prefill_slots call)
@@ -91,6 +76,9 @@ class Engine:
     prefill_tokens: int = DEFAULT_SERVE.prefill_tokens  # prompt ids prefilled per step
     share_min: int = DEFAULT_SERVE.prefill_share_min
     speculation: Speculation | None = None  # --draft / --lookup: speculative rounds (engine_spec.py)
+    # least rows of a step that launches the next before handing out its events (0: never; None:
+    # ServeSettings.run_ahead_rows where the runtime's steps are asynchronous, else 0)
+    run_ahead: int | None = None
     stats: EngineStats = field(default_factory=EngineStats)
 
     def __post_init__(self):
@@ -104,10 +92,15 @@ class Engine:
         self._admitted = 0
         self._waiting: list[Handle] = []
         self._admitting: list[Handle] = []  # taken from the queue, being prefilled
-        self._running: dict[int, _Running] = {}  # slot -> its request
+        self._running: dict[int, Running] = {}  # slot -> its request
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        if self.run_ahead is None:
+            self.run_ahead = DEFAULT_SERVE.run_ahead_rows if self.runtime.steps_async else 0
+        if self.speculation is not None:
+            self.run_ahead = 0
+        self._ahead: tuple[list[Running], torch.Tensor, torch.Tensor | None] | None = None  # a launched step
 
     # ---- the caller's side (any thread) ---------------------------------------------------------
 
@@ -175,6 +168,9 @@ class Engine:
                 self._drop_cancelled()
                 if self._running:
                     self._guarded(self._step, None)
+                else:
+                    self._ahead = None  # every row of a step launched ahead was cancelled
+        self._ahead = None  # (its rows end below; the GPU's work is dropped)
         with self._cv:
             left, self._waiting = self._admitting + self._waiting, []
         for handle in left:
@@ -219,7 +215,7 @@ class Engine:
         prompt sharing share_min ids more with one of the pass than it has waits for a second pass, from
         that one's rows (_pick_slot copies them)."""
         budget = self.prefill_tokens
-        batch: list[tuple[_Running, int, int]] = []  # (request, first position of this part, its ids)
+        batch: list[tuple[Running, int, int]] = []  # (request, first position of this part, its ids)
         for run in self._running.values():
             rest = len(run.handle.request.prompt) - run.filled
             if rest and budget > 0:
@@ -264,7 +260,7 @@ class Engine:
                 self._admitting.remove(handle)
             self._waiting[:0] = pending
 
-    def _place(self, handle: Handle, slot: int, have: int, src: int, reuse: int) -> _Running:
+    def _place(self, handle: Handle, slot: int, have: int, src: int, reuse: int) -> Running:
         """The request into its slot (the shared prefix's rows copied from slot src first, if any; its
         first `reuse` prompt ids kept): from admitting to running."""
         req = handle.request
@@ -275,7 +271,7 @@ class Engine:
         self.held[slot] = []  # until the prefill has written the rows
         sampler = Sampler(req.sampling, self.runtime.device)
         budget, _ = token_budget(req.max_tokens, len(req.prompt), self.capacity)
-        run = _Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
+        run = Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
                        torch.tensor(req.prompt, dtype=torch.long, device=self.runtime.device), filled=reuse)
         if self.speculation is not None:
             run.schedule = self.speculation.schedule()
@@ -286,7 +282,7 @@ class Engine:
             self._running[slot] = run
         return run
 
-    def _prefill(self, batch: list[tuple[_Running, int, int]]) -> None:
+    def _prefill(self, batch: list[tuple[Running, int, int]]) -> None:
         """One pass over the batch's prompt parts, then the first id of each prompt now whole. A failure
         of the pass ends the batch's requests, one of a request's sampling that request ("error")."""
         which = [r.slot for r, _, _ in batch]
@@ -312,67 +308,79 @@ class Engine:
                 self._guarded(lambda _h, run=run, row=logits[i]: self._first(run, row), run.handle)
         self._timed(batch, began)
 
-    def _timed(self, batch: list[tuple[_Running, int, int]], began: float) -> None:
+    def _timed(self, batch: list[tuple[Running, int, int]], began: float) -> None:
         """The pass's time (its first ids sampled: a host sync) into stats; its DEBUG line."""
         took = time.perf_counter() - began
         self.stats.slowest_prefill = max(self.stats.slowest_prefill, took)
         if log.isEnabledFor(logging.DEBUG):
             waits = ", ".join(f"{1e3 * (began - r.handle.queued_at):.0f}" for r, _, _ in batch)
-            log.debug("prefill pass: %d prompts, %d ids (parts %s), %.1f ms to the first ids; submitted ms ago: [%s]",
-                      len(batch), sum(n for _, _, n in batch), [n for _, _, n in batch], 1e3 * took, waits)
+            log.debug("prefill pass: %d prompts, %d ids (parts %s), at %.4f, %.2f ms to the first ids; submitted ms ago: [%s]",
+                      len(batch), sum(n for _, _, n in batch), [n for _, _, n in batch], began, 1e3 * took, waits)
 
-    def _first(self, run: _Running, logits: torch.Tensor) -> None:
+    def _first(self, run: Running, logits: torch.Tensor) -> None:
         check_logits(self.runtime.model, logits)
         token = logits.argmax() if run.greedy else run.sampler(logits, run.history)
-        self._take(run, int(token), logits)
+        self.take(run, int(token), logits)
 
     def _step(self) -> None:
-        runs = [r for r in self._running.values() if r.filled == len(r.handle.request.prompt)]
-        if not runs:  # every running prompt is still being prefilled
-            return
-        if self.speculation is not None and len(runs) <= self.speculation.max_slots:
-            self._speculative_step(runs)
-            return
-        which = [r.slot for r in runs]
+        """Read the step launched ahead, else launch one over the rows whose prompts are whole; sample its
+        ids (the one host sync), launch the next step ahead where it may, then hand out the events."""
+        began = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            runs = [r for r in self._running.values() if r.filled == len(r.handle.request.prompt)]
+            if not runs:  # every running prompt is still being prefilled
+                return
+            if self.speculation is not None and len(runs) <= self.speculation.max_slots:
+                speculative_round(self, runs)
+                return
+            ahead = (runs, *self._launch(runs))
+        runs, logits, greedy = ahead
+        if greedy is not None:  # the common case: no per-row tensors to stack
+            ids = greedy.tolist()
+        else:
+            picked = [logits[i].argmax() if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
+            ids = torch.stack(picked).tolist()
+        synced = time.perf_counter()
+        live = [(i, r) for i, r in enumerate(runs) if self._running.get(r.slot) is r]  # (cancelled meanwhile)
+        if self._may_run_ahead(live, ids):
+            for i, r in live:
+                r.next_id = ids[i]
+            rows = [r for _, r in live]
+            self._ahead = (rows, *self._launch(rows))
+            self.stats.ahead += 1
+        for i, r in live:
+            self.take(r, ids[i], logits[i])
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decode step: %d rows, at %.4f, %.2f ms to the ids, %.2f ms to the events%s", len(runs), began,
+                      1e3 * (synced - began), 1e3 * (time.perf_counter() - synced), ", next launched" * bool(self._ahead))
+
+    def _launch(self, runs: list[Running]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decode_slots step over the runs, fed their next ids -> (logits (B, V), the greedy ids (B,)
+        where every run is greedy, else None), not waited for."""
         tokens = torch.tensor([r.next_id for r in runs], dtype=torch.long, device=self.runtime.device)
-        logits = self.runtime.decode_slots(self.slots, which, tokens)  # (B, V)
+        logits = self.runtime.decode_slots(self.slots, [r.slot for r in runs], tokens)  # (B, V)
         self.stats.steps += 1
         self.stats.decoded += len(runs)
         for r in runs:
             self.held[r.slot].append(r.next_id)
-        greedy = logits.argmax(-1)
-        if all(r.greedy for r in runs):  # the common case: no per-row tensors to stack
-            ids = greedy.tolist()  # the one host sync of the step
-        else:
-            picked = [greedy[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
-            ids = torch.stack(picked).tolist()  # the one host sync of the step
-        for i, r in enumerate(runs):
-            self._take(r, ids[i], logits[i])
+        return logits, logits.argmax(-1) if all(r.greedy for r in runs) else None
 
-    def _speculative_step(self, runs: list[_Running]) -> None:
-        """One speculative round over the step's slots (engine_spec.py): each emits its kept drafts and
-        the target's id, in order, until one of them finishes it."""
-        items = []
-        for r in runs:
-            seq = self.held[r.slot] + [r.next_id]  # the slot's rows hold seq[:-1]
-            room = self.capacity - len(seq)  # the round writes len(seq) - 1 + 1 + k rows
-            k = max(0, min(r.schedule.k(), r.budget - 1, room))
-            items.append(Draft(r.slot, seq, k, r.history, None if r.greedy else r.sampler, r.draft_sampler))
-        results = speculative_step(self.speculation, self.runtime, self.slots, items)
-        self.stats.steps += 1
-        self.stats.speculative_steps += 1
-        for r, (new, logits, drafted) in zip(runs, results):
-            self.stats.decoded += len(new)
-            self.stats.drafted += drafted
-            self.stats.accepted += len(new) - 1
-            r.schedule.update(drafted, len(new) - 1)
-            self.held[r.slot] += [r.next_id] + new[:-1]  # the rows kept: the last id, the kept drafts
-            for i, token in enumerate(new):
-                self._take(r, token, logits[i])
-                if r.slot not in self._running or self._running[r.slot] is not r:
-                    break  # finished (a stop id, its budget): the ids after it are not emitted
+    def _may_run_ahead(self, live: list[tuple[int, Running]], ids: list[int]) -> bool:
+        """The next step may be launched now: the same rows go on (none ends with its id, none asks for
+        log-probs: _take reads the logits the next step overwrites) and no prompt waits for a prefill."""
+        if not self.run_ahead or len(live) < self.run_ahead or self._stopping or self._waiting or self._admitting:
+            return False
+        if len(live) != len(self._running):  # a prompt in parts (not in the step) waits for its next part
+            return False
+        for i, r in live:
+            req = r.handle.request
+            if (r.budget <= 1 or req.top_logprobs is not None or r.handle.cancelled
+                    or (ids[i] in self.stop_ids and not req.ignore_eos)):
+                return False
+        return True
 
-    def _take(self, run: _Running, token: int, logits: torch.Tensor) -> None:
+    def take(self, run: Running, token: int, logits: torch.Tensor) -> None:
         """Emit a sampled id (or finish at an end-of-turn id / the budget's end)."""
         req = run.handle.request
         if token in self.stop_ids and not req.ignore_eos:
@@ -393,6 +401,9 @@ class Engine:
         run.next_id = token
         if req.sampling.repeat_penalty != 1.0:
             run.history = torch.cat((run.history, run.history.new_tensor([token])))
+
+    def running_in(self, slot: int) -> Running | None:
+        return self._running.get(slot)
 
     def _drop_cancelled(self) -> None:
         for slot, run in list(self._running.items()):

@@ -8,8 +8,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import torch
+
 from .errors import LocalLLMError
+from .sampling import Sampler
 from .settings import DEFAULT_SAMPLING, SamplingSettings
+from .speculative import AdaptiveK
 
 
 def error_message(e: Exception) -> str:
@@ -80,3 +84,28 @@ class Handle:
             yield ev
             if ev.finish is not None:
                 return
+
+
+def check_fits(prompt_len: int, capacity: int) -> None:
+    """A prompt needs its ids and one more row for the reply (generate.check_fits's rule, per slot)."""
+    if prompt_len == 0:
+        raise LocalLLMError("the prompt is empty (no tokens to start from)")
+    if prompt_len >= capacity:
+        raise LocalLLMError(f"the prompt is {prompt_len} tokens but the context holds {capacity}"
+                            f" (one more is needed for the reply)")
+
+
+@dataclass
+class Running:
+    """A request in its slot (the engine thread's own state of it)."""
+
+    handle: Handle
+    slot: int
+    sampler: Sampler
+    greedy: bool
+    budget: int  # ids it may still produce
+    history: torch.Tensor  # prompt + generated ids (the repeat penalty's window)
+    next_id: int = -1  # the last sampled id, fed to the next decode step
+    filled: int = 0  # prompt ids in the slot's rows; it joins the decode steps once the prompt is whole
+    schedule: AdaptiveK | None = None  # speculative decoding's K (engine_spec.py), when it drafts
+    draft_sampler: Sampler | None = None  # a sampled request's draft-model sampler

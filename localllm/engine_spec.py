@@ -158,3 +158,27 @@ def speculative_step(spec: Speculation, rt: Runtime, slots: Slots, items: list[D
         slots.lengths[it.slot] = s0 + 1 + m  # the rows of rejected drafts are stale
         out.append((d[:m] + [token], logits[:m + 1], len(d)))
     return out
+
+
+def speculative_round(eng, runs: list) -> None:
+    """One speculative round over an Engine step's slots (runs: engine_requests.Running): each emits its
+    kept drafts and the target's id, in order, until one of them finishes it."""
+    items = []
+    for r in runs:
+        seq = eng.held[r.slot] + [r.next_id]  # the slot's rows hold seq[:-1]
+        room = eng.capacity - len(seq)  # the round writes len(seq) - 1 + 1 + k rows
+        k = max(0, min(r.schedule.k(), r.budget - 1, room))
+        items.append(Draft(r.slot, seq, k, r.history, None if r.greedy else r.sampler, r.draft_sampler))
+    results = speculative_step(eng.speculation, eng.runtime, eng.slots, items)
+    eng.stats.steps += 1
+    eng.stats.speculative_steps += 1
+    for r, (new, logits, drafted) in zip(runs, results):
+        eng.stats.decoded += len(new)
+        eng.stats.drafted += drafted
+        eng.stats.accepted += len(new) - 1
+        r.schedule.update(drafted, len(new) - 1)
+        eng.held[r.slot] += [r.next_id] + new[:-1]  # the rows kept: the last id, the kept drafts
+        for i, token in enumerate(new):
+            eng.take(r, token, logits[i])
+            if eng.running_in(r.slot) is not r:
+                break  # finished (a stop id, its budget): the ids after it are not emitted

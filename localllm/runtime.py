@@ -43,6 +43,9 @@ class Runtime:
     # A process's first tokens wait for kernel compilations and graph captures (CUDA: seconds on a fresh
     # machine): `complete` and `chat` show a spinner over that wait (commands/cli_output.first_tokens_shown)
     first_tokens_compile: bool = False
+    # decode_slots returns before its step has run (CUDA: a graph replay on the stream): serve's engine
+    # then launches the next step before handing out a step's events (engine.py, "running ahead")
+    steps_async: bool = False
 
     def __init__(self, model: Transformer):
         self.model = model

@@ -130,7 +130,48 @@ def test_debug_log_has_one_line_per_prefill_pass(lm, caplog):
     finally:
         eng.join(10)
     lines = [r.getMessage() for r in caplog.records if r.name == "localllm.engine"]
+    steps = [line for line in lines if line.startswith("decode step: ")]
+    lines = [line for line in lines if line.startswith("prefill pass: ")]
+    assert len(steps) == eng.stats.steps and sum(int(line.split()[2]) for line in steps) == eng.stats.decoded
     assert len(lines) == eng.stats.prefill_passes >= 2  # 4 requests through 2 slots
     ids = [int(re.search(r"prompts, (\d+) ids", line).group(1)) for line in lines]
     assert sum(ids) == eng.stats.prefilled and eng.stats.slowest_prefill > 0
     assert sum(len(re.search(r"submitted ms ago: \[(.*)\]", line).group(1).split(",")) for line in lines) == 4
+
+
+def test_running_ahead_equals_each_request_alone(lm):
+    """run_ahead (CUDA's default for steps of 32+ rows: the next step launched before a step's events are
+    handed out) from one row on the CPU path: greedy streams of different lengths, one ending at an end-of-turn id, a seeded sampled
+    one, and one cancelled mid-stream, whose slot then serves another request. Oracle: generate() alone
+    (the sampled one: the same engine without running ahead)."""
+    prompts = [encode_prompt(lm, f"Tell me about the number {i}.") for i in (7, 21, 42, 64, 99)]
+    sampled = SamplingSettings(temperature=0.9, seed=5)
+
+    def serve(run_ahead: int):
+        eng = Engine(lm.runtime, lm.tokenizer.stop_ids, 4, CTX, 4, run_ahead=run_ahead).start()
+        try:
+            long = eng.submit(Request(prompts[4], GREEDY, 60, ignore_eos=True))
+            handles = [eng.submit(Request(prompts[0], GREEDY, 5, ignore_eos=True)),
+                       eng.submit(Request(prompts[1], GREEDY, 12, ignore_eos=True)),
+                       eng.submit(Request(prompts[2], GREEDY, 40)),
+                       eng.submit(Request(prompts[3], sampled, 9, ignore_eos=True))]
+            it = iter(long)
+            got_long = [next(it).token for _ in range(3)]
+            long.cancel()
+            assert list(it)[-1].finish == "cancelled"
+            out = [ids_of(h) for h in handles]
+            out.append(ids_of(eng.submit(Request(prompts[4], GREEDY, 8, ignore_eos=True))))  # a freed slot
+            return got_long, out, eng.stats.ahead
+        finally:
+            eng.join()
+
+    def alone(p, n):  # without end-of-turn ids, as ignore_eos
+        return list(generate(lm.runtime, lm.runtime.new_cache(CTX), p, Sampler(GREEDY), n, frozenset()))
+
+    got_long, out, ahead = serve(1)
+    assert ahead > 10  # most steps launched ahead
+    want = [alone(prompts[0], 5), alone(prompts[1], 12), reference(lm, prompts[2], 40, CTX), alone(prompts[4], 8)]
+    assert got_long == want[3][:3]
+    assert out[:3] + out[4:] == want
+    _, plain, none_ahead = serve(0)
+    assert none_ahead == 0 and out[3] == plain[3] and len(out[3]) == 9

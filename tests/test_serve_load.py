@@ -85,3 +85,14 @@ def test_a_dropped_connection_is_retried_once():
     for api in (_Api(2), _Api(1, late=True)):  # twice in a row, or after text arrived: the run fails
         with pytest.raises(serve_load.openai.APIConnectionError):
             asyncio.run(serve_load.one_request(api, "m", [1, 2], 3))
+
+
+def test_clients_split_over_processes_and_merge():
+    plan = [[[c, r] for r in range(2)] for c in range(10)]
+    shares = serve_load.split(plan, 4)
+    assert [len(s) for s in shares] == [3, 3, 2, 2] and sorted(c for s in shares for c in s) == sorted(plan)
+    assert serve_load.split(plan[:2], 4) == [plan[:1], plan[1:2]]  # no empty share
+    # (results by client, CPU s, start, end): wall from the first start to the last end, the busiest CPU share
+    parts = [([[{"tokens": 1}], [{"tokens": 2}]], 1.5, 10.0, 13.0), ([[{"tokens": 3}]], 0.5, 10.5, 14.0)]
+    flat, wall, cpu = serve_load.merge(parts)
+    assert [r["tokens"] for r in flat] == [1, 2, 3] and wall == 4.0 and cpu == 1.5 / 4.0

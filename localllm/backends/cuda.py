@@ -222,6 +222,7 @@ class CudaRuntime(Runtime):
     prepare = staticmethod(fuse)
     warms_up = True
     first_tokens_compile = True
+    steps_async = True
 
     def __init__(self, model: Transformer):
         super().__init__(model)
