@@ -135,6 +135,10 @@ def test_interactive_session(chat, tmp_path, scripted_run):
     assert "/stats" in ask(chat, "/help")
     assert "unknown command /nosuch[/x]" in ask(chat, "/nosuch[/x]")  # rich markup escaped
 
+    # Ctrl-D, not the instant ">>> " shows either: rich prints the prompt before input() lets readline
+    # put the terminal in raw mode, and an EOF the line discipline took in canonical mode before that is
+    # not read as one after it (the session then waited at its prompt: seen once in CI)
+    time.sleep(0.5)
     chat.sendcontrol("d")
     chat.expect(pexpect.EOF, timeout=30)
     chat.close()
