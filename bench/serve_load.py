@@ -140,7 +140,8 @@ async def round_of(api, model, clients: int, args, prompts: Prompts, pool=None) 
     else:  # the workers each take one share (a share waits at the barrier until all have one)
         shares = split(plan, args.procs)
         shares += [[]] * (args.procs - len(shares))
-        parts = [p for p in await asyncio.to_thread(pool.starmap, _worker_round, [(args, model, s) for s in shares], 1) if p[0]]
+        jobs = [(args, model, s) for s in shares]
+        parts = [p for p in await asyncio.to_thread(pool.starmap, _worker_round, jobs, 1) if p[0]]
     flat, wall, cpu = merge(parts)
     tokens = sum(r["tokens"] for r in flat)
     ttft = [r["ttft"] for r in flat if r["ttft"] is not None]

@@ -74,7 +74,8 @@ def summary(group) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log", help="the server's stderr with --log-level debug")
-    ap.add_argument("--pause", type=float, default=0.5, help="seconds without a step or pass that end a period")
+    ap.add_argument("--pause", type=float, default=0.1,
+                    help="seconds without a step or pass that end a period (serve_load's warm-ups and rounds)")
     args = ap.parse_args()
     with open(args.log, errors="replace") as f:
         evs = events(f)

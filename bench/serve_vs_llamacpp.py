@@ -163,7 +163,8 @@ def run_one(which: str, args, model: Path, exe: Path | None) -> list[dict]:
     try:
         wait_healthy(url, proc, logfile)
         load = serve_load.parse_args(["--url", url, "--clients", args.clients, "--requests", str(args.requests),
-                                      "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)])
+                                      "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+                                      "--procs", str(args.procs)])
         _, rows = asyncio.run(serve_load.measure(load, report=lambda line: log(f"{which:>8}: {line}")))
         return rows
     finally:
@@ -202,6 +203,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=1, help="client processes of bench/serve_load.py (its --procs)")
     ap.add_argument("--rounds", type=int, default=1, help="localllm, llama-server, localllm, ... this many times each")
     ap.add_argument("--port", type=int, default=18080)
     ap.add_argument("--logs", type=Path, default=Path(".out/serve-logs"), help="each server's output (the last run's)")

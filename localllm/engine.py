@@ -16,9 +16,9 @@ prompt sharing a longer prefix with another of the same prefill pass waits for a
 
 Running ahead (CUDA, whose steps are asynchronous): once the ids of a step of run_ahead or more rows are
 read, and nothing waits to be prefilled, no row ends with them and none asks for log-probs, the next
-step is launched before the step's events are handed out, so the GPU decodes while the host does the rest (issue 22: at 64 streams
-the events and the loop took ~3 ms of host time between 7.5 ms steps: bench/serve_timeline.py). A row
-whose request is cancelled meanwhile is decoded once more and dropped.
+step is launched before the step's events are handed out, so the GPU decodes while the host does the
+rest (issue 22: at 64 streams the events and the loop took ~3 ms of host time between 7.5 ms steps:
+bench/serve_timeline.py). A row whose request is cancelled meanwhile is decoded once more and dropped.
 
 Determinism: each request samples with its own torch.Generator seeded from its seed, and decode_slots
 is batch-invariant (a row's logits do not depend on the other rows), so a seeded request repeats its
@@ -314,7 +314,8 @@ class Engine:
         self.stats.slowest_prefill = max(self.stats.slowest_prefill, took)
         if log.isEnabledFor(logging.DEBUG):
             waits = ", ".join(f"{1e3 * (began - r.handle.queued_at):.0f}" for r, _, _ in batch)
-            log.debug("prefill pass: %d prompts, %d ids (parts %s), at %.4f, %.2f ms to the first ids; submitted ms ago: [%s]",
+            log.debug("prefill pass: %d prompts, %d ids (parts %s), at %.4f, %.2f ms to the first ids; "
+                      "submitted ms ago: [%s]",
                       len(batch), sum(n for _, _, n in batch), [n for _, _, n in batch], began, 1e3 * took, waits)
 
     def _first(self, run: Running, logits: torch.Tensor) -> None:
@@ -339,7 +340,8 @@ class Engine:
         if greedy is not None:  # the common case: no per-row tensors to stack
             ids = greedy.tolist()
         else:
-            picked = [logits[i].argmax() if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
+            top = logits.argmax(-1)
+            picked = [top[i] if r.greedy else r.sampler(logits[i], r.history) for i, r in enumerate(runs)]
             ids = torch.stack(picked).tolist()
         synced = time.perf_counter()
         live = [(i, r) for i, r in enumerate(runs) if self._running.get(r.slot) is r]  # (cancelled meanwhile)
@@ -352,8 +354,9 @@ class Engine:
         for i, r in live:
             self.take(r, ids[i], logits[i])
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("decode step: %d rows, at %.4f, %.2f ms to the ids, %.2f ms to the events%s", len(runs), began,
-                      1e3 * (synced - began), 1e3 * (time.perf_counter() - synced), ", next launched" * bool(self._ahead))
+            log.debug("decode step: %d rows, at %.4f, %.2f ms to the ids, %.2f ms to the events%s", len(runs),
+                      began, 1e3 * (synced - began), 1e3 * (time.perf_counter() - synced),
+                      ", next launched" * bool(self._ahead))
 
     def _launch(self, runs: list[Running]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decode_slots step over the runs, fed their next ids -> (logits (B, V), the greedy ids (B,)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,9 @@ from localllm.runner import encode_prompt, open_model
 from localllm.sampling import Sampler
 from localllm.settings import SamplingSettings
 from serve_helpers import reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import serve_timeline  # noqa: E402
 
 GREEDY = SamplingSettings(temperature=0)
 CTX = 96
@@ -119,9 +124,10 @@ def test_waiting_prompts_prefilled_together_within_the_cap(lm):
         eng.join()
 
 
-def test_debug_log_has_one_line_per_prefill_pass(lm, caplog):
+def test_debug_log_has_one_line_per_prefill_pass_and_step(lm, caplog):
     # `localllm serve --log-level debug`'s engine lines (issue 22: where first tokens wait on a GPU run):
-    # one per pass, their ids adding up to the ids the engine counts as prefilled
+    # one per pass, their ids adding up to the ids the engine counts as prefilled, and one per decode
+    # step; bench/serve_timeline.py reads each of them
     caplog.set_level(logging.DEBUG, logger="localllm.engine")
     eng = engine(lm, parallel=2, queue=4)
     try:
@@ -130,6 +136,11 @@ def test_debug_log_has_one_line_per_prefill_pass(lm, caplog):
     finally:
         eng.join(10)
     lines = [r.getMessage() for r in caplog.records if r.name == "localllm.engine"]
+    timeline = serve_timeline.events(lines)  # (start, end, kind, rows or prompts, ids, events' seconds)
+    assert [e[2] for e in timeline].count("step") == eng.stats.steps
+    assert [e[2] for e in timeline].count("pass") == eng.stats.prefill_passes
+    assert sum(e[4] for e in timeline if e[2] == "pass") == eng.stats.prefilled
+    assert sum(e[3] for e in timeline if e[2] == "step") == eng.stats.decoded
     steps = [line for line in lines if line.startswith("decode step: ")]
     lines = [line for line in lines if line.startswith("prefill pass: ")]
     assert len(steps) == eng.stats.steps and sum(int(line.split()[2]) for line in steps) == eng.stats.decoded
@@ -141,10 +152,10 @@ def test_debug_log_has_one_line_per_prefill_pass(lm, caplog):
 
 def test_running_ahead_equals_each_request_alone(lm):
     """run_ahead (CUDA's default for steps of 32+ rows: the next step launched before a step's events are
-    handed out) from one row on the CPU path: greedy streams of different lengths, one ending at an end-of-turn id, a seeded sampled
-    one, and one cancelled mid-stream, whose slot then serves another request. Oracle: generate() alone
-    (the sampled one: the same engine without running ahead)."""
-    prompts = [encode_prompt(lm, f"Tell me about the number {i}.") for i in (7, 21, 42, 64, 99)]
+    handed out) from one row on the CPU path: greedy streams of different lengths, one ending at an
+    end-of-turn id, a seeded sampled one, and one cancelled mid-stream, whose slot then serves another
+    request. Oracle: generate() alone (the sampled one: the same engine without running ahead)."""
+    prompts = [encode_prompt(lm, f"Tell me about the number {i}.") for i in (7, 21, 99, 64, 42)]
     sampled = SamplingSettings(temperature=0.9, seed=5)
 
     def serve(run_ahead: int):
@@ -171,6 +182,7 @@ def test_running_ahead_equals_each_request_alone(lm):
     got_long, out, ahead = serve(1)
     assert ahead > 10  # most steps launched ahead
     want = [alone(prompts[0], 5), alone(prompts[1], 12), reference(lm, prompts[2], 40, CTX), alone(prompts[4], 8)]
+    assert 0 < len(want[2]) < 40  # an end-of-turn id ends it
     assert got_long == want[3][:3]
     assert out[:3] + out[4:] == want
     _, plain, none_ahead = serve(0)
