@@ -180,4 +180,3 @@ def cublas_linear(
     if not inplace:
         residual = residual.clone()
     return add_fixed(residual, y) if residual.dtype == torch.int64 else residual.add_(y)
-

@@ -122,7 +122,7 @@ class ServeSettings:
     speculate_max_slots: int = 4
     # where decode steps are asynchronous (CUDA), a step of at least this many rows launches the next
     # one before handing out its events (engine.py, "running ahead"): at 64 rows those events took ~2 ms
-    # of a ~10 ms step (8B, H200: tokens/s at 64 clients 1.14-1.17x); below, the gain is small and a
+    # of a ~10 ms step (8B, H200: tokens/s at 64 clients 1.21-1.22x); below, the gain is small and a
     # request arriving meanwhile waits for the launched step before its prefill (TTFT p50 at 16 clients
     # ~10 ms longer: docs/PERFORMANCE.md, fifteenth session)
     run_ahead_rows: int = 32

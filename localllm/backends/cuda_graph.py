@@ -108,6 +108,14 @@ def layer_products(model: Transformer) -> list:
     return ws
 
 
+def dense_values(w, dtype: torch.dtype) -> torch.Tensor | None:
+    """A product weight's dense values (N, K) in dtype for cuBLAS (a dense step's products): a dense
+    weight itself, or a QWeight's kept decoded copy (backends/cuda.py's keep_dense_prompt_weights);
+    None where it has none in that dtype."""
+    d = w if isinstance(w, torch.Tensor) else getattr(w, "dense", None)
+    return d if isinstance(d, torch.Tensor) and d.dtype == dtype else None
+
+
 def inv_freqs(model: Transformer, device, capacity: int) -> list[torch.Tensor | None]:
     """Per layer the inverse frequencies (R/2,) fp32 of its rope set (rope.layer_ropes' sets: global
     with the divisors of a cache of this capacity (Transformer.rope_divisors: LongRoPE's set), local
@@ -200,10 +208,7 @@ class GraphDecoder:
 
     def _dense(self, w) -> torch.Tensor | None:
         """In a dense step, w's dense values (N, K) for cuBLAS; None: w takes its kernel."""
-        if not self.dense:
-            return None
-        d = w.dense if isinstance(w, QWeight) else w
-        return d if isinstance(d, torch.Tensor) and d.dtype == self.act else None
+        return dense_values(w, self.act) if self.dense else None
 
     def _int_dot(self, w) -> bool:
         """w's product takes an int8 x (made by the kernel before it where that kernel can)."""

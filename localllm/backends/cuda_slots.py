@@ -40,7 +40,7 @@ from localllm.kernels.triton_gemv import DENSE_ROWS
 
 from ..model import Transformer
 from ..slots import Slots
-from .cuda_graph import GraphDecoder, captured, layer_products
+from .cuda_graph import GraphDecoder, captured, dense_values, layer_products
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -122,8 +122,7 @@ def dense_ready(model: Transformer) -> bool:
     if not takes_dense_steps(model):
         return False
     act = model.token_embd.weight.dtype
-    dense = [w if isinstance(w, torch.Tensor) else getattr(w, "dense", None) for w in layer_products(model)]
-    return all(isinstance(d, torch.Tensor) and d.dtype == act for d in dense)
+    return all(dense_values(w, act) is not None for w in layer_products(model))
 
 
 def decoders(slots: Slots, use_graph: bool = True) -> dict[int, SlotDecoder]:
