@@ -9,10 +9,9 @@ New requests join between steps; finished ones leave. No HTTP here: localllm/ser
 With a Speculation (--draft / --lookup) and few running slots, a step is a speculative round instead
 (engine_spec.py): several ids per slot, verified in one Runtime.verify_slots pass.
 
-Prefix cache: each slot keeps the ids its rows hold after its last request. A new prompt goes to the
-free slot sharing the longest prefix with it and only the rest is prefilled; when a busy slot shares a
-longer prefix (the same system prompt, sent by several clients at once), its rows are copied first; a
-prompt sharing a longer prefix with another of the same prefill pass waits for a second pass to copy it.
+Prefix cache (prefix_slots.py): a new prompt goes to the free slot whose rows share the longest prefix
+with it, or gets a busy slot's rows copied, and only the rest is prefilled; a prompt sharing a longer
+prefix with another of the same prefill pass waits for a second pass to copy it.
 
 Running ahead (CUDA, whose steps are asynchronous): once the ids of a step of run_ahead or more rows are
 read, and nothing waits to be prefilled, no row ends with them and none asks for log-probs, the next
@@ -41,6 +40,7 @@ from .engine_requests import (EngineStopped, Event, Handle, QueueFull, Request, 
 from .errors import LocalLLMError
 from .generate import token_budget
 from .nonfinite import check_logits
+from .prefix_slots import pick_slot
 from .runtime import Runtime
 from .sampling import Sampler, is_plain_greedy
 from .settings import DEFAULT_SERVE
@@ -194,26 +194,13 @@ class Engine:
                 for slot in list(self._running):
                     self._finish(slot, Event(finish="error", message=message))
 
-    def _pick_slot(self, prompt: list[int]) -> tuple[int, int, int]:
-        """(free slot, ids of the prompt its rows will hold, busy slot to copy them from or -1): the free
-        slot with the longest common prefix, the least recently used on a tie; rows of a busy slot that
-        shares more, copied by _place. Changes nothing."""
-        free = [s for s in range(self.parallel) if s not in self._running]
-        slot = max(free, key=lambda s: (common_prefix(self.held[s], prompt), -self.last_used[s]))
-        have = common_prefix(self.held[slot], prompt)
-        busy = [(common_prefix(self.held[s][: self.slots.lengths[s]], prompt), s) for s in self._running]
-        best, src = max(busy, default=(0, -1))
-        if best > have:
-            return min(free, key=lambda s: self.last_used[s]), best, src  # keep the other free slots' prefixes
-        return slot, have, -1
-
     def _admit_waiting(self) -> None:
         """Prefill at most prefill_tokens prompt ids this step, several prompts in one prefill_slots pass:
         first the next part of prompts already partly in their slots, then requests taken from the queue
         (_admitting); a prompt longer than what is left runs in parts over the next steps (its slot is
         taken, it joins the decode steps once whole). Requests left over go back to the queue's front. A
         prompt sharing share_min ids more with one of the pass than it has waits for a second pass, from
-        that one's rows (_pick_slot copies them)."""
+        that one's rows (prefix_slots.pick_slot: _place copies them)."""
         budget = self.prefill_tokens
         batch: list[tuple[Running, int, int]] = []  # (request, first position of this part, its ids)
         for run in self._running.values():
@@ -235,7 +222,7 @@ class Engine:
                 if budget <= 0:
                     later.append(handle)
                     continue
-                slot, have, src = self._pick_slot(prompt)
+                slot, have, src = pick_slot(prompt, self.held, self.slots.lengths, self._running, self.last_used)
                 reuse = min(have, len(prompt) - 1)  # at least one id runs: its logits give the first new id
                 shared = max((common_prefix(prompt, r.handle.request.prompt) for r, _, _ in batch), default=0)
                 if shared - reuse >= self.share_min:
