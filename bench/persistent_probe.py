@@ -14,13 +14,14 @@ of the two-level counters; `--per-sm/--warps/--bk/--bn/--stages` shape the progr
 What it bounds: a persistent kernel of this design does at least this work (no attention, norms or
 quantizers; x never changes), so its share of the copy roofline is at most this probe's. The same
 products as one launch each (the same stream-K program, no barrier) in a CUDA graph stand for the
-kernel-a-product structure. Shares are of the copy bandwidth measured in the same process
+kernel-a-product structure. Each case is timed as 20 launches back to back (backends/measure.op_seconds),
+so a launch's host work overlaps the GPU; shares are of the copy bandwidth measured in the same process
 (backends/measure.copy_bandwidth), bytes = the fields' bytes read.
 
   python bench/persistent_probe.py --shape llama-3.2-1b --types Q4_0 --per-sm 4 --warps 4 --bk 2 --bn 4
 
-Measured on an H200 (docs/PERFORMANCE.md, 2026-11-29, sixteenth session): with the barriers 24.8% of
-copy at best, without them 40.6%; a grid barrier costs 2-5 µs.
+Measured on an H200 (docs/PERFORMANCE.md, 2026-11-29, sixteenth session): with the barriers 30.3% of
+copy at best, without them 59.6%; a grid barrier costs ~3.3-4.7 µs.
 """
 
 from __future__ import annotations
@@ -117,6 +118,15 @@ def _fence():
 
 
 @triton.jit
+def _phase_done(bar, n, pid, S: tl.constexpr, GS, LIGHT: tl.constexpr, BARRIERS: tl.constexpr):
+    """With BARRIERS: this program's arrival at barrier n + 1 -> n + 1 (the next phase waits for it)."""
+    if BARRIERS:
+        n += 1
+        _arrive(bar, n, pid, S, GS, LIGHT)
+    return n
+
+
+@triton.jit
 def _wait(bar, target, LIGHT: tl.constexpr):
     """Until bar[0] (LIGHT: arrivals; else groups done, S a barrier) reaches target."""
     v = tl.load(bar, volatile=True)
@@ -151,28 +161,20 @@ def _step_kernel(A0, A1, A2, A3, A4, AU0, AU1, AU2, AU3, AU4, B0, B1, B2, B3, B4
     for layer in range(L):  # (layer 0's wait is met at once: the launches before arrived base times)
         _product(FA, A0, A1, A2, A3, A4, AU0, AU1, AU2, AU3, AU4, layer * NQKV, NQKV, DIM, xq, xd, xs, out, pid, G,
                  bar, n * WT, BARRIERS, PRE, TA, KA, UA, ASM, STAGES, LIGHT)
+        n = _phase_done(bar, n, pid, S, GS, LIGHT, BARRIERS)
         if BARRIERS:
-            n += 1
-            _arrive(bar, n, pid, S, GS, LIGHT)
             for e in tl.static_range(EXTRA):  # a small phase: wait for the one before, signal the next
                 _wait(bar, n * WT, LIGHT)
-                n += 1
-                _arrive(bar, n, pid, S, GS, LIGHT)
+                n = _phase_done(bar, n, pid, S, GS, LIGHT, BARRIERS)
         _product(FB, B0, B1, B2, B3, B4, BU0, BU1, BU2, BU3, BU4, layer * DIM, DIM, DIM, xq, xd, xs, out, pid, G,
                  bar, n * WT, BARRIERS, PRE, TB, KB, UB, ASM, STAGES, LIGHT)
-        if BARRIERS:
-            n += 1
-            _arrive(bar, n, pid, S, GS, LIGHT)
+        n = _phase_done(bar, n, pid, S, GS, LIGHT, BARRIERS)
         _product(FC, C0, C1, C2, C3, C4, CU0, CU1, CU2, CU3, CU4, layer * 2 * FFN, 2 * FFN, DIM, xq, xd, xs, out,
                  pid, G, bar, n * WT, BARRIERS, PRE, TC, KC, UC, ASM, STAGES, LIGHT)
-        if BARRIERS:
-            n += 1
-            _arrive(bar, n, pid, S, GS, LIGHT)
+        n = _phase_done(bar, n, pid, S, GS, LIGHT, BARRIERS)
         _product(FD, D0, D1, D2, D3, D4, DU0, DU1, DU2, DU3, DU4, layer * DIM, DIM, FFN, xq, xd, xs, out, pid, G,
                  bar, n * WT, BARRIERS, PRE, TD, KD, UD, ASM, STAGES, LIGHT)
-        if BARRIERS:
-            n += 1
-            _arrive(bar, n, pid, S, GS, LIGHT)
+        n = _phase_done(bar, n, pid, S, GS, LIGHT, BARRIERS)
     _product(FH, H0, H1, H2, H3, H4, HU0, HU1, HU2, HU3, HU4, 0, VOCAB, DIM, xq, xd, xs, out, pid, G, bar, n * WT,
              BARRIERS, PRE, TH, KH, UH, ASM, STAGES, LIGHT)
 
@@ -218,8 +220,8 @@ class Probe:
     """A model shape's stacked product weights (every layer's rows of one product in one QWeight), the
     activation and output buffers, and both launches."""
 
-    def __init__(self, shape: tuple, preset: str, device, per_sm: int = 4, warps: int = 1, bk: int = 1, bn: int = 1,
-                 stages: int = 1, light: bool = False):
+    def __init__(self, shape: tuple, preset: str, device, per_sm: int = 4, warps: int = 1, bk_times: int = 1,
+                 bn_times: int = 1, stages: int = 1, light: bool = False):
         self.L, self.dim, q, kv, self.ffn, self.vocab = shape  # (layers, dim, q rows, k rows, ffn, vocab)
         self.nqkv = q + 2 * kv
         types = PRESETS[preset]
@@ -238,25 +240,25 @@ class Probe:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.grid, self.warps, self.done = sms * per_sm, warps, 0
         self.groups = 12 if self.grid % 12 == 0 else 1  # _arrive's S
-        self.bk, self.bn = bk, bn  # TILES' BK and BN times these: more bytes in flight a step
+        self.bk, self.bn = bk_times, bn_times  # TILES' BK and BN times these: more bytes in flight a step
         self.stages = stages  # the product loops' num_stages
         self.light = light  # _arrive's one-level barrier
-
-    def step(self, extra: int = 3, preload: bool = True, barriers: bool = True) -> None:
-        """One persistent launch over the whole step (the barrier counter continues from the last)."""
-        args, const = [], {}
+        self.args, self.const = [], {}  # step()'s weight fields, strides and per-product constexprs
         for w, name in zip(self.ws, "ABCDH"):
             ptrs, strides, step = weight_args(w)
             assert step == 1
-            args += ptrs + strides
+            self.args += ptrs + strides
             bn, bk = TILES[w.qtype]
-            const.update({f"F{name}": FMT[w.qtype], f"T{name}": bn * self.bn, f"K{name}": bk * self.bk,
-                          f"U{name}": UNIT[w.qtype]})
+            self.const.update({f"F{name}": FMT[w.qtype], f"T{name}": bn * bn_times, f"K{name}": bk * bk_times,
+                               f"U{name}": UNIT[w.qtype]})
+
+    def step(self, extra: int = 3, preload: bool = True, barriers: bool = True) -> None:
+        """One persistent launch over the whole step (the barrier counter continues from the last)."""
         base = self.done  # barriers of the launches before
-        _step_kernel[(self.grid,)](*args, self.xq, self.xd, self.xs, self.out, self.bar, base, self.L, self.dim,
+        _step_kernel[(self.grid,)](*self.args, self.xq, self.xd, self.xs, self.out, self.bar, base, self.L, self.dim,
                                    self.nqkv, self.ffn, self.vocab, EXTRA=extra, PRE=preload, BARRIERS=barriers,
                                    ASM=not INTERPRET, S=self.groups, STAGES=self.stages,
-                                   LIGHT=self.light, num_warps=self.warps, **const)
+                                   LIGHT=self.light, num_warps=self.warps, **self.const)
         self.done += self.L * (4 + extra) if barriers else 0
 
     def one_by_one(self) -> None:
@@ -272,23 +274,8 @@ class Probe:
                 self.bn, self.stages)
 
 
-def seconds(fn, reps: int = 20) -> float:
-    """Median seconds of fn() over reps back-to-back runs, timed by CUDA events (after two warm-ups)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
-    from localllm.backends.measure import copy_bandwidth
+    from localllm.backends.measure import copy_bandwidth, op_seconds
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
@@ -323,7 +310,7 @@ def main() -> None:
                     cases[f"persistent, {4 + extra} barriers a layer, preload {int(pre)}"] = (
                         lambda e=extra, q=pre: p.step(e, q))
             for name, fn in cases.items():
-                t = seconds(fn)
+                t = op_seconds(fn, dev, 20)  # back-to-back launches: the host's launch work overlaps the GPU
                 share = p.bytes / t / bw
                 print(f"{args.shape} {preset} per_sm {per_sm} warps {args.warps} bk x{args.bk} bn x{args.bn} stages "
                       f"{args.stages} light {int(args.light)}: {name}: {t * 1e6:.1f} us, {share * 100:.1f}% of copy, "
