@@ -259,7 +259,7 @@ class Engine:
         sampler = Sampler(req.sampling, self.runtime.device)
         budget, _ = token_budget(req.max_tokens, len(req.prompt), self.capacity)
         run = Running(handle, slot, sampler, is_plain_greedy(sampler), budget,
-                       torch.tensor(req.prompt, dtype=torch.long, device=self.runtime.device), filled=reuse)
+                      torch.tensor(req.prompt, dtype=torch.long, device=self.runtime.device), filled=reuse)
         if self.speculation is not None:
             run.schedule = self.speculation.schedule()
             run.draft_sampler = None if run.greedy else self.speculation.draft_sampler(sampler)
@@ -358,7 +358,7 @@ class Engine:
 
     def _may_run_ahead(self, live: list[tuple[int, Running]], ids: list[int]) -> bool:
         """The next step may be launched now: the same rows go on (none ends with its id, none asks for
-        log-probs: _take reads the logits the next step overwrites) and no prompt waits for a prefill."""
+        log-probs: take reads the logits the next step overwrites) and no prompt waits for a prefill."""
         if not self.run_ahead or len(live) < self.run_ahead or self._stopping or self._waiting or self._admitting:
             return False
         if len(live) != len(self._running):  # a prompt in parts (not in the step) waits for its next part
